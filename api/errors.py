@@ -1,0 +1,66 @@
+"""Map every error to one JSON shape and the right HTTP status, in one place."""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+from flask import Flask, Response, jsonify
+from werkzeug.exceptions import HTTPException
+
+from core.errors import ServiceError, ServiceUnavailable
+
+log = logging.getLogger(__name__)
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    429: "too_many_requests",
+}
+
+
+def error_response(status: int, code: str, message: str, **details: object) -> Response:
+    """Build the JSON error body every failure uses."""
+    response = jsonify({"error": {"code": code, "message": message, **details}})
+    response.status_code = status
+    return response
+
+
+def _service_error(error: ServiceError) -> Response:
+    response = error_response(error.status, error.code, error.message, **error.details)
+    if isinstance(error, ServiceUnavailable):
+        response.headers["Retry-After"] = str(error.retry_after)
+    elif error.code == "not_ready":
+        response.headers["Retry-After"] = "1"
+    return response
+
+
+def _http_error(error: HTTPException) -> Response:
+    status = error.code or 500
+    code = _HTTP_CODES.get(status, "http_error")
+    message = error.description or error.name
+    return error_response(status, code, message)
+
+
+def _redis_down(error: redis.RedisError) -> Response:
+    log.error("redis unavailable: %s", error)
+    return _service_error(
+        ServiceUnavailable("the job store (Redis) is unavailable; retry shortly", retry_after=5)
+    )
+
+
+def _unexpected(error: Exception) -> Response:
+    log.exception("unhandled error")
+    return error_response(500, "internal_error", "internal error; the service logged the details")
+
+
+def init_app(app: Flask) -> None:
+    """Register the handlers that turn every error into JSON."""
+    app.register_error_handler(ServiceError, _service_error)
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(redis.RedisError, _redis_down)
+    app.register_error_handler(Exception, _unexpected)

@@ -1,0 +1,57 @@
+"""Liveness, readiness and the model list."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from flask import Blueprint
+
+from api.services import services
+from core.errors import ServiceUnavailable
+
+bp = Blueprint("health", __name__)
+
+
+@bp.get("/healthz")
+def healthz() -> dict[str, str]:
+    """Say the API process is alive (no dependencies checked)."""
+    return {"status": "ok"}
+
+
+@bp.get("/readyz")
+def readyz() -> dict[str, Any]:
+    """Say whether Redis answers and at least one worker is alive."""
+    svc = services()
+    try:
+        svc.redis.ping()
+        workers = svc.workers.alive()
+    except redis.RedisError as e:
+        raise ServiceUnavailable("Redis is unreachable", retry_after=5) from e
+    if not workers:
+        raise ServiceUnavailable("no worker is alive; start one with `make worker`", retry_after=5)
+    return {
+        "status": "ready",
+        "workers": [{"hostname": w["hostname"], "models": w.get("models", [])} for w in workers],
+    }
+
+
+@bp.get("/v1/models")
+def list_models() -> dict[str, Any]:
+    """List the registry's models, their voices and whether their weights are present."""
+    registry = services().registry
+    return {
+        "default": registry.default,
+        "data": [
+            {
+                "id": spec.name,
+                "object": "model",
+                "engine": spec.engine,
+                "language": spec.language,
+                "available": spec.available,
+                "voices": sorted(spec.voices),
+                "default_voice": spec.default_voice,
+            }
+            for spec in registry.models.values()
+        ],
+    }

@@ -1,0 +1,68 @@
+"""The shared clients a request needs, built once per app and kept in app.extensions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+from celery import Celery
+from flask import Flask, current_app
+
+from cache.jobstore import JobStore
+from cache.workers import WorkerRegistry
+from celery_config import SYNTHESIZE_TASK
+from core.registry import Registry, load_registry
+from core.settings import Settings
+from workers.celery_app import create_celery
+
+#: Put segment tasks on a queue: (job id, segment indexes, queue name).
+Enqueue = Callable[[str, list[int], str], None]
+
+
+@dataclass
+class Services:
+    """Everything a view needs, passed around instead of globals."""
+
+    settings: Settings
+    redis: redis.Redis
+    store: JobStore
+    registry: Registry
+    workers: WorkerRegistry
+    enqueue: Enqueue
+
+
+def celery_enqueue(celery: Celery) -> Enqueue:
+    """Return an Enqueue that sends one small task per segment, carrying ids only."""
+
+    def enqueue(job_id: str, indexes: list[int], queue: str) -> None:
+        with celery.producer_or_acquire() as producer:
+            for index in indexes:
+                celery.send_task(SYNTHESIZE_TASK, args=[job_id, index], queue=queue, producer=producer)
+
+    return enqueue
+
+
+def build_services(settings: Settings) -> Services:
+    """Connect to Redis and Celery and load the model registry."""
+    client = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
+    celery = create_celery(settings)
+    return Services(
+        settings=settings,
+        redis=client,
+        store=JobStore(client, ttl=settings.job_ttl_s),
+        registry=load_registry(settings),
+        workers=WorkerRegistry(client, ttl_s=3 * settings.heartbeat_s),
+        enqueue=celery_enqueue(celery),
+    )
+
+
+def init_app(app: Flask, services: Services) -> None:
+    """Attach the services to the app."""
+    app.extensions["tts"] = services
+
+
+def services() -> Services:
+    """Return the current app's services."""
+    found: Services = current_app.extensions["tts"]
+    return found

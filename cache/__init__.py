@@ -1,0 +1,1 @@
+"""Everything that lives in Redis: key schema, job store, worker registry."""

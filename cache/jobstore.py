@@ -1,0 +1,188 @@
+"""The job store: job records, segment texts and finished segment audio in Redis."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from cache import keys, scripts
+
+TERMINAL = frozenset({"done", "failed", "canceled"})
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What a caller asked for; everything a worker needs besides the texts."""
+
+    model: str
+    voice: str
+    speed: float
+    mode: str
+    format: str
+    priority: str
+    seed: int | None
+
+    def to_json(self) -> str:
+        """Serialise to JSON for the job record."""
+        return json.dumps(self.__dict__, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> JobRequest:
+        """Parse the JSON written by ``to_json``."""
+        return cls(**json.loads(raw))
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode()
+
+
+class JobStore:
+    """Read and change jobs in Redis; every change of a job is atomic."""
+
+    def __init__(self, client: redis.Redis, *, ttl: int) -> None:
+        self.redis = client
+        self.ttl = ttl
+        self._write_segment = client.register_script(scripts.WRITE_SEGMENT)
+        self._finish = client.register_script(scripts.FINISH)
+        self._mark_running = client.register_script(scripts.MARK_RUNNING)
+
+    def create(self, request: JobRequest, texts: list[str], *, job_id: str | None = None) -> str:
+        """Write a new queued job with its segment texts and return its id."""
+        if not texts:
+            raise ValueError("a job needs at least one segment")
+        job_id = job_id or uuid.uuid4().hex
+        now = f"{time.time():.6f}"
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(
+            keys.job(job_id),
+            mapping={
+                "id": job_id,
+                "status": "queued",
+                "request": request.to_json(),
+                "segments_total": len(texts),
+                "segments_done": 0,
+                "chars_total": sum(len(t) for t in texts),
+                "created_at": now,
+                "updated_at": now,
+            },
+        )
+        pipe.rpush(keys.texts(job_id), *texts)
+        pipe.execute()
+        return job_id
+
+    def get(self, job_id: str) -> dict[str, str] | None:
+        """Return the job's record as strings, or None when there is no such job."""
+        raw = self.redis.hgetall(keys.job(job_id))
+        if not raw:
+            return None
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    def request(self, job_id: str) -> JobRequest | None:
+        """Return what the caller asked for, or None when the job is gone."""
+        raw = self.redis.hget(keys.job(job_id), "request")
+        return None if raw is None else JobRequest.from_json(raw)
+
+    def segment_text(self, job_id: str, index: int) -> str | None:
+        """Return the text of one segment, or None when it does not exist."""
+        return _text(self.redis.lindex(keys.texts(job_id), index))
+
+    def texts(self, job_id: str) -> list[str]:
+        """Return every segment text of the job, in order."""
+        return [t.decode() for t in self.redis.lrange(keys.texts(job_id), 0, -1)]
+
+    def has_segment(self, job_id: str, index: int) -> bool:
+        """Say whether a segment's audio is already written."""
+        return bool(self.redis.hexists(keys.audio(job_id), str(index)))
+
+    def mark_running(self, job_id: str) -> None:
+        """Move a queued job to running."""
+        self._mark_running(keys=[keys.job(job_id)], args=[f"{time.time():.6f}"])
+
+    def count_attempt(self, job_id: str, index: int) -> int:
+        """Count one more synthesis attempt of a segment and return the total."""
+        return int(self.redis.hincrby(keys.attempts(job_id), str(index), 1))
+
+    def attempts(self, job_id: str, index: int) -> int:
+        """Return how many synthesis attempts a segment has had."""
+        return int(self.redis.hget(keys.attempts(job_id), str(index)) or 0)
+
+    def write_segment(
+        self, job_id: str, index: int, pcm: bytes, *, sample_rate: int, meta: dict[str, Any]
+    ) -> int:
+        """Store a finished segment once; return 1 written, 0 duplicate, -1 gone, -2 job over."""
+        result = self._write_segment(
+            keys=keys.all_job_keys(job_id),
+            args=[index, pcm, json.dumps(meta), f"{time.time():.6f}", self.ttl, sample_rate],
+        )
+        return int(result)
+
+    def fail(self, job_id: str, reason: str) -> bool:
+        """Mark the job failed with a reason unless it already ended; say whether it changed."""
+        return self._end(job_id, "failed", reason)
+
+    def cancel(self, job_id: str) -> bool:
+        """Mark the job canceled unless it already ended; say whether it changed."""
+        return self._end(job_id, "canceled", "canceled by the client")
+
+    def _end(self, job_id: str, status: str, reason: str) -> bool:
+        result = self._finish(
+            keys=keys.all_job_keys(job_id), args=[status, reason, f"{time.time():.6f}", self.ttl]
+        )
+        return int(result) == 1
+
+    def segment(self, job_id: str, index: int) -> bytes | None:
+        """Return a finished segment's PCM bytes, or None when not ready."""
+        value = self.redis.hget(keys.audio(job_id), str(index))
+        return None if value is None else bytes(value)
+
+    def segment_meta(self, job_id: str) -> dict[int, dict[str, Any]]:
+        """Return the metadata of every finished segment by index."""
+        raw = self.redis.hgetall(keys.segment_meta(job_id))
+        return {int(k): json.loads(v) for k, v in raw.items()}
+
+    def segments(self, job_id: str, total: int) -> list[bytes | None]:
+        """Return every segment's PCM bytes in order, None where not ready."""
+        values = self.redis.hmget(keys.audio(job_id), [str(i) for i in range(total)])
+        return [None if v is None else bytes(v) for v in values]
+
+    def last_event_id(self, job_id: str) -> str:
+        """Return the id of the newest event of the job, or '0-0' when none."""
+        newest = self.redis.xrevrange(keys.events(job_id), count=1)
+        return newest[0][0].decode() if newest else "0-0"
+
+    def wait_for_event(self, job_id: str, after: str, timeout_s: float) -> str:
+        """Block until an event newer than ``after`` arrives or time runs out; return the newest id seen."""
+        block_ms = max(1, int(timeout_s * 1000))
+        reply = self.redis.xread({keys.events(job_id): after}, block=block_ms)
+        if not reply:
+            return after
+        entries = reply[0][1]
+        return str(entries[-1][0].decode())
+
+    def wait_segment(self, job_id: str, index: int, timeout_s: float) -> bytes | None:
+        """Return a segment's PCM, waiting up to ``timeout_s`` for it; None if still not ready."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            last = self.last_event_id(job_id)
+            pcm = self.segment(job_id, index)
+            if pcm is not None:
+                return pcm
+            status = self.redis.hget(keys.job(job_id), "status")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or status is None or status.decode() in TERMINAL:
+                return None
+            self.wait_for_event(job_id, last, remaining)
+
+    def cached_file(self, job_id: str, fmt: str) -> bytes | None:
+        """Return the job's whole encoded file if it was built before."""
+        value = self.redis.get(keys.file(job_id, fmt))
+        return None if value is None else bytes(value)
+
+    def store_file(self, job_id: str, fmt: str, data: bytes) -> None:
+        """Keep the job's whole encoded file for as long as the job lives."""
+        self.redis.set(keys.file(job_id, fmt), data, ex=self.ttl)

@@ -1,0 +1,57 @@
+"""The Redis key schema, in one place.
+
+Every key of one job shares the hash tag ``{<job id>}`` so the job's Lua
+scripts touch a single slot on a Redis Cluster too.
+"""
+
+from __future__ import annotations
+
+PREFIX = "tts"
+
+
+def job(job_id: str) -> str:
+    """Return the key of the job's record (a hash of JSON-safe strings)."""
+    return f"{PREFIX}:job:{{{job_id}}}:record"
+
+
+def texts(job_id: str) -> str:
+    """Return the key of the job's segment texts (a list, index = segment)."""
+    return f"{PREFIX}:job:{{{job_id}}}:texts"
+
+
+def audio(job_id: str) -> str:
+    """Return the key of the job's finished segments (a hash: index → raw 16-bit PCM)."""
+    return f"{PREFIX}:job:{{{job_id}}}:audio"
+
+
+def segment_meta(job_id: str) -> str:
+    """Return the key of per-segment metadata (a hash: index → JSON)."""
+    return f"{PREFIX}:job:{{{job_id}}}:segmeta"
+
+
+def attempts(job_id: str) -> str:
+    """Return the key counting synthesis attempts per segment (a hash: index → int)."""
+    return f"{PREFIX}:job:{{{job_id}}}:attempts"
+
+
+def events(job_id: str) -> str:
+    """Return the key of the job's event log (a stream: segment and status events)."""
+    return f"{PREFIX}:job:{{{job_id}}}:events"
+
+
+def file(job_id: str, fmt: str) -> str:
+    """Return the key of the job's whole encoded audio file, built once when asked for."""
+    return f"{PREFIX}:job:{{{job_id}}}:file:{fmt}"
+
+
+def all_job_keys(job_id: str) -> list[str]:
+    """Return every key a job owns except its encoded files."""
+    return [job(job_id), texts(job_id), audio(job_id), segment_meta(job_id), attempts(job_id), events(job_id)]
+
+
+def worker(hostname: str) -> str:
+    """Return the key of a live worker's heartbeat (a string with a TTL)."""
+    return f"{PREFIX}:worker:{hostname}"
+
+
+WORKER_PATTERN = f"{PREFIX}:worker:*"

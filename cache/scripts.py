@@ -1,0 +1,51 @@
+"""Lua scripts that change a job atomically, so concurrent and repeated writers agree."""
+
+from __future__ import annotations
+
+# KEYS: record, audio, segmeta, events, texts, attempts
+# ARGV: index, pcm, meta_json, now, ttl, sample_rate
+# Returns 1 when written, 0 when the segment already existed (a redelivery),
+# -1 when the job is gone, -2 when the job is already failed or canceled.
+WRITE_SEGMENT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local status = redis.call('HGET', KEYS[1], 'status')
+if status == 'failed' or status == 'canceled' then return -2 end
+if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
+redis.call('HSETNX', KEYS[1], 'sample_rate', ARGV[6])
+local done = redis.call('HINCRBY', KEYS[1], 'segments_done', 1)
+local total = tonumber(redis.call('HGET', KEYS[1], 'segments_total'))
+redis.call('HSET', KEYS[1], 'updated_at', ARGV[4])
+if status == 'queued' then
+  redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[4])
+end
+redis.call('XADD', KEYS[4], '*', 'type', 'segment', 'index', ARGV[1])
+if done >= total then
+  redis.call('HSET', KEYS[1], 'status', 'done', 'finished_at', ARGV[4])
+  redis.call('XADD', KEYS[4], '*', 'type', 'status', 'status', 'done')
+  for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
+end
+return 1
+"""
+
+# KEYS: record, audio, segmeta, events, texts, attempts
+# ARGV: new_status ('failed' or 'canceled'), reason, now, ttl
+# Returns 1 when the job moved to new_status, 0 when it was already terminal, -1 when gone.
+FINISH = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local status = redis.call('HGET', KEYS[1], 'status')
+if status == 'done' or status == 'failed' or status == 'canceled' then return 0 end
+redis.call('HSET', KEYS[1], 'status', ARGV[1], 'error', ARGV[2], 'finished_at', ARGV[3], 'updated_at', ARGV[3])
+redis.call('XADD', KEYS[4], '*', 'type', 'status', 'status', ARGV[1], 'error', ARGV[2])
+for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ARGV[4]) end
+return 1
+"""
+
+# KEYS: record; ARGV: now. Moves a queued job to running.
+MARK_RUNNING = """
+if redis.call('HGET', KEYS[1], 'status') == 'queued' then
+  redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[1], 'updated_at', ARGV[1])
+  return 1
+end
+return 0
+"""

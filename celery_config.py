@@ -1,0 +1,54 @@
+"""Flat Celery settings, derived from the one settings object (Celery's config style)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.settings import Settings
+
+#: Lanes, in the order a worker consumes them: realtime before batch.
+QUEUES = ("realtime", "batch")
+
+SYNTHESIZE_TASK = "tts.synthesize_segment"
+
+
+def celery_settings(settings: Settings) -> dict[str, Any]:
+    """Return Celery's lowercase settings for this deployment."""
+    # A redelivered message is re-run after this long; keep it well above the
+    # longest unit of work (one segment) so a slow segment is not run twice.
+    visibility_timeout = max(3600, 3 * settings.task_time_limit_s)
+    transport = {
+        "visibility_timeout": visibility_timeout,
+        "socket_keepalive": True,
+        "health_check_interval": 25,
+        # Consume queues in the order given to -Q: realtime first.
+        "queue_order_strategy": "priority",
+    }
+    return {
+        "broker_url": settings.redis_url,
+        "broker_transport_options": transport,
+        "broker_connection_retry_on_startup": True,
+        # Job state lives in the job store; Celery results would only duplicate it.
+        "task_ignore_result": True,
+        "result_backend": None,
+        # Never pickle: a pickle payload in Redis is remote code execution.
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "result_serializer": "json",
+        "result_accept_content": ["json"],
+        # At-least-once: ack after the segment is written; requeue if the worker dies.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "task_time_limit": settings.task_time_limit_s,
+        "task_soft_time_limit": max(1, settings.task_time_limit_s - 10),
+        "task_default_queue": QUEUES[0],
+        "task_create_missing_queues": True,
+        # Threads: one process owns the models, and several segments are in
+        # flight at once so the batcher can group them.
+        "worker_pool": "threads",
+        "worker_concurrency": settings.worker_concurrency,
+        "worker_prefetch_multiplier": 1,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "worker_hijack_root_logger": False,
+        "worker_send_task_events": False,
+    }

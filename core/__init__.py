@@ -1,0 +1,1 @@
+"""Code shared by the API and the workers; imports neither Flask nor torch."""

@@ -1,0 +1,80 @@
+"""The service's one error tree; api/errors.py maps it to HTTP in one place."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ServiceError(Exception):
+    """Raised when a request cannot be served; base of every error a client sees."""
+
+    status = 500
+    code = "internal_error"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+
+class BadRequest(ServiceError):
+    """Raised when a request body is malformed (not parseable JSON)."""
+
+    status = 400
+    code = "bad_request"
+
+
+class NotFound(ServiceError):
+    """Raised when a job, segment, model or voice does not exist."""
+
+    status = 404
+    code = "not_found"
+
+
+class PayloadTooLarge(ServiceError):
+    """Raised when a request body is over the configured size limit."""
+
+    status = 413
+    code = "payload_too_large"
+
+
+class UnsupportedMediaType(ServiceError):
+    """Raised when a request body is not declared as JSON."""
+
+    status = 415
+    code = "unsupported_media_type"
+
+
+class ValidationFailed(ServiceError):
+    """Raised when a field of a well-formed request is invalid."""
+
+    status = 422
+    code = "invalid_field"
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}", field=field)
+
+
+class NotReady(ServiceError):
+    """Raised when a segment or the audio of a job is not ready yet."""
+
+    status = 409
+    code = "not_ready"
+
+
+class JobFailed(ServiceError):
+    """Raised when the audio of a failed or canceled job is asked for."""
+
+    status = 409
+    code = "job_failed"
+
+
+class ServiceUnavailable(ServiceError):
+    """Raised when Redis or the workers cannot take the request now."""
+
+    status = 503
+    code = "unavailable"
+
+    def __init__(self, message: str, *, retry_after: int = 5, **details: Any) -> None:
+        super().__init__(message, **details)
+        self.retry_after = retry_after

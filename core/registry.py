@@ -1,0 +1,113 @@
+"""The model registry: the only way a request's model and voice name reach an engine."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.errors import NotFound
+from core.settings import PROJECT_ROOT, Settings
+
+ENGINES = ("chattts", "espeak")
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One servable model as the registry describes it."""
+
+    name: str
+    engine: str
+    language: str = "auto"
+    weights: Path | None = None
+    precision: str = "fp32"
+    pinned: bool = False
+    memory_mb: int = 0
+    default_voice: str = "default"
+    voices: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def available(self) -> bool:
+        """Say whether the model's weights are present (engines without weights always are)."""
+        return self.weights is None or self.weights.is_dir()
+
+    def resolve_voice(self, voice: str | None) -> str:
+        """Return the registered voice name for ``voice``, or raise NotFound."""
+        name = voice or self.default_voice
+        if name not in self.voices:
+            raise NotFound(
+                f"model {self.name!r} has no voice {name!r}; known voices: {sorted(self.voices)}",
+                field="voice",
+            )
+        return name
+
+
+class Registry:
+    """Name → ModelSpec, loaded from a JSON file and checked once."""
+
+    def __init__(self, models: dict[str, ModelSpec], *, default: str) -> None:
+        if default not in models:
+            raise ValueError(f"default model {default!r} is not in the registry")
+        self.models = models
+        self.default = default
+
+    def get(self, name: str | None) -> ModelSpec:
+        """Return the spec for ``name`` (the default when None), or raise NotFound."""
+        key = name or self.default
+        spec = self.models.get(key)
+        if spec is None:
+            raise NotFound(f"unknown model {key!r}; known models: {sorted(self.models)}", field="model")
+        if not spec.available:
+            raise NotFound(
+                f"model {key!r} has no weights at {spec.weights}; see README 'Real ChatTTS weights'",
+                field="model",
+            )
+        return spec
+
+
+def _parse_spec(name: str, raw: dict[str, Any], variables: dict[str, str]) -> ModelSpec:
+    engine = raw.get("engine")
+    if engine not in ENGINES:
+        raise ValueError(f"model {name!r}: engine must be one of {ENGINES}, not {engine!r}")
+    precision = raw.get("precision", "fp32")
+    if precision not in PRECISIONS:
+        raise ValueError(f"model {name!r}: precision must be one of {PRECISIONS}")
+    weights = raw.get("weights")
+    weights_path = None
+    if weights is not None:
+        weights_path = Path(str(weights).format(**variables))
+        if not weights_path.is_absolute():
+            weights_path = PROJECT_ROOT / weights_path
+    spec = ModelSpec(
+        name=name,
+        engine=engine,
+        language=raw.get("language", "auto"),
+        weights=weights_path,
+        precision=precision,
+        pinned=bool(raw.get("pinned", False)),
+        memory_mb=int(raw.get("memory_mb", 0)),
+        default_voice=raw.get("default_voice", "default"),
+        voices=dict(raw.get("voices", {"default": None})),
+        options=dict(raw.get("options", {})),
+    )
+    if spec.default_voice not in spec.voices:
+        raise ValueError(f"model {name!r}: default_voice {spec.default_voice!r} is not among its voices")
+    return spec
+
+
+def load_registry(settings: Settings) -> Registry:
+    """Load and check the registry named by the settings, and pick the default model."""
+    variables = {
+        "chattts_weights_dir": str(settings.chattts_weights_dir),
+        "tiny_model_dir": str(settings.tiny_model_dir),
+    }
+    raw = json.loads(settings.models_file.read_text(encoding="utf-8"))
+    models = {name: _parse_spec(name, spec, variables) for name, spec in raw["models"].items()}
+    default = settings.default_model
+    if default is None:
+        chattts = models.get("chattts")
+        default = "chattts" if chattts is not None and chattts.available else "espeak-cmn"
+    return Registry(models, default=default)

@@ -1,0 +1,59 @@
+"""The one typed settings object, read from the environment at start-up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class Settings(BaseSettings):
+    """Every knob of the service; each field reads ``TTS_<NAME>`` unless noted."""
+
+    model_config = SettingsConfigDict(env_prefix="TTS_", extra="ignore")
+
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        validation_alias=AliasChoices("REDIS_URL", "TTS_REDIS_URL"),
+        description="Broker and job store; needs maxmemory-policy noeviction. rediss:// and passwords work.",
+    )
+    models_file: Path = Field(
+        PROJECT_ROOT / "models.json", description="The model registry: names, engines, weights, voices."
+    )
+    default_model: str | None = Field(
+        None, description="Model used when a request names none; unset picks ChatTTS if its weights exist, else espeak."
+    )
+    chattts_weights_dir: Path = Field(
+        PROJECT_ROOT / "models" / "chattts",
+        description="Where real ChatTTS weights go (asset/ layout or a Hugging Face cache).",
+    )
+    tiny_model_dir: Path = Field(
+        PROJECT_ROOT / "models" / "chattts-tiny",
+        description="Where `make tiny-model` builds the tiny random-weight ChatTTS used by tests and benchmarks.",
+    )
+    device: str = Field("auto", description="Worker device: auto, cpu, cuda, cuda:N.")
+
+    max_text_chars: int = Field(20_000, ge=1, description="Longest text accepted by POST /v1/jobs.")
+    max_body_bytes: int = Field(256 * 1024, ge=1024, description="Largest request body accepted.")
+    segment_max_chars: int = Field(120, ge=10, description="Segments pack sentences up to this many characters.")
+    first_segment_max_chars: int = Field(40, ge=5, description="The first segment is kept this short for fast first audio.")
+    batch_lane_chars: int = Field(2000, ge=1, description="Jobs longer than this default to the batch lane.")
+    max_wait_s: float = Field(30.0, gt=0, description="Longest long-poll a client may ask for with ?wait=.")
+
+    job_ttl_s: int = Field(24 * 3600, ge=60, description="How long a finished job and its audio stay in Redis.")
+    segment_max_attempts: int = Field(3, ge=1, description="Attempts per segment before its job fails.")
+    task_time_limit_s: int = Field(300, ge=10, description="Hard limit for one segment's synthesis.")
+    worker_concurrency: int = Field(16, ge=1, description="Segments one worker holds at once (threads).")
+    heartbeat_s: float = Field(5.0, gt=0, description="How often a worker announces itself in Redis.")
+
+    api_host: str = Field("127.0.0.1", description="Address the API binds to.")
+    api_port: int = Field(8000, ge=1, le=65535, description="Port the API listens on.")
+    log_level: str = Field("INFO", description="Python logging level.")
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read settings from the environment, with explicit overrides on top."""
+    return Settings(**overrides)  # type: ignore[arg-type]

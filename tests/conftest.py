@@ -1,0 +1,121 @@
+"""Shared fixtures: a real Redis, a real worker, the API app, the tiny ChatTTS."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from flask import Flask
+from flask.testing import FlaskClient
+
+from api import create_app
+from tests.support.servers import ROOT, RedisServer, WorkerProcess
+
+IN_CI = os.environ.get("CI") == "true"
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """Start a real redis-server for the whole session; skip locally, fail in CI, if none is installed."""
+    try:
+        server = RedisServer(tmp_path_factory.mktemp("redis"))
+    except RuntimeError as e:
+        if IN_CI:
+            raise
+        pytest.skip(str(e))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Build the tiny random-weight ChatTTS once per session."""
+    from workers.engines.chattts_tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("chattts-tiny"))
+
+
+@pytest.fixture(scope="session")
+def models_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Return the project's registry plus a model whose weights are broken."""
+    registry = json.loads((ROOT / "models.json").read_text(encoding="utf-8"))
+    broken_dir = tmp_path_factory.mktemp("broken-weights")
+    registry["models"]["broken-chattts"] = {
+        **registry["models"]["chattts-tiny"],
+        "weights": str(broken_dir),
+    }
+    path = broken_dir.parent / "test-models.json"
+    path.write_text(json.dumps(registry), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def settings_env(redis_server: RedisServer, tiny_model_dir: Path, models_file: Path) -> dict[str, str]:
+    """Return the environment shared by the API under test and its workers."""
+    return {
+        "REDIS_URL": redis_server.url,
+        "TTS_TINY_MODEL_DIR": str(tiny_model_dir),
+        "TTS_MODELS_FILE": str(models_file),
+        "TTS_DEFAULT_MODEL": "espeak-en",
+        "TTS_HEARTBEAT_S": "0.5",
+        "TTS_SEGMENT_MAX_ATTEMPTS": "2",
+        "TTS_DEVICE": "cpu",
+        "TTS_LOG_LEVEL": "INFO",
+    }
+
+
+@pytest.fixture(scope="session")
+def worker(settings_env: dict[str, str], redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    """Run one real worker process for the session."""
+    process = WorkerProcess(settings_env, tmp_path_factory.mktemp("logs") / "worker.log")
+    process.start()
+    try:
+        process.wait_ready(redis.Redis.from_url(redis_server.url))
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """Return a client of the test Redis, with every job removed before and after."""
+    client = redis.Redis.from_url(redis_server.url)
+    _drop_jobs(client)
+    yield client
+    _drop_jobs(client)
+
+
+def _drop_jobs(client: redis.Redis) -> None:
+    # Only our job keys: the broker's bindings and the workers' heartbeats must stay.
+    for key in client.scan_iter(match="tts:job:*", count=500):
+        client.delete(key)
+
+
+def _app_config(settings_env: dict[str, str]) -> dict[str, Any]:
+    mapping = {"REDIS_URL": "redis_url", "TTS_TINY_MODEL_DIR": "tiny_model_dir", "TTS_MODELS_FILE": "models_file",
+               "TTS_DEFAULT_MODEL": "default_model", "TTS_HEARTBEAT_S": "heartbeat_s"}
+    return {field: settings_env[env] for env, field in mapping.items()}
+
+
+@pytest.fixture
+def app(settings_env: dict[str, str], redis_client: redis.Redis) -> Flask:
+    """Return the API app wired to the test Redis."""
+    return create_app(_app_config(settings_env))
+
+
+@pytest.fixture
+def client(app: Flask) -> FlaskClient:
+    """Return a test client of the API (no worker needed)."""
+    return app.test_client()
+
+
+@pytest.fixture
+def served(app: Flask, worker: WorkerProcess) -> FlaskClient:
+    """Return a test client of an API whose jobs a real worker serves."""
+    return app.test_client()

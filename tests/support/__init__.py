@@ -1,0 +1,1 @@
+"""Helpers the tests share: a real Redis server and real worker processes."""

@@ -1,0 +1,54 @@
+"""Start one worker: ``python -m workers`` (one per GPU; see workers/launch.py)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+from celery.signals import worker_ready, worker_shutdown
+
+from celery_config import QUEUES
+from core.logs import setup_logging
+from core.settings import load_settings
+from workers.celery_app import create_celery
+from workers.runtime import attach, build_runtime
+
+log = logging.getLogger("workers")
+
+
+def main() -> None:
+    """Build the worker's runtime and run the Celery worker until it is stopped."""
+    settings = load_settings()
+    setup_logging(settings.log_level)
+    node = f"tts-{os.environ.get('CUDA_VISIBLE_DEVICES') or 'cpu'}-{os.getpid()}@{socket.gethostname()}"
+    app = create_celery(settings)
+    import workers.tasks  # noqa: F401  (registers the tasks on the app)
+
+    runtime = build_runtime(settings, hostname=node)
+    attach(app, runtime)
+
+    @worker_ready.connect(weak=False)
+    def _ready(**_: object) -> None:
+        runtime.start()
+
+    @worker_shutdown.connect(weak=False)
+    def _shutdown(**_: object) -> None:
+        runtime.stop()
+
+    app.worker_main(
+        [
+            "worker",
+            "--hostname", node,
+            "--queues", ",".join(QUEUES),
+            "--pool", "threads",
+            "--concurrency", str(settings.worker_concurrency),
+            "--loglevel", settings.log_level,
+            "--without-gossip",
+            "--without-mingle",
+        ]
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""The one small interface every speech engine implements."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+Waveform = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class SynthesisRequest:
+    """One segment to synthesise: everything that determines its audio."""
+
+    text: str
+    voice: str | None = None
+    speed: float = 1.0
+    seed: int | None = None
+    mode: str = "balanced"
+
+
+class Engine(abc.ABC):
+    """Load a model, synthesise batches of segments, unload it.
+
+    Engines are not thread-safe: the caller serialises calls to one instance.
+    """
+
+    #: Output sample rate in Hz; valid once ``load`` has returned.
+    sample_rate: int
+
+    @abc.abstractmethod
+    def load(self) -> None:
+        """Load the model into memory on the engine's device."""
+
+    @abc.abstractmethod
+    def synthesize(self, batch: list[SynthesisRequest]) -> list[Waveform]:
+        """Return exactly one mono float32 waveform per request, in order."""
+
+    def unload(self) -> None:
+        """Release the model's memory."""
+
+    def memory_estimate_mb(self) -> int:
+        """Return the estimated resident size of the loaded model in MiB."""
+        return 0
+
+    def warmup(self) -> None:
+        """Run one throwaway synthesis so the first real call is not slow."""
+        self.synthesize([SynthesisRequest(text="warm up")])

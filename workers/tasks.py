@@ -1,0 +1,36 @@
+"""Celery tasks: thin wrappers that carry ids and call plain functions."""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+from celery import Task, shared_task
+
+from celery_config import SYNTHESIZE_TASK
+from core.errors import ServiceError
+from workers.runtime import runtime_of
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(name=SYNTHESIZE_TASK, bind=True, autoretry_for=(redis.RedisError,), retry_backoff=True, max_retries=5)
+def synthesize_segment(self: Task, job_id: str, index: int) -> str:
+    """Synthesise one segment of a job; retry engine failures, then fail the job with the reason."""
+    runtime = runtime_of(self.app)
+    try:
+        return runtime.synthesizer.run(job_id, index).value
+    except redis.RedisError:
+        raise
+    except ServiceError as e:
+        # The request itself cannot be served (say, its model left the registry): no retry helps.
+        runtime.store.fail(job_id, f"segment {index}: {e.message}")
+        return "failed"
+    except Exception as e:
+        reason = f"segment {index}: {type(e).__name__}: {e}"
+        if runtime.store.attempts(job_id, index) >= runtime.settings.segment_max_attempts:
+            log.error("giving up on job %s: %s", job_id, reason)
+            runtime.store.fail(job_id, reason)
+            return "failed"
+        log.warning("retrying job %s: %s", job_id, reason)
+        raise self.retry(exc=e, countdown=1) from e
