@@ -48,9 +48,7 @@ def _http_error(error: HTTPException) -> Response:
 
 def _redis_down(error: redis.RedisError) -> Response:
     log.error("redis unavailable: %s", error)
-    return _service_error(
-        ServiceUnavailable("the job store (Redis) is unavailable; retry shortly", retry_after=5)
-    )
+    return _service_error(ServiceUnavailable("the job store (Redis) is unavailable; retry shortly", retry_after=5))
 
 
 def _unexpected(error: Exception) -> Response:

@@ -60,9 +60,7 @@ def _record(job_id: str) -> dict[str, str]:
 
 def _raise_if_over(record: dict[str, str]) -> None:
     if record["status"] in ("failed", "canceled"):
-        raise JobFailed(
-            f"job {record['status']}: {record.get('error', 'no reason recorded')}", status=record["status"]
-        )
+        raise JobFailed(f"job {record['status']}: {record.get('error', 'no reason recorded')}", status=record["status"])
 
 
 @bp.post("")
@@ -71,9 +69,7 @@ def create_job() -> tuple[dict[str, Any], int, dict[str, str]]:
     svc = services()
     body = read_json_object(request, max_bytes=svc.settings.max_body_bytes)
     job_input = parse_job(body, max_chars=svc.settings.max_text_chars)
-    job_id = submit_job(
-        job_input, settings=svc.settings, registry=svc.registry, store=svc.store, enqueue=svc.enqueue
-    )
+    job_id = submit_job(job_input, settings=svc.settings, registry=svc.registry, store=svc.store, enqueue=svc.enqueue)
     view = job_view(_record(job_id))
     return view, 202, {"Location": view["urls"]["self"]}
 

@@ -45,7 +45,10 @@ def celery_enqueue(celery: Celery) -> Enqueue:
 
 def build_services(settings: Settings) -> Services:
     """Connect to Redis and Celery and load the model registry."""
-    client = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
+    # Long-polls block in XREAD for up to max_wait_s: the socket must wait longer.
+    client = redis.Redis.from_url(
+        settings.redis_url, health_check_interval=30, socket_timeout=settings.max_wait_s + 10
+    )
     celery = create_celery(settings)
     return Services(
         settings=settings,

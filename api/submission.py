@@ -15,9 +15,7 @@ from core.text import plan_segments
 log = logging.getLogger(__name__)
 
 
-def submit_job(
-    job: JobInput, *, settings: Settings, registry: Registry, store: JobStore, enqueue: Enqueue
-) -> str:
+def submit_job(job: JobInput, *, settings: Settings, registry: Registry, store: JobStore, enqueue: Enqueue) -> str:
     """Plan the text into segments, write the job and enqueue its segments; return the id."""
     spec = registry.get(job.model)
     voice = spec.resolve_voice(job.voice)

@@ -111,9 +111,7 @@ class JobStore:
         """Return how many synthesis attempts a segment has had."""
         return int(self.redis.hget(keys.attempts(job_id), str(index)) or 0)
 
-    def write_segment(
-        self, job_id: str, index: int, pcm: bytes, *, sample_rate: int, meta: dict[str, Any]
-    ) -> int:
+    def write_segment(self, job_id: str, index: int, pcm: bytes, *, sample_rate: int, meta: dict[str, Any]) -> int:
         """Store a finished segment once; return 1 written, 0 duplicate, -1 gone, -2 job over."""
         result = self._write_segment(
             keys=keys.all_job_keys(job_id),
@@ -130,9 +128,7 @@ class JobStore:
         return self._end(job_id, "canceled", "canceled by the client")
 
     def _end(self, job_id: str, status: str, reason: str) -> bool:
-        result = self._finish(
-            keys=keys.all_job_keys(job_id), args=[status, reason, f"{time.time():.6f}", self.ttl]
-        )
+        result = self._finish(keys=keys.all_job_keys(job_id), args=[status, reason, f"{time.time():.6f}", self.ttl])
         return int(result) == 1
 
     def segment(self, job_id: str, index: int) -> bytes | None:

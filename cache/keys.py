@@ -45,8 +45,8 @@ def file(job_id: str, fmt: str) -> str:
 
 
 def all_job_keys(job_id: str) -> list[str]:
-    """Return every key a job owns except its encoded files."""
-    return [job(job_id), texts(job_id), audio(job_id), segment_meta(job_id), attempts(job_id), events(job_id)]
+    """Return every key a job owns except its encoded files, in the order cache/scripts.py expects."""
+    return [job(job_id), audio(job_id), segment_meta(job_id), events(job_id), texts(job_id), attempts(job_id)]
 
 
 def worker(hostname: str) -> str:

@@ -39,7 +39,9 @@ class Settings(BaseSettings):
     max_text_chars: int = Field(20_000, ge=1, description="Longest text accepted by POST /v1/jobs.")
     max_body_bytes: int = Field(256 * 1024, ge=1024, description="Largest request body accepted.")
     segment_max_chars: int = Field(120, ge=10, description="Segments pack sentences up to this many characters.")
-    first_segment_max_chars: int = Field(40, ge=5, description="The first segment is kept this short for fast first audio.")
+    first_segment_max_chars: int = Field(
+        40, ge=5, description="The first segment is kept this short for fast first audio."
+    )
     batch_lane_chars: int = Field(2000, ge=1, description="Jobs longer than this default to the batch lane.")
     max_wait_s: float = Field(30.0, gt=0, description="Longest long-poll a client may ask for with ?wait=.")
 
@@ -47,6 +49,15 @@ class Settings(BaseSettings):
     segment_max_attempts: int = Field(3, ge=1, description="Attempts per segment before its job fails.")
     task_time_limit_s: int = Field(300, ge=10, description="Hard limit for one segment's synthesis.")
     worker_concurrency: int = Field(16, ge=1, description="Segments one worker holds at once (threads).")
+    batch_max_size: int = Field(16, ge=1, description="Most segments in one engine call.")
+    batch_wait_ms: float = Field(
+        10.0, ge=0, description="How long the batcher waits for company after a segment arrives."
+    )
+    batch_max_ratio: float = Field(1.5, ge=1.0, description="Longest/shortest text length allowed in one batch.")
+    model_budget_mb: int = Field(
+        8192, ge=64, description="Memory all loaded models may hold (GPU memory on CUDA, resident on CPU)."
+    )
+    model_idle_s: float = Field(600.0, gt=0, description="Unpinned models idle this long are unloaded.")
     heartbeat_s: float = Field(5.0, gt=0, description="How often a worker announces itself in Redis.")
 
     api_host: str = Field("127.0.0.1", description="Address the API binds to.")

@@ -71,7 +71,9 @@ def settings_env(redis_server: RedisServer, tiny_model_dir: Path, models_file: P
 
 
 @pytest.fixture(scope="session")
-def worker(settings_env: dict[str, str], redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+def worker(
+    settings_env: dict[str, str], redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerProcess]:
     """Run one real worker process for the session."""
     process = WorkerProcess(settings_env, tmp_path_factory.mktemp("logs") / "worker.log")
     process.start()
@@ -98,8 +100,13 @@ def _drop_jobs(client: redis.Redis) -> None:
 
 
 def _app_config(settings_env: dict[str, str]) -> dict[str, Any]:
-    mapping = {"REDIS_URL": "redis_url", "TTS_TINY_MODEL_DIR": "tiny_model_dir", "TTS_MODELS_FILE": "models_file",
-               "TTS_DEFAULT_MODEL": "default_model", "TTS_HEARTBEAT_S": "heartbeat_s"}
+    mapping = {
+        "REDIS_URL": "redis_url",
+        "TTS_TINY_MODEL_DIR": "tiny_model_dir",
+        "TTS_MODELS_FILE": "models_file",
+        "TTS_DEFAULT_MODEL": "default_model",
+        "TTS_HEARTBEAT_S": "heartbeat_s",
+    }
     return {field: settings_env[env] for env, field in mapping.items()}
 
 

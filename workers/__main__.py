@@ -39,11 +39,16 @@ def main() -> None:
     app.worker_main(
         [
             "worker",
-            "--hostname", node,
-            "--queues", ",".join(QUEUES),
-            "--pool", "threads",
-            "--concurrency", str(settings.worker_concurrency),
-            "--loglevel", settings.log_level,
+            "--hostname",
+            node,
+            "--queues",
+            ",".join(QUEUES),
+            "--pool",
+            "threads",
+            "--concurrency",
+            str(settings.worker_concurrency),
+            "--loglevel",
+            settings.log_level,
             "--without-gossip",
             "--without-mingle",
         ]

@@ -1,20 +1,13 @@
-"""Run synthesis for the worker: engines loaded on first use, one call at a time per model."""
+"""The worker's synthesis backend: segments go through the batcher to the model pool."""
 
 from __future__ import annotations
 
-import logging
-import threading
-import time
-from collections.abc import Callable
 from typing import Protocol
 
 from core.registry import ModelSpec
-from workers.engines.base import Engine, SynthesisRequest, Waveform
-from workers.engines.errors import SynthesisError
-
-log = logging.getLogger(__name__)
-
-EngineBuilder = Callable[[ModelSpec], Engine]
+from workers.batcher import Batcher
+from workers.engines.base import SynthesisRequest, Waveform
+from workers.pool.pool import ModelPool
 
 
 class SynthesisBackend(Protocol):
@@ -33,45 +26,23 @@ class SynthesisBackend(Protocol):
         ...
 
 
-class InProcessBackend:
-    """Hold one engine per model in this process; calls to one engine are serialised."""
+class PooledBackend:
+    """Batch concurrent segments per model and run them on the model's host process."""
 
-    def __init__(self, builder: EngineBuilder) -> None:
-        self._builder = builder
-        self._engines: dict[str, Engine] = {}
-        self._locks: dict[str, threading.Lock] = {}
-        self._guard = threading.Lock()
-
-    def _engine(self, spec: ModelSpec) -> tuple[Engine, threading.Lock]:
-        with self._guard:
-            lock = self._locks.setdefault(spec.name, threading.Lock())
-        with lock:
-            engine = self._engines.get(spec.name)
-            if engine is None:
-                started = time.perf_counter()
-                engine = self._builder(spec)
-                engine.load()
-                engine.warmup()
-                self._engines[spec.name] = engine
-                log.info("loaded model %s (%s) in %.2fs", spec.name, spec.engine, time.perf_counter() - started)
-        return engine, lock
+    def __init__(self, *, batcher: Batcher, pool: ModelPool, timeout_s: float) -> None:
+        self.batcher = batcher
+        self.pool = pool
+        self.timeout_s = timeout_s
 
     def synthesize(self, spec: ModelSpec, request: SynthesisRequest) -> tuple[Waveform, int]:
-        """Synthesise one segment with the model's engine."""
-        engine, lock = self._engine(spec)
-        with lock:
-            waves = engine.synthesize([request])
-        if len(waves) != 1:
-            raise SynthesisError(f"engine {spec.name} returned {len(waves)} waveforms for 1 input")
-        return waves[0], engine.sample_rate
+        """Wait for this segment's share of a batched engine call."""
+        return self.batcher.submit(spec, request).result(timeout=self.timeout_s)
 
     def loaded_models(self) -> list[str]:
-        """Return the names of the models held in memory."""
-        return sorted(self._engines)
+        """Return the names of the models whose hosts are running."""
+        return [m["model"] for m in self.pool.loaded()]
 
     def close(self) -> None:
-        """Unload every model."""
-        with self._guard:
-            for engine in self._engines.values():
-                engine.unload()
-            self._engines.clear()
+        """Stop the batcher and every model host."""
+        self.batcher.close()
+        self.pool.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -14,8 +15,11 @@ from cache.jobstore import JobStore
 from cache.workers import WorkerRegistry
 from core.registry import Registry, load_registry
 from core.settings import Settings
-from workers.backend import InProcessBackend, SynthesisBackend
-from workers.engines.factory import build_engine, resolve_device
+from workers.backend import PooledBackend
+from workers.batcher import Batcher
+from workers.engines.base import SynthesisRequest
+from workers.pool.handle import ModelHost
+from workers.pool.pool import ModelPool
 from workers.segment import SegmentSynthesizer
 
 log = logging.getLogger(__name__)
@@ -30,7 +34,7 @@ class WorkerRuntime:
     device: str
     store: JobStore
     registry: Registry
-    backend: SynthesisBackend
+    backend: PooledBackend
     heartbeats: WorkerRegistry
     synthesizer: SegmentSynthesizer
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -38,7 +42,14 @@ class WorkerRuntime:
     def announce(self) -> None:
         """Write this worker's heartbeat once."""
         self.heartbeats.beat(
-            self.hostname, {"pid": os.getpid(), "device": self.device, "models": self.backend.loaded_models()}
+            self.hostname,
+            {
+                "pid": os.getpid(),
+                "device": self.device,
+                "models": self.backend.loaded_models(),
+                "pool": self.backend.pool.loaded(),
+                "mean_batch_size": round(self.backend.batcher.mean_batch_size(), 2),
+            },
         )
 
     def _beat_forever(self) -> None:
@@ -47,30 +58,27 @@ class WorkerRuntime:
                 self.announce()
             except redis.RedisError as e:
                 log.warning("heartbeat failed: %s", e)
+            self.backend.pool.reap_idle()
 
     def start(self) -> None:
-        """Load the default model, then announce this worker every few seconds."""
-        spec = self.registry.get(None)
-        log.info("worker %s on %s: preloading default model %r (engine %s)", self.hostname, self.device, spec.name, spec.engine)
-        self.backend.synthesize(spec, _warm_request())
-        log.info("worker %s ready: serving model %r with engine %s", self.hostname, spec.name, spec.engine)
+        """Load the default and pinned models, then announce this worker every few seconds."""
+        default = self.registry.get(None)
+        pinned = [s for s in self.registry.models.values() if s.pinned and s.available and s is not default]
+        for spec in [default, *pinned]:
+            log.info(
+                "worker %s: loading model %r (engine %s, device %s)", self.hostname, spec.name, spec.engine, self.device
+            )
+            self.backend.synthesize(spec, SynthesisRequest(text="ready"))
+        log.info("worker %s ready: serving model %r with engine %s", self.hostname, default.name, default.engine)
         self.announce()
         threading.Thread(target=self._beat_forever, name="heartbeat", daemon=True).start()
 
     def stop(self) -> None:
         """Stop the heartbeat, forget this worker, unload models."""
         self._stop.set()
-        try:
+        with contextlib.suppress(redis.RedisError):
             self.heartbeats.remove(self.hostname)
-        except redis.RedisError:
-            pass
         self.backend.close()
-
-
-def _warm_request():  # type: ignore[no-untyped-def]
-    from workers.engines.base import SynthesisRequest
-
-    return SynthesisRequest(text="ready")
 
 
 def build_runtime(settings: Settings, *, hostname: str) -> WorkerRuntime:
@@ -78,12 +86,25 @@ def build_runtime(settings: Settings, *, hostname: str) -> WorkerRuntime:
     client = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
     store = JobStore(client, ttl=settings.job_ttl_s)
     registry = load_registry(settings)
+    # "auto" is resolved inside each model host: the worker itself never imports torch.
     device = settings.device
-    backend = InProcessBackend(lambda spec: build_engine(spec, device=device))
+    pool = ModelPool(
+        lambda spec: ModelHost(spec, device=device, log_level=settings.log_level),
+        budget_mb=settings.model_budget_mb,
+        idle_s=settings.model_idle_s,
+        call_timeout_s=settings.task_time_limit_s,
+    )
+    batcher = Batcher(
+        pool.synthesize,
+        max_batch=settings.batch_max_size,
+        max_wait_s=settings.batch_wait_ms / 1000,
+        max_ratio=settings.batch_max_ratio,
+    )
+    backend = PooledBackend(batcher=batcher, pool=pool, timeout_s=settings.task_time_limit_s)
     return WorkerRuntime(
         settings=settings,
         hostname=hostname,
-        device=device if device != "auto" or registry.get(None).engine != "chattts" else resolve_device(device),
+        device=device,
         store=store,
         registry=registry,
         backend=backend,

@@ -67,10 +67,25 @@ class SegmentSynthesizer:
             index,
             pcm,
             sample_rate=rate,
-            meta={"duration_s": round(duration, 4), "synth_s": round(synth_s, 4), "worker": self.worker, "attempt": attempt},
+            meta={
+                "duration_s": round(duration, 4),
+                "synth_s": round(synth_s, 4),
+                "worker": self.worker,
+                "attempt": attempt,
+            },
         )
+        outcome = _OUTCOMES[result]
         log.info(
             "segment %s/%d %s: %d chars, %.2fs audio in %.2fs",
-            job_id, index, "written" if result == 1 else "not written", len(text), duration, synth_s,
+            job_id,
+            index,
+            outcome.value,
+            len(text),
+            duration,
+            synth_s,
         )
-        return Outcome.WRITTEN if result == 1 else Outcome.DUPLICATE
+        return outcome
+
+
+# WRITE_SEGMENT's answers: written, already there, job gone, job already over.
+_OUTCOMES = {1: Outcome.WRITTEN, 0: Outcome.DUPLICATE, -1: Outcome.SKIPPED, -2: Outcome.SKIPPED}

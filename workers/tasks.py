@@ -14,14 +14,20 @@ from workers.runtime import runtime_of
 log = logging.getLogger(__name__)
 
 
-@shared_task(name=SYNTHESIZE_TASK, bind=True, autoretry_for=(redis.RedisError,), retry_backoff=True, max_retries=5)
+@shared_task(
+    name=SYNTHESIZE_TASK,
+    bind=True,
+    autoretry_for=(redis.ConnectionError, redis.TimeoutError),
+    retry_backoff=True,
+    max_retries=5,
+)
 def synthesize_segment(self: Task, job_id: str, index: int) -> str:
     """Synthesise one segment of a job; retry engine failures, then fail the job with the reason."""
     runtime = runtime_of(self.app)
     try:
         return runtime.synthesizer.run(job_id, index).value
-    except redis.RedisError:
-        raise
+    except (redis.ConnectionError, redis.TimeoutError):
+        raise  # Redis is away: autoretry with backoff; the segment is not at fault.
     except ServiceError as e:
         # The request itself cannot be served (say, its model left the registry): no retry helps.
         runtime.store.fail(job_id, f"segment {index}: {e.message}")

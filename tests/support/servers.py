@@ -46,9 +46,23 @@ class RedisServer:
         """Start the server (AOF on, noeviction, as in production) and wait until it answers."""
         self.process = subprocess.Popen(
             [
-                self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
-                "--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction",
-                "--save", "", "--logfile", str(self.workdir / "redis.log"),
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.workdir),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+                "--maxmemory-policy",
+                "noeviction",
+                "--save",
+                "",
+                "--logfile",
+                str(self.workdir / "redis.log"),
             ],
         )
         client = redis.Redis(port=self.port)
@@ -79,8 +93,10 @@ class WorkerProcess:
 
     def start(self) -> None:
         """Start the worker; its output goes to the log file."""
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen([sys.executable, "-m", "workers"], cwd=ROOT, env=self.env, stdout=log, stderr=log)
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "workers"], cwd=ROOT, env=self.env, stdout=log, stderr=log
+            )
 
     def wait_ready(self, client: redis.Redis, timeout: float = 120) -> None:
         """Wait until the worker's heartbeat appears in Redis."""

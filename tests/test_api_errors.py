@@ -1,0 +1,122 @@
+"""Every bad request gets the right status and a JSON error, and the service keeps serving."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from flask.testing import FlaskClient
+
+
+def _post(client: FlaskClient, body: Any) -> Any:
+    return client.post("/v1/jobs", json=body)
+
+
+def _assert_error(response: Any, status: int, code: str | None = None, field: str | None = None) -> dict[str, Any]:
+    assert response.status_code == status, response.get_data(as_text=True)
+    assert response.is_json
+    error = response.get_json()["error"]
+    assert isinstance(error["message"], str) and error["message"]
+    if code is not None:
+        assert error["code"] == code
+    if field is not None:
+        assert error.get("field") == field, error
+    return error
+
+
+def test_malformed_json_is_a_400(client: FlaskClient) -> None:
+    response = client.post("/v1/jobs", data='{"text": "hi"', content_type="application/json")
+    _assert_error(response, 400, "bad_request")
+
+
+def test_invalid_utf8_is_a_400(client: FlaskClient) -> None:
+    response = client.post("/v1/jobs", data=b'{"text": "\xff\xfe"}', content_type="application/json")
+    _assert_error(response, 400, "bad_request")
+
+
+def test_a_body_that_is_not_json_is_a_415(client: FlaskClient) -> None:
+    response = client.post("/v1/jobs", data="text=hello", content_type="application/x-www-form-urlencoded")
+    _assert_error(response, 415, "unsupported_media_type")
+
+
+def test_a_body_over_the_limit_is_a_413(client: FlaskClient) -> None:
+    response = client.post("/v1/jobs", data='{"text": "' + "a" * 300_000 + '"}', content_type="application/json")
+    _assert_error(response, 413, "payload_too_large")
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "text"),
+        ({"text": ""}, "text"),
+        ({"text": "   \n\t "}, "text"),
+        ({"text": 42}, "text"),
+        ({"text": ["a"]}, "text"),
+        ({"text": "a" * 20_001}, "text"),
+        ({"text": "😀😀😀"}, "text"),
+        ({"text": "hi", "format": "aiff"}, "format"),
+        ({"text": "hi", "speed": 0.1}, "speed"),
+        ({"text": "hi", "speed": 9}, "speed"),
+        ({"text": "hi", "speed": "fast"}, "speed"),
+        ({"text": "hi", "speed": True}, "speed"),
+        ({"text": "hi", "mode": "turbo"}, "mode"),
+        ({"text": "hi", "priority": "urgent"}, "priority"),
+        ({"text": "hi", "seed": -1}, "seed"),
+        ({"text": "hi", "seed": 1.5}, "seed"),
+        ({"text": "hi", "model": 7}, "model"),
+        ({"text": "hi", "voice": ""}, "voice"),
+        ({"text": "hi", "colour": "blue"}, "colour"),
+        (["text"], "body"),
+        ("just a string", "body"),
+    ],
+)
+def test_invalid_fields_are_a_422_naming_the_field(client: FlaskClient, body: Any, field: str) -> None:
+    _assert_error(_post(client, body), 422, "invalid_field", field)
+
+
+def test_nan_speed_is_a_422(client: FlaskClient) -> None:
+    response = client.post("/v1/jobs", data='{"text": "hi", "speed": NaN}', content_type="application/json")
+    assert response.status_code in (400, 422)
+    assert response.get_json()["error"]["code"] in ("bad_request", "invalid_field")
+
+
+@pytest.mark.parametrize("model", ["nope", "../../etc/passwd", "/tmp/models", "chattts/../espeak-en"])
+def test_unknown_or_path_like_models_are_a_404(client: FlaskClient, model: str) -> None:
+    _assert_error(_post(client, {"text": "hi", "model": model}), 404, "not_found", "model")
+
+
+def test_a_model_without_weights_is_a_404_that_says_where_weights_go(client: FlaskClient) -> None:
+    error = _assert_error(_post(client, {"text": "hi", "model": "chattts"}), 404, "not_found", "model")
+    assert "weights" in error["message"]
+
+
+def test_an_unknown_voice_is_a_404(client: FlaskClient) -> None:
+    _assert_error(_post(client, {"text": "hi", "model": "espeak-en", "voice": "darth"}), 404, "not_found", "voice")
+
+
+def test_an_unknown_job_is_a_404(client: FlaskClient) -> None:
+    _assert_error(client.get("/v1/jobs/0123456789abcdef"), 404, "not_found")
+    _assert_error(client.get("/v1/jobs/0123456789abcdef/segments/0"), 404, "not_found")
+    _assert_error(client.get("/v1/jobs/0123456789abcdef/audio"), 404, "not_found")
+    _assert_error(client.delete("/v1/jobs/0123456789abcdef"), 404, "not_found")
+
+
+def test_an_unknown_route_and_a_wrong_method_are_json_errors(client: FlaskClient) -> None:
+    _assert_error(client.get("/v1/nothing-here"), 404, "not_found")
+    _assert_error(client.put("/v1/jobs"), 405, "method_not_allowed")
+
+
+def test_the_service_keeps_serving_after_bad_requests(client: FlaskClient) -> None:
+    for _ in range(3):
+        client.post("/v1/jobs", data="{{{", content_type="application/json")
+    assert client.get("/healthz").status_code == 200
+    assert client.get("/v1/models").status_code == 200
+
+
+def test_models_lists_the_registry_with_availability(client: FlaskClient) -> None:
+    body = client.get("/v1/models").get_json()
+    by_id = {m["id"]: m for m in body["data"]}
+    assert body["default"] == "espeak-en"
+    assert by_id["espeak-cmn"]["available"] is True
+    assert by_id["chattts-tiny"]["available"] is True
+    assert "default" in by_id["espeak-en"]["voices"]

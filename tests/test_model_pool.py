@@ -1,0 +1,106 @@
+"""The model pool runs each model in its own spawned process: on demand, LRU, idle unload, crash restart."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+
+from core.registry import ModelSpec
+from workers.engines.base import SynthesisRequest
+from workers.pool.handle import ModelHost
+from workers.pool.pool import ModelPool
+
+EN = ModelSpec(name="espeak-en", engine="espeak", voices={"default": ""}, options={"language": "en-us"}, memory_mb=1)
+YUE = ModelSpec(name="espeak-yue", engine="espeak", voices={"default": ""}, options={"language": "yue"}, memory_mb=1)
+HELLO = [SynthesisRequest(text="hello there"), SynthesisRequest(text="a second sentence")]
+
+
+def _gone(pid: int | None, timeout: float = 10) -> bool:
+    """Say whether the process ended (a zombie waiting to be reaped counts as ended)."""
+    assert pid is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def pool() -> Iterator[ModelPool]:
+    """Return a pool with a generous budget; stop every host afterwards."""
+    made = ModelPool(lambda spec: ModelHost(spec, device="cpu"), budget_mb=100_000, idle_s=60, call_timeout_s=30)
+    yield made
+    made.close()
+
+
+def test_a_model_loads_on_first_use_in_its_own_process(pool: ModelPool) -> None:
+    assert pool.loaded() == []
+    waves, rate = pool.synthesize(EN, HELLO)
+    assert rate == 22050
+    assert len(waves) == 2 and all(len(w) > 1000 for w in waves)
+    pid = pool.host_pid("espeak-en")
+    assert pid is not None and pid != os.getpid()
+    pool.synthesize(EN, HELLO[:1])
+    assert pool.counts["loads"] == 1
+
+
+def test_loading_past_the_budget_evicts_the_least_recently_used_model(pool: ModelPool) -> None:
+    pool.synthesize(EN, HELLO)
+    first_pid = pool.host_pid("espeak-en")
+    one_host = pool.used_mb()
+    pool.budget_mb = one_host * 1.5  # room for one host, not two
+    pool.synthesize(replace(YUE, memory_mb=int(one_host)), [SynthesisRequest(text="你好")])
+    assert [m["model"] for m in pool.loaded()] == ["espeak-yue"]
+    assert pool.counts["evictions"] == 1
+    assert _gone(first_pid), "evicting must end the host process"
+
+
+def test_pinned_models_are_never_evicted(pool: ModelPool) -> None:
+    pool.synthesize(replace(EN, pinned=True), HELLO)
+    one_host = pool.used_mb()
+    pool.budget_mb = one_host * 1.5
+    pool.synthesize(replace(YUE, memory_mb=int(one_host)), [SynthesisRequest(text="你好")])
+    assert {m["model"] for m in pool.loaded()} == {"espeak-en", "espeak-yue"}
+    assert pool.counts["evictions"] == 0
+
+
+def test_idle_models_are_unloaded_and_pinned_ones_stay(pool: ModelPool) -> None:
+    pool.synthesize(EN, HELLO)
+    pool.synthesize(replace(YUE, pinned=True), [SynthesisRequest(text="你好")])
+    pid = pool.host_pid("espeak-en")
+    assert pool.reap_idle(now=time.monotonic() + 1) == []
+    assert pool.reap_idle(now=time.monotonic() + pool.idle_s + 1) == ["espeak-en"]
+    assert [m["model"] for m in pool.loaded()] == ["espeak-yue"]
+    assert _gone(pid)
+
+
+def test_a_killed_model_process_is_restarted_and_its_batch_still_succeeds(pool: ModelPool) -> None:
+    pool.synthesize(EN, HELLO)
+    pid = pool.host_pid("espeak-en")
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    assert _gone(pid)
+    waves, _ = pool.synthesize(EN, HELLO)
+    assert len(waves) == 2
+    assert pool.host_pid("espeak-en") not in (None, pid)
+    assert pool.counts["crashes"] == 1
+    assert pool.counts["loads"] == 2
+
+
+def test_a_model_that_cannot_load_raises_a_load_error(pool: ModelPool, tmp_path: object) -> None:
+    from workers.engines.errors import EngineLoadError
+
+    broken = ModelSpec(name="broken", engine="espeak", voices={"default": ""}, options={"language": "no-such-voice"})
+    with pytest.raises(EngineLoadError, match="broken"):
+        pool.synthesize(broken, HELLO)
+    assert pool.loaded() == []

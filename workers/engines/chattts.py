@@ -1,0 +1,350 @@
+"""ChatTTS behind the Engine interface: one model call per batch, each item trimmed to its own length."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from workers.engines.base import Engine, SynthesisRequest, Waveform
+from workers.engines.chattts_tiny import read_tiny_config, tiny_chat_config
+from workers.engines.errors import EngineLoadError, SynthesisError
+
+log = logging.getLogger(__name__)
+
+PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+HF_SNAPSHOTS = Path("models--2Noise--ChatTTS") / "snapshots"
+MIN_TOKENS = 24
+REFINE_MAX_TOKENS = 384
+
+
+def where_weights_go(weights_dir: Path) -> str:
+    """Return the sentence that tells an operator where ChatTTS weights must be put."""
+    return (
+        f"put ChatTTS weights at {weights_dir}/asset/ (Vocos.safetensors, DVAE.safetensors, Decoder.safetensors, "
+        f"Embed.safetensors, gpt/, tokenizer/) or a Hugging Face cache of 2Noise/ChatTTS at "
+        f"{weights_dir / HF_SNAPSHOTS}/<revision>/"
+    )
+
+
+def find_weights(weights_dir: Path) -> tuple[str, Path]:
+    """Return ChatTTS's ``source`` for ``weights_dir`` and the folder that holds its ``asset/``."""
+    if (weights_dir / "asset").is_dir():
+        return "custom", weights_dir
+    snapshots = weights_dir / HF_SNAPSHOTS
+    # ChatTTS itself picks the most recently modified snapshot; find the same one.
+    revisions = sorted(snapshots.iterdir(), key=lambda p: p.stat().st_mtime) if snapshots.is_dir() else []
+    if revisions and revisions[-1].is_dir():
+        return "huggingface", revisions[-1]
+    raise EngineLoadError(f"no ChatTTS weights in {weights_dir}: {where_weights_go(weights_dir)}")
+
+
+class PerItemSampler:
+    """Pick each item's next token from its own seeded generator, so batch mates cannot change it.
+
+    ChatTTS samples a whole batch from one generator, so an item's tokens depend on its position in the batch.
+    Put last among the logits processors, this samples per item, bounds each item's length, and returns
+    one-hot logits that ChatTTS's own sampling can only follow.
+    """
+
+    def __init__(
+        self,
+        *,
+        seeds: list[int],
+        rows_per_item: int,
+        eos_token: int,
+        min_tokens: list[int],
+        max_tokens: list[int],
+        device: torch.device,
+    ) -> None:
+        self._generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
+        self._rows = rows_per_item
+        self._eos = eos_token
+        self._min = torch.tensor(min_tokens, device=device).repeat_interleave(rows_per_item)
+        self._max = torch.tensor(max_tokens, device=device).repeat_interleave(rows_per_item)
+        self._step = 0
+
+    def __call__(self, input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """Return logits that allow only the token sampled for each row."""
+        step, self._step = self._step, self._step + 1
+        logits = logits.clone()
+        logits[:, self._eos].masked_fill_(self._min > step, -math.inf)
+        probs = torch.softmax(logits, dim=-1)
+        # The exponential race torch.multinomial itself uses for one sample, with one noise stream per item.
+        shape = (self._rows, logits.size(1))
+        noise = torch.cat([torch.empty(shape, device=logits.device).exponential_(generator=g) for g in self._generators])
+        chosen = (probs / noise).argmax(dim=-1)
+        chosen = chosen.masked_fill(self._max <= step, self._eos)
+        return torch.full_like(logits, -math.inf).scatter_(1, chosen.unsqueeze(1), 0.0)
+
+
+def speed_prompt(speed: float) -> str:
+    """Map a speed factor to ChatTTS's prompt: 1.0 is ``[speed_5]``, clamped to ``[speed_0]``..``[speed_9]``."""
+    level = min(9, max(0, math.floor(5 * speed + 0.5)))
+    return f"[speed_{level}]"
+
+
+class ChatTTSEngine(Engine):
+    """Synthesise batches with ChatTTS so each item sounds as it would alone."""
+
+    sample_rate = 24000
+
+    def __init__(
+        self,
+        *,
+        weights_dir: Path,
+        device: str,
+        precision: str = "fp32",
+        voices: dict[str, dict[str, Any]] | None = None,
+        tokens_per_char: float = 6.0,
+        max_tokens: int = 2048,
+        fixed_token_budget: bool = False,
+    ) -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, not {precision!r}")
+        for name, voice in (voices or {}).items():
+            if not isinstance(voice, dict) or len(voice) != 1 or not voice.keys() <= {"speaker_seed", "spk_emb"}:
+                raise ValueError(f"voice {name!r} must be {{'speaker_seed': int}} or {{'spk_emb': str}}")
+        self._weights_dir = Path(weights_dir)
+        self._device = device
+        self._precision = precision
+        self._voices = dict(voices or {})
+        self._tokens_per_char = tokens_per_char
+        self._max_tokens = max_tokens
+        self._fixed_budget = fixed_token_budget
+        self._chat: Any = None
+        self._speakers: dict[str, str] = {}
+
+    def load(self) -> None:
+        """Load ChatTTS from the weights directory onto the device and cast its Llama to the precision."""
+        import ChatTTS
+
+        source, root = find_weights(self._weights_dir)
+        chat = ChatTTS.Chat(log)
+        tiny = read_tiny_config(root)
+        if tiny is not None:
+            # Only a tiny model's own descriptor replaces sizes and hashes; real weights keep the real check.
+            chat.config = tiny_chat_config(tiny["sizes"])
+            chat.sha256_map.update(tiny["sha256"])
+        try:
+            loaded = chat.load(
+                source=source, custom_path=str(self._weights_dir), device=torch.device(self._device), compile=False
+            )
+        except Exception as e:
+            raise EngineLoadError(f"ChatTTS failed to load {root}: {e}; {where_weights_go(self._weights_dir)}") from e
+        if not loaded:
+            raise EngineLoadError(
+                f"ChatTTS could not load the weights in {root} (missing files or SHA-256 mismatch); "
+                f"{where_weights_go(self._weights_dir)}"
+            )
+        chat.gpt.gpt.to(dtype=self._llama_dtype())
+        self._speakers = self._speaker_embeddings(chat)
+        self._chat = chat
+
+    def _llama_dtype(self) -> torch.dtype:
+        dtype = PRECISIONS[self._precision]
+        if dtype is torch.float32 or not self._device.startswith("cpu"):
+            return dtype
+        try:
+            probe = torch.ones(2, 2, dtype=dtype)
+            probe @ probe
+        except RuntimeError as e:
+            log.warning("%s matmul unsupported on this CPU (%s); running ChatTTS in fp32", self._precision, e)
+            return torch.float32
+        return dtype
+
+    def _speaker_embeddings(self, chat: Any) -> dict[str, str]:
+        from ChatTTS.model import Speaker
+
+        # Sampled on the CPU so a speaker seed gives the same voice on every device.
+        speaker = Speaker(chat.config.gpt.hidden_size, chat.config.spk_stat, torch.device("cpu"))
+        embeddings = {}
+        for name, voice in self._voices.items():
+            if "spk_emb" in voice:
+                embedding = str(voice["spk_emb"])
+                try:
+                    size = Speaker._decode(embedding).size
+                except Exception as e:
+                    raise EngineLoadError(f"voice {name!r} has an unreadable spk_emb: {e}") from e
+                if size != speaker.dim:
+                    raise EngineLoadError(f"voice {name!r} has a {size}-d spk_emb; this model needs {speaker.dim}")
+            else:
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(int(voice["speaker_seed"]))
+                    embedding = speaker.sample_random()
+            embeddings[name] = embedding
+        return embeddings
+
+    def token_budget(self, text: str) -> int:
+        """Return the most audio tokens (about 21 ms each) a segment of ``text`` may take."""
+        return max(MIN_TOKENS, min(self._max_tokens, math.ceil(self._tokens_per_char * len(text))))
+
+    def synthesize(self, batch: list[SynthesisRequest]) -> list[Waveform]:
+        """Return exactly one mono float32 waveform per request, in order."""
+        chat = self._chat
+        if chat is None:
+            raise SynthesisError("ChatTTSEngine.synthesize called before load")
+        if not batch:
+            return []
+        try:
+            with torch.inference_mode(), warnings.catch_warnings():
+                # transformers < 5.40 announces a rename ChatTTS 0.2.5 has not made; it is pinned.
+                warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
+                chat.context.set(False)
+                texts = self._refined_texts(chat, batch)
+                hiddens = self._code_hiddens(chat, batch, texts)
+                waves = [self._decode(chat, hidden) for hidden in hiddens]
+        except SynthesisError:
+            raise
+        except Exception as e:
+            raise SynthesisError(f"ChatTTS failed on a batch of {len(batch)}: {e}") from e
+        if len(waves) != len(batch):
+            raise SynthesisError(f"ChatTTS returned {len(waves)} waveforms for {len(batch)} requests")
+        return waves
+
+    def _speaker(self, voice: str | None) -> str | None:
+        if voice is None:
+            return None
+        if voice not in self._speakers:
+            raise SynthesisError(f"unknown ChatTTS voice {voice!r}; known voices: {sorted(self._speakers)}")
+        return self._speakers[voice]
+
+    def _refined_texts(self, chat: Any, batch: list[SynthesisRequest]) -> list[str]:
+        # Our own normaliser ran before; ChatTTS's still drops characters its tokenizer cannot say.
+        texts = [chat.normalizer(r.text, False, True, None) for r in batch]
+        quality = [i for i, r in enumerate(batch) if r.mode == "quality"]
+        if not quality:
+            return texts
+        params = chat.RefineTextParams(show_tqdm=False)
+        prompts = chat.speaker.decorate_text_prompts([texts[i] for i in quality], params.prompt)
+        result = self._generate(
+            chat,
+            prompts,
+            params,
+            seeds=[_seed(batch[i]) for i in quality],
+            min_tokens=[1] * len(quality),
+            max_tokens=[REFINE_MAX_TOKENS] * len(quality),
+            infer_text=True,
+        )
+        refined = chat.tokenizer.decode([ids[ids.less(chat.tokenizer.break_0_ids)] for ids in result.ids])
+        for i, text in zip(quality, refined, strict=True):
+            texts[i] = text
+        return texts
+
+    def _code_hiddens(self, chat: Any, batch: list[SynthesisRequest], texts: list[str]) -> list[torch.Tensor]:
+        params = chat.InferCodeParams(show_tqdm=False)
+        prompts = [
+            chat.speaker.decorate_code_prompts([text], speed_prompt(r.speed), None, self._speaker(r.voice))[0]
+            for r, text in zip(batch, texts, strict=True)
+        ]
+        budgets = [self.token_budget(r.text) for r in batch]
+        result = self._generate(
+            chat,
+            prompts,
+            params,
+            seeds=[_seed(r) for r in batch],
+            min_tokens=budgets if self._fixed_budget else [1] * len(batch),
+            max_tokens=budgets,
+            infer_text=False,
+            speakers=[self._speaker(r.voice) for r in batch],
+        )
+        hiddens = [hidden.narrow(0, 0, min(len(hidden), budget)) for hidden, budget in zip(result.hiddens, budgets)]
+        if len(hiddens) != len(batch):
+            raise SynthesisError(f"ChatTTS generated {len(hiddens)} sequences for {len(batch)} requests")
+        return hiddens
+
+    def _generate(
+        self,
+        chat: Any,
+        prompts: list[str],
+        params: Any,
+        *,
+        seeds: list[int],
+        min_tokens: list[int],
+        max_tokens: list[int],
+        infer_text: bool,
+        speakers: list[str | None] | None = None,
+    ) -> Any:
+        from ChatTTS.model import gen_logits
+
+        num_vq = chat.config.gpt.num_vq
+        input_ids, attention_mask, text_mask = chat.tokenizer.encode(prompts, num_vq, device=chat.device_gpt)
+        emb = chat.embed(input_ids, text_mask)
+        for i, embedding in enumerate(speakers or []):
+            if embedding is not None:
+                chat.speaker.apply(
+                    emb.narrow(0, i, 1),
+                    embedding,
+                    input_ids.narrow(0, i, 1),
+                    chat.tokenizer.spk_emb_ids,
+                    chat.gpt.device_gpt,
+                )
+        eos = chat.tokenizer.eos_token if infer_text else chat.config.gpt.num_audio_tokens - 1
+        vocab = chat.tokenizer.len if infer_text else eos
+        warpers, processors = gen_logits(vocab, params.top_P, params.top_K, params.repetition_penalty)
+        sampler = PerItemSampler(
+            seeds=seeds,
+            rows_per_item=1 if infer_text else num_vq,
+            eos_token=eos,
+            min_tokens=min_tokens,
+            max_tokens=max_tokens,
+            device=chat.device,
+        )
+        temperature = [params.temperature] * (1 if infer_text else num_vq)
+        generation = chat.gpt.generate(
+            emb,
+            input_ids,
+            temperature=torch.tensor(temperature, device=chat.device),
+            eos_token=eos,
+            attention_mask=attention_mask,
+            # One step past the longest budget, in which the sampler ends every item.
+            max_new_token=max(max_tokens) + 1,
+            min_new_token=0,
+            logits_processors=(*processors, *warpers, sampler),
+            infer_text=infer_text,
+            return_hidden=not infer_text,
+            stream=False,
+            show_tqdm=False,
+            ensure_non_empty=False,
+            manual_seed=0,
+            context=chat.context,
+        )
+        return next(generation)
+
+    def _decode(self, chat: Any, hidden: torch.Tensor) -> Waveform:
+        # Decoded alone: the convolutions would let a batch's zero padding leak into this item's tail.
+        wavs = chat._decode_to_wavs([hidden], True)
+        return np.ascontiguousarray(wavs[0], dtype=np.float32)
+
+    def unload(self) -> None:
+        """Drop the model and give its memory back."""
+        self._chat = None
+        self._speakers = {}
+        gc.collect()
+        if self._device.startswith("cuda"):
+            torch.cuda.empty_cache()
+
+    def memory_estimate_mb(self) -> int:
+        """Return the size of the model's weights in MiB, counted from the loaded tensors or the files."""
+        llama_bytes = PRECISIONS[self._precision].itemsize
+        if self._chat is not None:
+            modules = [self._chat.gpt.gpt, self._chat.embed, self._chat.decoder, self._chat.dvae, self._chat.vocos]
+            total = sum(t.numel() * t.element_size() for m in modules for t in (*m.parameters(), *m.buffers()))
+        else:
+            try:
+                _, root = find_weights(self._weights_dir)
+            except EngineLoadError:
+                return 0
+            files = [p for p in (root / "asset").rglob("*.safetensors") if p.is_file()]
+            total = sum(p.stat().st_size * (llama_bytes / 4 if p.parent.name == "gpt" else 1) for p in files)
+        return math.ceil(total / 2**20)
+
+
+def _seed(request: SynthesisRequest) -> int:
+    return 0 if request.seed is None else request.seed

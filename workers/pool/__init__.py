@@ -1,0 +1,1 @@
+"""The model pool: every loaded model lives in its own spawned subprocess."""

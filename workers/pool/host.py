@@ -1,0 +1,73 @@
+"""The model host: a spawned subprocess that owns one loaded engine and serves batches over a pipe.
+
+Ending the process gives back all of the model's memory, which an in-process
+unload (Python and CUDA allocators keep what they had) does not.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from multiprocessing.connection import Connection
+from typing import Any
+
+from core.logs import setup_logging
+from core.registry import ModelSpec
+from workers.engines.base import SynthesisRequest
+from workers.engines.factory import build_engine
+
+
+def resident_mb() -> float:
+    """Return this process's resident memory in MiB (Linux /proc; 0 elsewhere)."""
+    try:
+        with open(f"/proc/{os.getpid()}/statm", encoding="ascii") as statm:
+            pages = int(statm.read().split()[1])
+    except OSError:
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def gpu_mb() -> float:
+    """Return the GPU memory torch holds in this process, in MiB (0 without CUDA)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return 0.0
+    return float(torch.cuda.memory_reserved()) / 2**20
+
+
+def memory_report() -> dict[str, float]:
+    """Return what this host holds: resident and GPU memory."""
+    return {"rss_mb": round(resident_mb(), 1), "gpu_mb": round(gpu_mb(), 1)}
+
+
+def host_main(conn: Connection, spec: ModelSpec, device: str, log_level: str) -> None:
+    """Load the engine, say ready, then answer ('synth', requests) messages until told to stop."""
+    setup_logging(log_level)
+    log = logging.getLogger(f"workers.pool.host.{spec.name}")
+    try:
+        engine = build_engine(spec, device=device)
+        engine.load()
+        engine.warmup()
+    except Exception as e:
+        log.exception("loading %s failed", spec.name)
+        conn.send(("error", f"loading {spec.name} failed: {type(e).__name__}: {e}"))
+        return
+    conn.send(("ready", engine.sample_rate, memory_report()))
+    while True:
+        try:
+            message: tuple[Any, ...] = conn.recv()
+        except (EOFError, OSError):
+            break  # the worker went away
+        if message[0] == "stop":
+            break
+        requests = [SynthesisRequest(**fields) for fields in message[1]]
+        try:
+            waves = engine.synthesize(requests)
+        except Exception as e:
+            log.exception("synthesis failed")
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+            continue
+        conn.send(("ok", waves, memory_report()))
+    engine.unload()

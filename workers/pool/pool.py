@@ -1,0 +1,140 @@
+"""Keep models loaded on demand within a memory budget: LRU eviction, idle unload, crash restart."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from core.registry import ModelSpec
+from workers.engines.base import SynthesisRequest, Waveform
+from workers.pool.handle import HostCrashed, ModelHost
+
+log = logging.getLogger(__name__)
+
+HostFactory = Callable[[ModelSpec], ModelHost]
+
+
+class ModelPool:
+    """Model name → running host; loads on first use, evicts least recently used, never pinned ones."""
+
+    def __init__(self, start_host: HostFactory, *, budget_mb: float, idle_s: float, call_timeout_s: float) -> None:
+        self._start_host = start_host
+        self.budget_mb = budget_mb
+        self.idle_s = idle_s
+        self.call_timeout_s = call_timeout_s
+        self._hosts: OrderedDict[str, ModelHost] = OrderedDict()  # least recently used first
+        self._model_locks: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+        self.counts: Counter[str] = Counter()
+        self.load_seconds: list[float] = []
+        self._measured_mb: dict[str, float] = {}  # what each model held when last loaded
+
+    def synthesize(self, spec: ModelSpec, requests: list[SynthesisRequest]) -> tuple[list[Waveform], int]:
+        """Run one batch on the model's host, restarting a crashed host and retrying the batch once."""
+        for attempt in (1, 2):
+            host = self._host(spec)
+            try:
+                return host.synthesize(requests, timeout_s=self.call_timeout_s), host.sample_rate
+            except HostCrashed as e:
+                self._forget(spec.name, host)
+                self.counts["crashes"] += 1
+                log.warning("model %s: %s (attempt %d)", spec.name, e, attempt)
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _host(self, spec: ModelSpec) -> ModelHost:
+        with self._lock:
+            model_lock = self._model_locks.setdefault(spec.name, threading.Lock())
+        with model_lock:
+            with self._lock:
+                host = self._hosts.get(spec.name)
+                if host is not None and host.alive():
+                    self._hosts.move_to_end(spec.name)
+                    return host
+                if host is not None:  # died since its last call (killed, OOM): start afresh
+                    del self._hosts[spec.name]
+                    self.counts["crashes"] += 1
+                    log.warning("model %s host %s had died; restarting it", spec.name, host.pid)
+            self._make_room(spec)
+            host = self._start_host(spec)
+            self.counts["loads"] += 1
+            self.load_seconds.append(host.load_s)
+            self._measured_mb[spec.name] = host.memory_mb
+            with self._lock:
+                self._hosts[spec.name] = host
+            return host
+
+    def used_mb(self) -> float:
+        """Return the memory all loaded models hold, as last measured."""
+        with self._lock:
+            return sum(h.memory_mb for h in self._hosts.values())
+
+    def _make_room(self, spec: ModelSpec) -> None:
+        need = max(spec.memory_mb, self._measured_mb.get(spec.name, 0.0))
+        while self.used_mb() + need > self.budget_mb:
+            with self._lock:
+                victim = next((h for h in self._hosts.values() if not h.spec.pinned), None)
+                if victim is None:
+                    log.warning(
+                        "model %s needs %d MiB over the budget; only pinned models are loaded",
+                        spec.name,
+                        spec.memory_mb,
+                    )
+                    return
+                del self._hosts[victim.spec.name]
+            log.info("evicting model %s (least recently used) to make room for %s", victim.spec.name, spec.name)
+            victim.stop()
+            self.counts["evictions"] += 1
+
+    def _forget(self, name: str, host: ModelHost) -> None:
+        with self._lock:
+            if self._hosts.get(name) is host:
+                del self._hosts[name]
+        host.kill()
+
+    def unload(self, name: str) -> bool:
+        """Stop a model's host (ending its process frees all its memory); say whether it was loaded."""
+        with self._lock:
+            host = self._hosts.pop(name, None)
+        if host is None:
+            return False
+        host.stop()
+        return True
+
+    def reap_idle(self, now: float | None = None) -> list[str]:
+        """Unload models idle longer than ``idle_s``, except pinned ones; return their names."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            idle = [n for n, h in self._hosts.items() if not h.spec.pinned and now - h.last_used > self.idle_s]
+        for name in idle:
+            if self.unload(name):
+                self.counts["idle_unloads"] += 1
+                log.info("unloaded model %s after %.0fs idle", name, self.idle_s)
+        return idle
+
+    def loaded(self) -> list[dict[str, Any]]:
+        """Describe the loaded models: name, pid, memory, pinned."""
+        with self._lock:
+            return [
+                {"model": n, "pid": h.pid, "memory_mb": round(h.memory_mb, 1), "pinned": h.spec.pinned}
+                for n, h in self._hosts.items()
+            ]
+
+    def host_pid(self, name: str) -> int | None:
+        """Return the process id of a model's host, if loaded."""
+        with self._lock:
+            host = self._hosts.get(name)
+            return None if host is None else host.pid
+
+    def close(self) -> None:
+        """Stop every host."""
+        with self._lock:
+            hosts = list(self._hosts.values())
+            self._hosts.clear()
+        for host in hosts:
+            host.stop()
