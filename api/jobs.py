@@ -10,6 +10,7 @@ from api.services import services
 from api.submission import submit_job
 from api.validation import parse_job, parse_wait, read_json_object
 from cache.jobstore import JobRequest
+from cache.sentences import file_key, segment_keys
 from core.audio import encode, media_type, pcm16_duration
 from core.errors import JobFailed, NotFound, NotReady
 
@@ -27,6 +28,7 @@ def job_view(record: dict[str, str]) -> dict[str, Any]:
         "status": record["status"],
         "segments_total": total,
         "segments_done": done,
+        "cached_segments": int(record.get("cached_segments", 0)),
         "progress": round(done / total, 4) if total else 1.0,
         "model": req.model,
         "voice": req.voice,
@@ -69,7 +71,14 @@ def create_job() -> tuple[dict[str, Any], int, dict[str, str]]:
     svc = services()
     body = read_json_object(request, max_bytes=svc.settings.max_body_bytes)
     job_input = parse_job(body, max_chars=svc.settings.max_text_chars)
-    job_id = submit_job(job_input, settings=svc.settings, registry=svc.registry, store=svc.store, enqueue=svc.enqueue)
+    job_id = submit_job(
+        job_input,
+        settings=svc.settings,
+        registry=svc.registry,
+        store=svc.store,
+        cache=svc.cache,
+        enqueue=svc.enqueue,
+    )
     view = job_view(_record(job_id))
     return view, 202, {"Location": view["urls"]["self"]}
 
@@ -133,7 +142,8 @@ def get_audio(job_id: str) -> Response:
             "fetch segments as they finish, or retry when done",
             segments_done=int(record["segments_done"]),
         )
-    fmt = JobRequest.from_json(record["request"]).format
+    job_request = JobRequest.from_json(record["request"])
+    fmt = job_request.format
     rate = int(record["sample_rate"])
     data = svc.store.cached_file(job_id, fmt)
     if data is None:
@@ -142,6 +152,9 @@ def get_audio(job_id: str) -> Response:
             raise NotReady("job is done but a segment is missing; retry shortly")
         data = encode(b"".join(p for p in parts if p is not None), rate, fmt)
         svc.store.store_file(job_id, fmt, data)
+        if job_request.cache:
+            spec = svc.registry.get(job_request.model)
+            svc.cache.put_file(file_key(segment_keys(spec, job_request, svc.store.texts(job_id)), fmt), data)
     suffix = "raw" if fmt == "pcm" else fmt
     return Response(
         data,

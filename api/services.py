@@ -10,6 +10,7 @@ from celery import Celery
 from flask import Flask, current_app
 
 from cache.jobstore import JobStore
+from cache.sentences import SentenceCache, build_cache
 from cache.workers import WorkerRegistry
 from celery_config import SYNTHESIZE_TASK
 from core.registry import Registry, load_registry
@@ -29,6 +30,7 @@ class Services:
     store: JobStore
     registry: Registry
     workers: WorkerRegistry
+    cache: SentenceCache
     enqueue: Enqueue
 
 
@@ -46,9 +48,7 @@ def celery_enqueue(celery: Celery) -> Enqueue:
 def build_services(settings: Settings) -> Services:
     """Connect to Redis and Celery and load the model registry."""
     # Long-polls block in XREAD for up to max_wait_s: the socket must wait longer.
-    client = redis.Redis.from_url(
-        settings.redis_url, health_check_interval=30, socket_timeout=settings.max_wait_s + 10
-    )
+    client = redis.Redis.from_url(settings.redis_url, health_check_interval=30, socket_timeout=settings.max_wait_s + 10)
     celery = create_celery(settings)
     return Services(
         settings=settings,
@@ -56,6 +56,7 @@ def build_services(settings: Settings) -> Services:
         store=JobStore(client, ttl=settings.job_ttl_s),
         registry=load_registry(settings),
         workers=WorkerRegistry(client, ttl_s=3 * settings.heartbeat_s),
+        cache=build_cache(settings),
         enqueue=celery_enqueue(celery),
     )
 

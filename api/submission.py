@@ -7,7 +7,9 @@ import logging
 from api.services import Enqueue
 from api.validation import JobInput
 from cache.jobstore import JobRequest, JobStore
+from cache.sentences import SentenceCache, file_key, segment_keys
 from core.errors import ServiceUnavailable, ValidationFailed
+from core.metrics import CACHE_LOOKUPS, JOBS_SUBMITTED
 from core.registry import Registry
 from core.settings import Settings
 from core.text import plan_segments
@@ -15,17 +17,25 @@ from core.text import plan_segments
 log = logging.getLogger(__name__)
 
 
-def submit_job(job: JobInput, *, settings: Settings, registry: Registry, store: JobStore, enqueue: Enqueue) -> str:
-    """Plan the text into segments, write the job and enqueue its segments; return the id."""
+def submit_job(
+    job: JobInput,
+    *,
+    settings: Settings,
+    registry: Registry,
+    store: JobStore,
+    cache: SentenceCache,
+    enqueue: Enqueue,
+) -> str:
+    """Plan the text, fill what the cache has, write the job and enqueue only the misses; return the id."""
     spec = registry.get(job.model)
     voice = spec.resolve_voice(job.voice)
-    segments = plan_segments(
+    texts = plan_segments(
         job.text,
         max_chars=settings.segment_max_chars,
         first_max_chars=settings.first_segment_max_chars,
         language=spec.language,
     )
-    if not segments:
+    if not texts:
         raise ValidationFailed("text", "has nothing a voice can speak (only symbols or emoji?)")
     priority = job.priority or ("batch" if len(job.text) > settings.batch_lane_chars else "realtime")
     request = JobRequest(
@@ -36,15 +46,37 @@ def submit_job(job: JobInput, *, settings: Settings, registry: Registry, store: 
         format=job.format,
         priority=priority,
         seed=job.seed,
+        cache=job.cache,
     )
-    job_id = store.create(request, segments)
-    try:
-        enqueue(job_id, list(range(len(segments))), priority)
-    except Exception as e:
-        store.fail(job_id, "could not enqueue the job's segments")
-        raise ServiceUnavailable("the task queue is unavailable; retry shortly") from e
+    keys = segment_keys(spec, request, texts)
+    cached = cache.get_many(keys) if request.cache else [None] * len(texts)
+    hits = {i: (c.pcm, c.sample_rate, {**c.meta, "cached": True}) for i, c in enumerate(cached) if c is not None}
+    misses = [i for i, c in enumerate(cached) if c is None]
+    if request.cache:
+        CACHE_LOOKUPS.labels("hit").inc(len(hits))
+        CACHE_LOOKUPS.labels("miss").inc(len(misses))
+
+    job_id = store.create(request, texts, cached=len(hits))
+    if hits:
+        store.write_segments(job_id, hits)
+    if not misses:
+        # Every segment was cached: the job is done before the answer leaves; reuse the file if we have it.
+        data = cache.get_file(file_key(keys, request.format))
+        if data is not None:
+            store.store_file(job_id, request.format, data)
+    else:
+        try:
+            enqueue(job_id, misses, priority)
+        except Exception as e:
+            store.fail(job_id, "could not enqueue the job's segments")
+            raise ServiceUnavailable("the task queue is unavailable; retry shortly") from e
+    JOBS_SUBMITTED.labels(priority).inc()
     log.info(
-        "job accepted",
-        extra={"job_id": job_id, "model": spec.name, "segments": len(segments), "lane": priority},
+        "job %s accepted: model %s, %d segments (%d cached), lane %s",
+        job_id,
+        spec.name,
+        len(texts),
+        len(hits),
+        priority,
     )
     return job_id

@@ -16,7 +16,7 @@ MODES = ("fast", "balanced", "quality")
 PRIORITIES = ("realtime", "batch")
 SPEED_RANGE = (0.5, 2.0)
 SEED_MAX = 2**31 - 1
-JOB_FIELDS = frozenset({"text", "model", "voice", "speed", "mode", "format", "priority", "seed"})
+JOB_FIELDS = frozenset({"text", "model", "voice", "speed", "mode", "format", "priority", "seed", "cache"})
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class JobInput:
     format: str
     priority: str | None
     seed: int | None
+    cache: bool = True
 
 
 def read_json_object(request: Request, *, max_bytes: int) -> dict[str, Any]:
@@ -111,7 +112,15 @@ def parse_job(body: dict[str, Any], *, max_chars: int) -> JobInput:
         format=_choice(body, "format", tuple(MEDIA_TYPES), "wav") or "wav",
         priority=_choice(body, "priority", PRIORITIES, None),
         seed=_seed(body),
+        cache=_flag(body, "cache", default=True),
     )
+
+
+def _flag(body: dict[str, Any], name: str, *, default: bool) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise ValidationFailed(name, "must be true or false")
+    return value
 
 
 def parse_wait(raw: str | None, *, limit: float) -> float:

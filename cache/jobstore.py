@@ -26,6 +26,7 @@ class JobRequest:
     format: str
     priority: str
     seed: int | None
+    cache: bool = True
 
     def to_json(self) -> str:
         """Serialise to JSON for the job record."""
@@ -51,7 +52,7 @@ class JobStore:
         self._finish = client.register_script(scripts.FINISH)
         self._mark_running = client.register_script(scripts.MARK_RUNNING)
 
-    def create(self, request: JobRequest, texts: list[str], *, job_id: str | None = None) -> str:
+    def create(self, request: JobRequest, texts: list[str], *, job_id: str | None = None, cached: int = 0) -> str:
         """Write a new queued job with its segment texts and return its id."""
         if not texts:
             raise ValueError("a job needs at least one segment")
@@ -66,6 +67,7 @@ class JobStore:
                 "request": request.to_json(),
                 "segments_total": len(texts),
                 "segments_done": 0,
+                "cached_segments": cached,
                 "chars_total": sum(len(t) for t in texts),
                 "created_at": now,
                 "updated_at": now,
@@ -110,6 +112,16 @@ class JobStore:
     def attempts(self, job_id: str, index: int) -> int:
         """Return how many synthesis attempts a segment has had."""
         return int(self.redis.hget(keys.attempts(job_id), str(index)) or 0)
+
+    def write_segments(self, job_id: str, segments: dict[int, tuple[bytes, int, dict[str, Any]]]) -> list[int]:
+        """Store several finished segments (index → pcm, rate, meta) in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        now = f"{time.time():.6f}"
+        for index, (pcm, rate, meta) in sorted(segments.items()):
+            self._write_segment(
+                keys=keys.all_job_keys(job_id), args=[index, pcm, json.dumps(meta), now, self.ttl, rate], client=pipe
+            )
+        return [int(r) for r in pipe.execute()]
 
     def write_segment(self, job_id: str, index: int, pcm: bytes, *, sample_rate: int, meta: dict[str, Any]) -> int:
         """Store a finished segment once; return 1 written, 0 duplicate, -1 gone, -2 job over."""

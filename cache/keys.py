@@ -55,3 +55,13 @@ def worker(hostname: str) -> str:
 
 
 WORKER_PATTERN = f"{PREFIX}:worker:*"
+
+
+def sentence(digest: str) -> str:
+    """Return the key of one cached segment (a hash: pcm, rate, meta)."""
+    return f"{PREFIX}:cache:seg:{digest}"
+
+
+def cached_file(digest: str) -> str:
+    """Return the key of one cached whole encoded file."""
+    return f"{PREFIX}:cache:file:{digest}"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,8 @@ class ModelSpec:
     default_voice: str = "default"
     voices: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+    #: A hash of what makes this model's audio: engine, its package version, weights, precision, options.
+    version: str = ""
 
     @property
     def available(self) -> bool:
@@ -95,7 +99,32 @@ def _parse_spec(name: str, raw: dict[str, Any], variables: dict[str, str]) -> Mo
     )
     if spec.default_voice not in spec.voices:
         raise ValueError(f"model {name!r}: default_voice {spec.default_voice!r} is not among its voices")
-    return spec
+    return replace(spec, version=model_version(spec))
+
+
+_ENGINE_PACKAGES = {"chattts": "chattts", "espeak": "espeakng-loader"}
+
+
+def _weights_fingerprint(weights: Path | None) -> list[tuple[str, int, int]]:
+    if weights is None or not weights.is_dir():
+        return []
+    return sorted(
+        (str(p.relative_to(weights)), p.stat().st_size, p.stat().st_mtime_ns) for p in weights.rglob("*") if p.is_file()
+    )
+
+
+def model_version(spec: ModelSpec) -> str:
+    """Hash everything that changes a model's audio, so cached audio never outlives its model."""
+    try:
+        package = metadata.version(_ENGINE_PACKAGES[spec.engine])
+    except metadata.PackageNotFoundError:
+        package = "absent"
+    material = json.dumps(
+        [spec.engine, package, spec.precision, spec.options, spec.voices, _weights_fingerprint(spec.weights)],
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(material.encode()).hexdigest()[:16]
 
 
 def load_registry(settings: Settings) -> Registry:

@@ -20,6 +20,12 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("REDIS_URL", "TTS_REDIS_URL"),
         description="Broker and job store; needs maxmemory-policy noeviction. rediss:// and passwords work.",
     )
+    cache_redis_url: str | None = Field(
+        None,
+        description="Redis for the sentence cache (may use allkeys-lru); unset shares REDIS_URL.",
+    )
+    cache_enabled: bool = Field(True, description="Look up and store finished segments in the sentence cache.")
+    cache_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="How long cached segments and files live.")
     models_file: Path = Field(
         PROJECT_ROOT / "models.json", description="The model registry: names, engines, weights, voices."
     )

@@ -31,9 +31,7 @@ def seconds(engine: EspeakEngine, waveform: Waveform) -> float:
     return len(waveform) / engine.sample_rate
 
 
-def speak(
-    engine: EspeakEngine, text: str, *, voice: str | None = None, speed: float = 1.0
-) -> Waveform:
+def speak(engine: EspeakEngine, text: str, *, voice: str | None = None, speed: float = 1.0) -> Waveform:
     """Synthesise one request and return its waveform."""
     (waveform,) = engine.synthesize([SynthesisRequest(text=text, voice=voice, speed=speed)])
     return waveform
@@ -105,9 +103,7 @@ def test_two_engines_with_different_languages_work_in_one_process() -> None:
 
 def test_engines_called_from_two_threads_do_not_mix_their_audio() -> None:
     engines = {language: make_engine(language) for language in ("cmn", "en-us")}
-    alone = {
-        language: len(speak(engine, SENTENCES[language])) for language, engine in engines.items()
-    }
+    alone = {language: len(speak(engine, SENTENCES[language])) for language, engine in engines.items()}
     with ThreadPoolExecutor(max_workers=2) as pool:
         lengths = list(
             pool.map(
@@ -123,9 +119,7 @@ def test_engines_called_from_two_threads_do_not_mix_their_audio() -> None:
 @pytest.mark.parametrize("text", ["", "   \n\t"])
 def test_empty_text_is_rejected(text: str) -> None:
     with pytest.raises(ValueError, match="empty"):
-        make_engine("en-us").synthesize(
-            [SynthesisRequest(text="Fine."), SynthesisRequest(text=text)]
-        )
+        make_engine("en-us").synthesize([SynthesisRequest(text="Fine."), SynthesisRequest(text=text)])
 
 
 def test_an_unknown_voice_is_rejected() -> None:

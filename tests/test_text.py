@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 
 import pytest
 
 from core.text import count_speakable, normalize, plan_segments, split_sentences
 from core.text.chars import has_speakable
 from core.text.numbers import en_integer, en_number, en_ordinal, en_year, zh_integer, zh_number
+from core.text.plan import paragraphs
 from core.text.split import clause_spans, sentence_spans, word_spans
 
 
@@ -145,7 +147,10 @@ def test_digits_become_chinese_words_in_chinese_context(text: str, expected: str
     [
         ("I have 3 apples.", "I have three apples."),
         ("It is -5 outside.", "It is minus five outside."),
-        ("There are 1,234,567 people.", "There are one million two hundred thirty-four thousand five hundred sixty-seven people."),
+        (
+            "There are 1,234,567 people.",
+            "There are one million two hundred thirty-four thousand five hundred sixty-seven people.",
+        ),
         ("Pi is 3.14.", "Pi is three point one four."),
         ("COVID-19 spread.", "COVID-nineteen spread."),
         ("Read pages 5-10.", "Read pages five to ten."),
@@ -163,6 +168,11 @@ def test_digits_become_english_words_in_english_context(text: str, expected: str
 )
 def test_language_choice_decides_how_a_lone_number_is_read(language: str, expected: str) -> None:
     assert normalize("123", language=language) == expected
+
+
+@pytest.mark.parametrize(("text", "expected"), [("٣ apples", "three apples"), ("४२ रुपये", "forty-two रुपये")])
+def test_digits_of_other_scripts_are_read(text: str, expected: str) -> None:
+    assert normalize(text) == expected
 
 
 def test_auto_language_is_decided_per_number() -> None:
@@ -269,6 +279,10 @@ def test_phone_like_digit_runs_are_read_digit_by_digit(text: str, expected: str)
         ("It costs $1.", "It costs one dollar."),
         ("It costs $3.50.", "It costs three dollars and fifty cents."),
         ("It costs €20.", "It costs twenty euros."),
+        ("Only $0.99!", "Only ninety-nine cents!"),
+        ("Revenue hit $3.5 billion.", "Revenue hit three point five billion dollars."),
+        ("营收¥3.5亿", "营收三点五亿元"),
+        ("¥100元", "一百元"),
     ],
 )
 def test_currency_amounts_are_read_with_their_unit(text: str, expected: str) -> None:
@@ -441,9 +455,8 @@ def test_punctuation_only_pieces_join_their_neighbour() -> None:
 
 
 @pytest.mark.parametrize("splitter", [sentence_spans, clause_spans, word_spans])
-def test_spans_concatenate_back_to_the_text(splitter: object) -> None:
+def test_spans_concatenate_back_to_the_text(splitter: Callable[[str], list[str]]) -> None:
     text = "他说：“走吧。”Then, e.g. Mr. Lee left... 好的，再见！  Bye?"
-    assert callable(splitter)
     assert "".join(splitter(text)) == text
 
 
@@ -587,7 +600,7 @@ def _random_cases(count: int, seed: int) -> list[tuple[str, int, int]]:
 @pytest.mark.parametrize(("text", "max_chars", "first"), _random_cases(400, seed=20240501))
 def test_plan_segments_holds_its_promises_on_random_text(text: str, max_chars: int, first: int) -> None:
     segments = plan_segments(text, max_chars=max_chars, first_max_chars=first)
-    normalized = normalize(text)
+    normalized = "".join(normalize(p) for p in paragraphs(text))
     if not count_speakable(normalized):
         assert segments == []
         return
@@ -602,7 +615,7 @@ def test_plan_segments_holds_its_promises_on_random_text(text: str, max_chars: i
 def test_tiny_caps_still_keep_every_spoken_character(text: str, max_chars: int, first: int) -> None:
     max_chars, first = max_chars % 6 + 1, first % 4 + 1
     segments = plan_segments(text, max_chars=max_chars, first_max_chars=first)
-    spoken = [ch for ch in normalize(text) if count_speakable(ch)]
+    spoken = [ch for p in paragraphs(text) for ch in normalize(p) if count_speakable(ch)]
     assert [ch for s in segments for ch in s if count_speakable(ch)] == spoken
     assert all(has_speakable(s) and len(s) <= max_chars for s in segments)
 
@@ -620,3 +633,12 @@ def test_split_sentences_keeps_every_character_on_random_text(text: str, _max: i
     assert all(s and s == s.strip() and has_speakable(s) for s in sentences)
     if has_speakable(text):
         assert _squash("".join(sentences)) == _squash(text)
+
+
+def test_segments_never_span_a_blank_line_so_an_edit_stays_local() -> None:
+    before = ["First paragraph here. It has two sentences.", "Second one. Short.", "Third paragraph ends it."]
+    after = [before[0], "Second one, now edited and a little longer. Short.", before[2]]
+    old = plan_segments("\n\n".join(before), max_chars=120, first_max_chars=40)
+    new = plan_segments("\n\n".join(after), max_chars=120, first_max_chars=40)
+    assert old[-1] == new[-1] == "Third paragraph ends it."
+    assert old[0] == new[0]

@@ -12,7 +12,9 @@ import redis
 from celery import Celery
 
 from cache.jobstore import JobStore
+from cache.sentences import build_cache
 from cache.workers import WorkerRegistry
+from core.metrics import BATCH_SIZE, SYNTHESIS_SECONDS
 from core.registry import Registry, load_registry
 from core.settings import Settings
 from workers.backend import PooledBackend
@@ -81,6 +83,12 @@ class WorkerRuntime:
         self.backend.close()
 
 
+def observe_batch(model: str, size: int, seconds: float) -> None:
+    """Record one engine call in the metrics."""
+    BATCH_SIZE.labels(model).observe(size)
+    SYNTHESIS_SECONDS.labels(model).observe(seconds)
+
+
 def build_runtime(settings: Settings, *, hostname: str) -> WorkerRuntime:
     """Wire a worker's dependencies from the settings."""
     client = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
@@ -99,6 +107,7 @@ def build_runtime(settings: Settings, *, hostname: str) -> WorkerRuntime:
         max_batch=settings.batch_max_size,
         max_wait_s=settings.batch_wait_ms / 1000,
         max_ratio=settings.batch_max_ratio,
+        observe=observe_batch,
     )
     backend = PooledBackend(batcher=batcher, pool=pool, timeout_s=settings.task_time_limit_s)
     return WorkerRuntime(
@@ -110,7 +119,12 @@ def build_runtime(settings: Settings, *, hostname: str) -> WorkerRuntime:
         backend=backend,
         heartbeats=WorkerRegistry(client, ttl_s=3 * settings.heartbeat_s),
         synthesizer=SegmentSynthesizer(
-            store=store, registry=registry, backend=backend, max_attempts=settings.segment_max_attempts, worker=hostname
+            cache=build_cache(settings),
+            store=store,
+            registry=registry,
+            backend=backend,
+            max_attempts=settings.segment_max_attempts,
+            worker=hostname,
         ),
     )
 

@@ -7,7 +7,9 @@ import logging
 import time
 
 from cache.jobstore import TERMINAL, JobStore
+from cache.sentences import CachedSegment, SentenceCache, segment_keys
 from core.audio import to_pcm16
+from core.metrics import AUDIO_SECONDS, CACHE_BYTES_STORED, SEGMENTS
 from core.registry import Registry
 from workers.backend import SynthesisBackend
 from workers.engines.base import SynthesisRequest
@@ -28,9 +30,17 @@ class SegmentSynthesizer:
     """Read a segment from the job store, synthesise it, write its audio once."""
 
     def __init__(
-        self, *, store: JobStore, registry: Registry, backend: SynthesisBackend, max_attempts: int, worker: str
+        self,
+        *,
+        store: JobStore,
+        cache: SentenceCache,
+        registry: Registry,
+        backend: SynthesisBackend,
+        max_attempts: int,
+        worker: str,
     ) -> None:
         self.store = store
+        self.cache = cache
         self.registry = registry
         self.backend = backend
         self.max_attempts = max_attempts
@@ -62,19 +72,14 @@ class SegmentSynthesizer:
         synth_s = time.perf_counter() - started
         pcm = to_pcm16(wave)
         duration = len(wave) / rate
-        result = self.store.write_segment(
-            job_id,
-            index,
-            pcm,
-            sample_rate=rate,
-            meta={
-                "duration_s": round(duration, 4),
-                "synth_s": round(synth_s, 4),
-                "worker": self.worker,
-                "attempt": attempt,
-            },
-        )
+        meta = {"duration_s": round(duration, 4), "synth_s": round(synth_s, 4), "worker": self.worker}
+        result = self.store.write_segment(job_id, index, pcm, sample_rate=rate, meta={**meta, "attempt": attempt})
         outcome = _OUTCOMES[result]
+        SEGMENTS.labels(outcome.value).inc()
+        AUDIO_SECONDS.labels(spec.name).inc(duration)
+        if request.cache:
+            key = segment_keys(spec, request, [text])[0]
+            CACHE_BYTES_STORED.inc(self.cache.put(key, CachedSegment(pcm, rate, meta)))
         log.info(
             "segment %s/%d %s: %d chars, %.2fs audio in %.2fs",
             job_id,

@@ -1,5 +1,6 @@
 """Classify characters by script and by whether a voice can speak them."""
 
+import re
 import unicodedata
 
 # Han ideographs, kana and the two CJK letters that are not in the Han blocks
@@ -16,17 +17,21 @@ CJK_RANGES: tuple[tuple[int, int], ...] = (
     (0x20000, 0x3134F),
 )
 CJK_CLASS = "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in CJK_RANGES)
+_CJK = re.compile(f"[{CJK_CLASS}]")
 
 # Punctuation set tight against CJK text; curly quotes are shared with English.
 WIDE_PUNCTUATION = "，。！？；：、…「」『』《》〈〉【】〔〕"
 OPENERS = "\"'“‘「『《〈【〔(["
 CLOSERS = "\"'”’」』》〉】〕)]"
 
+# How far a number or a mark looks for the letters that decide its language;
+# the bound keeps long runs of digits or symbols linear.
+NEAREST_REACH = 32
+
 
 def is_cjk(ch: str) -> bool:
     """Return whether the character is a Han ideograph or kana."""
-    code = ord(ch)
-    return any(lo <= code <= hi for lo, hi in CJK_RANGES)
+    return _CJK.fullmatch(ch) is not None
 
 
 def is_wide(ch: str) -> bool:
@@ -70,11 +75,11 @@ def script_weights(text: str) -> tuple[int, int]:
     return cjk, words
 
 
-def nearest_letter(text: str, index: int, step: int) -> tuple[int, str] | None:
-    """Find the first letter from index walking by step, with its distance."""
-    distance = 0
-    while 0 <= index < len(text):
-        distance += 1
+def nearest_letter(text: str, index: int, step: int, *, reach: int = NEAREST_REACH) -> tuple[int, str] | None:
+    """Find the first letter within reach of index walking by step, with its distance."""
+    for distance in range(1, reach + 1):
+        if not 0 <= index < len(text):
+            return None
         if text[index].isalpha():
             return distance, text[index]
         index += step

@@ -60,7 +60,7 @@ def _keeps(ch: str) -> bool:
 
 
 def drop_unspeakable(text: str) -> str:
-    """Replace symbols, emoji and leftover digits with spaces; dashes become commas."""
+    """Replace symbols, emoji and leftover digits with spaces, and dashes with commas."""
     text = _HYPHENS.sub("-", text)
     text = _DASHES.sub(", ", text)
     text = "".join(ch if _keeps(ch) else " " for ch in text)

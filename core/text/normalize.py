@@ -2,7 +2,7 @@
 
 import unicodedata
 
-from core.text.clean import drop_unspeakable, join_digit_groups, remove_invisible, unify_digits
+from core.text.clean import drop_unspeakable, join_digit_groups, remove_invisible
 from core.text.punctuation import tidy_punctuation
 from core.text.verbalize import verbalize_numbers
 
@@ -16,7 +16,6 @@ def normalize(text: str, *, language: str = "auto") -> str:
     text = remove_invisible(text)
     text = join_digit_groups(text)
     text = unicodedata.normalize("NFKC", text)
-    text = unify_digits(text)
     text = verbalize_numbers(text, language=language)
     text = drop_unspeakable(text)
     text = tidy_punctuation(text, language=language)

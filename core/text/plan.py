@@ -1,5 +1,6 @@
 """Plan the segments a text is synthesised in: whole sentences up to a length cap."""
 
+import re
 from collections.abc import Callable
 
 from core.text.chars import count_speakable, has_speakable
@@ -59,13 +60,26 @@ class _Packer:
             rest = rest[limit:]
 
 
+_PARAGRAPH_BREAK = re.compile(r"\n[^\S\n]*\n\s*")
+
+
+def paragraphs(text: str) -> list[str]:
+    """Split text at blank lines."""
+    return _PARAGRAPH_BREAK.split(text)
+
+
 def plan_segments(text: str, *, max_chars: int = 120, first_max_chars: int = 40, language: str = "auto") -> list[str]:
-    """Normalise text and cut it into segments, the first one short for a quick start."""
+    """Normalise text and cut it into segments, the first one short for a quick start.
+
+    Segments never span a blank line: each paragraph is packed on its own, so
+    editing one paragraph leaves every other paragraph's segments (and their
+    cached audio) unchanged.
+    """
     if max_chars < 1 or first_max_chars < 1:
         raise ValueError(f"caps must be positive, got {max_chars} and {first_max_chars}")
-    normalized = normalize(text, language=language)
-    if not count_speakable(normalized):
-        return []
     packer = _Packer(first_cap=min(first_max_chars, max_chars), cap=max_chars)
-    packer.flush(packer.pack(normalized))
+    for paragraph in paragraphs(text):
+        normalized = normalize(paragraph, language=language)
+        if count_speakable(normalized):
+            packer.flush(packer.pack(normalized))
     return packer.segments

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from core.text import dates
 from core.text.chars import context_language, is_cjk
+from core.text.clean import unify_digits
 from core.text.numbers import (
     en_digits,
     en_fraction,
@@ -21,14 +22,26 @@ from core.text.numbers import (
 Reader = Callable[[re.Match[str], str], str | None]
 
 _CURRENCIES = {"$": ("美元", "dollar"), "€": ("欧元", "euro"), "£": ("英镑", "pound"), "¥": ("元", "yuan")}
+_SUBUNITS = {"dollar": ("cent", "cents"), "euro": ("cent", "cents"), "pound": ("penny", "pence")}
 # Measure words after which a lone 2 is said 两 ("两个人"), not 二.
 _MEASURE_WORDS = frozenset("个只位本张条件次天岁名种把辆台块双对份句首篇套间家支根颗座人倍")
+_ZH_SCALES = {"thousand": "千", "million": "百万", "billion": "十亿", "trillion": "万亿", "万": "万", "亿": "亿"}
+_EN_SCALES = {
+    "thousand": "thousand ",
+    "million": "million ",
+    "billion": "billion ",
+    "trillion": "trillion ",
+    "万": "ten thousand ",
+    "亿": "hundred million ",
+}
 _NUMBER = r"\d+(?:\.\d+)?"
 
 INTERNATIONAL_PHONE = re.compile(r"(?<![\w+])\+(?P<n>\d[\d -]{5,}\d)(?!\d)")
 HYPHENATED = re.compile(r"(?<!\d)(?<!\d[.\-])\d+(?:-\d+)+(?!\d|-\d)")
 RANGE = re.compile(rf"(?<!\d)(?<!\d\.)(?P<a>{_NUMBER})\s*[~–]\s*(?P<b>{_NUMBER})(?!\d|\.\d)")
-CURRENCY = re.compile(rf"(?P<sign>-)?(?P<unit>[$€£¥])\s?(?P<n>{_NUMBER})")
+CURRENCY = re.compile(
+    rf"(?P<sign>-)?(?P<unit>[$€£¥])\s?(?P<n>{_NUMBER})(?:\s?(?P<scale>(?:thousand|million|billion|trillion)\b|万|亿))?"
+)
 SUFFIX_UNIT = re.compile(rf"(?P<sign>-)?(?P<n>{_NUMBER})\s?(?P<unit>%|‰|°(?:[CF](?![^\W\d_]))?)")
 ORDINAL = re.compile(r"(?<!\d)(?P<n>\d+)(?:st|nd|rd|th)(?![^\W\d_])")
 FRACTION = re.compile(r"(?<!\d)(?<!\d[/.])(?P<a>\d+)/(?P<b>\d+)(?![\d/]|\.\d)")
@@ -105,20 +118,23 @@ def read_range(match: re.Match[str], lang: str) -> str:
 
 
 def read_currency(match: re.Match[str], lang: str) -> str:
-    """Read "$5" as "five dollars" or 五美元."""
+    """Read "$5" as "five dollars" or 五美元, and "$3.5 billion" as "three point five billion dollars"."""
     zh_name, en_name = _CURRENCIES[match["unit"]]
-    sign, amount = _sign(match, lang), match["n"]
+    sign, amount, scale = _sign(match, lang), match["n"], match["scale"] or ""
     if lang == "zh":
         trimmed = amount.rstrip("0").rstrip(".") if "." in amount else amount
-        return sign + number_words(trimmed, lang) + zh_name
+        named = match.string.startswith(zh_name, match.end())  # "¥100元"
+        return sign + number_words(trimmed, lang) + _ZH_SCALES.get(scale, "") + ("" if named else zh_name)
     whole, _, cents = amount.partition(".")
-    if len(cents) == 2 and en_name in ("dollar", "euro"):
+    subunit = _SUBUNITS.get(en_name) if len(cents) == 2 and not scale else None
+    if subunit:
         amount = whole
-    unit = en_name if amount == "1" or en_name == "yuan" else en_name + "s"
-    words = f"{sign}{number_words(amount, lang)} {unit}"
-    if amount == whole and int(cents or 0):
-        words += f" and {en_integer(int(cents))} {'cent' if cents == '01' else 'cents'}"
-    return words
+    unit = en_name if (amount == "1" and not scale) or en_name == "yuan" else en_name + "s"
+    words = f"{sign}{number_words(amount, lang)} {_EN_SCALES.get(scale, '')}{unit}"
+    if not (subunit and int(cents)):
+        return words
+    change = f"{en_integer(int(cents))} {subunit[0] if cents == '01' else subunit[1]}"
+    return sign + change if whole == "0" else f"{words} and {change}"
 
 
 def read_suffix_unit(match: re.Match[str], lang: str) -> str:
@@ -201,7 +217,8 @@ def _replace(match: re.Match[str], reader: Reader, language: str) -> str:
 
 
 def verbalize_numbers(text: str, *, language: str) -> str:
-    """Replace every ASCII digit in text with words in "zh", "en" or per-number "auto"."""
+    """Replace every digit in text with words in "zh", "en" or, per number, "auto"."""
+    text = unify_digits(text)
     for pattern, reader in PASSES:
         text = pattern.sub(functools.partial(_replace, reader=reader, language=language), text)
     return text

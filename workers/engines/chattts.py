@@ -21,7 +21,6 @@ log = logging.getLogger(__name__)
 PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 HF_SNAPSHOTS = Path("models--2Noise--ChatTTS") / "snapshots"
 MIN_TOKENS = 24
-REFINE_MAX_TOKENS = 384
 
 
 def where_weights_go(weights_dir: Path) -> str:
@@ -78,7 +77,9 @@ class PerItemSampler:
         probs = torch.softmax(logits, dim=-1)
         # The exponential race torch.multinomial itself uses for one sample, with one noise stream per item.
         shape = (self._rows, logits.size(1))
-        noise = torch.cat([torch.empty(shape, device=logits.device).exponential_(generator=g) for g in self._generators])
+        noise = torch.cat(
+            [torch.empty(shape, device=logits.device).exponential_(generator=g) for g in self._generators]
+        )
         chosen = (probs / noise).argmax(dim=-1)
         chosen = chosen.masked_fill(self._max <= step, self._eos)
         return torch.full_like(logits, -math.inf).scatter_(1, chosen.unsqueeze(1), 0.0)
@@ -127,12 +128,12 @@ class ChatTTSEngine(Engine):
 
         source, root = find_weights(self._weights_dir)
         chat = ChatTTS.Chat(log)
-        tiny = read_tiny_config(root)
-        if tiny is not None:
-            # Only a tiny model's own descriptor replaces sizes and hashes; real weights keep the real check.
-            chat.config = tiny_chat_config(tiny["sizes"])
-            chat.sha256_map.update(tiny["sha256"])
         try:
+            tiny = read_tiny_config(root)
+            if tiny is not None:
+                # Only a tiny model's own descriptor replaces sizes and hashes; real weights keep the real check.
+                chat.config = tiny_chat_config(tiny["sizes"])
+                chat.sha256_map.update(tiny["sha256"])
             loaded = chat.load(
                 source=source, custom_path=str(self._weights_dir), device=torch.device(self._device), compile=False
             )
@@ -196,9 +197,10 @@ class ChatTTSEngine(Engine):
             with torch.inference_mode(), warnings.catch_warnings():
                 # transformers < 5.40 announces a rename ChatTTS 0.2.5 has not made; it is pinned.
                 warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
+                speakers = [self._speaker(r.voice) for r in batch]
                 chat.context.set(False)
                 texts = self._refined_texts(chat, batch)
-                hiddens = self._code_hiddens(chat, batch, texts)
+                hiddens = self._code_hiddens(chat, batch, texts, speakers)
                 waves = [self._decode(chat, hidden) for hidden in hiddens]
         except SynthesisError:
             raise
@@ -229,7 +231,7 @@ class ChatTTSEngine(Engine):
             params,
             seeds=[_seed(batch[i]) for i in quality],
             min_tokens=[1] * len(quality),
-            max_tokens=[REFINE_MAX_TOKENS] * len(quality),
+            max_tokens=[params.max_new_token] * len(quality),
             infer_text=True,
         )
         refined = chat.tokenizer.decode([ids[ids.less(chat.tokenizer.break_0_ids)] for ids in result.ids])
@@ -237,11 +239,13 @@ class ChatTTSEngine(Engine):
             texts[i] = text
         return texts
 
-    def _code_hiddens(self, chat: Any, batch: list[SynthesisRequest], texts: list[str]) -> list[torch.Tensor]:
+    def _code_hiddens(
+        self, chat: Any, batch: list[SynthesisRequest], texts: list[str], speakers: list[str | None]
+    ) -> list[torch.Tensor]:
         params = chat.InferCodeParams(show_tqdm=False)
         prompts = [
-            chat.speaker.decorate_code_prompts([text], speed_prompt(r.speed), None, self._speaker(r.voice))[0]
-            for r, text in zip(batch, texts, strict=True)
+            chat.speaker.decorate_code_prompts([text], speed_prompt(r.speed), None, speaker)[0]
+            for r, text, speaker in zip(batch, texts, speakers, strict=True)
         ]
         budgets = [self.token_budget(r.text) for r in batch]
         result = self._generate(
@@ -252,12 +256,12 @@ class ChatTTSEngine(Engine):
             min_tokens=budgets if self._fixed_budget else [1] * len(batch),
             max_tokens=budgets,
             infer_text=False,
-            speakers=[self._speaker(r.voice) for r in batch],
+            speakers=speakers,
         )
-        hiddens = [hidden.narrow(0, 0, min(len(hidden), budget)) for hidden, budget in zip(result.hiddens, budgets)]
-        if len(hiddens) != len(batch):
-            raise SynthesisError(f"ChatTTS generated {len(hiddens)} sequences for {len(batch)} requests")
-        return hiddens
+        if len(result.hiddens) != len(batch):
+            raise SynthesisError(f"ChatTTS generated {len(result.hiddens)} sequences for {len(batch)} requests")
+        # The sampler already ended each item at its budget; the cut makes that a guarantee.
+        return [hidden.narrow(0, 0, min(len(hidden), n)) for hidden, n in zip(result.hiddens, budgets, strict=True)]
 
     def _generate(
         self,
@@ -333,6 +337,7 @@ class ChatTTSEngine(Engine):
     def memory_estimate_mb(self) -> int:
         """Return the size of the model's weights in MiB, counted from the loaded tensors or the files."""
         llama_bytes = PRECISIONS[self._precision].itemsize
+        total: float
         if self._chat is not None:
             modules = [self._chat.gpt.gpt, self._chat.embed, self._chat.decoder, self._chat.dvae, self._chat.vocos]
             total = sum(t.numel() * t.element_size() for m in modules for t in (*m.parameters(), *m.buffers()))

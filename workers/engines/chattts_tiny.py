@@ -24,10 +24,12 @@ _FORMAT = 1
 _HIDDEN = 64
 
 #: ChatTTS's special tokens, in the library's order: its code relies on their relative ids.
-SPECIAL_TOKENS = (
-    "[Sasr] [Pasr] [Easr] [Stts] [Ptts] [Etts] [Sbreak] [Pbreak] [Ebreak] [uv_break] [v_break] "
-    "[lbreak] [llbreak] [undefine] [laugh] [spk_emb] [empty_spk] [music] [pure]"
-).split() + [
+_NAMED_TOKENS = (
+    "Sasr Pasr Easr Stts Ptts Etts Sbreak Pbreak Ebreak uv_break v_break lbreak llbreak undefine laugh spk_emb "
+    "empty_spk music pure"
+)
+SPECIAL_TOKENS = [
+    *(f"[{name}]" for name in _NAMED_TOKENS.split()),
     *(f"[break_{i}]" for i in range(8)),
     *(f"[laugh_{i}]" for i in range(3)),
     *(f"[oral_{i}]" for i in range(10)),
@@ -120,8 +122,7 @@ def is_complete(out_dir: Path, *, seed: int = 0) -> bool:
         return False
     hashes = descriptor.get("sha256", {})
     return all(
-        (out_dir / rel).is_file() and hashes.get(key) == _sha256(out_dir / rel)
-        for key, rel in ASSET_FILES.items()
+        (out_dir / rel).is_file() and hashes.get(key) == _sha256(out_dir / rel) for key, rel in ASSET_FILES.items()
     )
 
 
@@ -132,9 +133,10 @@ def _vocab() -> list[str]:
 
 
 def _save_tokenizer(directory: Path) -> int:
-    from transformers import BertTokenizerFast
+    # In transformers 5 this is the tokenizers-backed class ChatTTS loads as BertTokenizerFast.
+    from transformers import BertTokenizer
 
-    tokenizer = BertTokenizerFast(vocab={token: i for i, token in enumerate(_vocab())})
+    tokenizer = BertTokenizer(vocab={token: i for i, token in enumerate(_vocab())})
     tokenizer.add_tokens(SPECIAL_TOKENS, special_tokens=True)
     tokenizer.save_pretrained(str(directory))
     # transformers 5 no longer writes this file, but ChatTTS hash-checks it.

@@ -1,0 +1,242 @@
+"""Tests of the ChatTTS engine: ChatTTS's real code path on the tiny random-weight model."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from workers.engines.base import SynthesisRequest, Waveform
+from workers.engines.chattts import ChatTTSEngine, speed_prompt
+from workers.engines.chattts_tiny import build_tiny_model, main, read_tiny_config
+from workers.engines.errors import EngineLoadError, SynthesisError
+
+VOICES = {"default": {"speaker_seed": 2}, "female": {"speaker_seed": 1111}}
+TEXTS = ["hello there", "a somewhat longer sentence, said slowly", "ok", "one of medium size"]
+MAX_TOKENS = 120
+#: Vocos gives 256 samples per mel frame, two frames per token, less half a token at the edges.
+SAMPLES_PER_TOKEN = 512
+
+
+def make_engine(weights_dir: Path, **options: object) -> ChatTTSEngine:
+    """Return a loaded engine on the CPU with the test voices and a small token cap."""
+    settings: dict[str, object] = {"voices": VOICES, "max_tokens": MAX_TOKENS, **options}
+    engine = ChatTTSEngine(weights_dir=weights_dir, device="cpu", **settings)  # type: ignore[arg-type]
+    engine.load()
+    return engine
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """Run torch on one thread: the tiny model's ops are too small to share, and 2 threads stall on a busy CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path) -> Iterator[ChatTTSEngine]:
+    """Return an engine whose segments take exactly their token budget."""
+    loaded = make_engine(tiny_model_dir, fixed_token_budget=True)
+    yield loaded
+    loaded.unload()
+
+
+@pytest.fixture(scope="module")
+def free_engine(tiny_model_dir: Path) -> Iterator[ChatTTSEngine]:
+    """Return an engine whose segments end where the model stops them."""
+    loaded = make_engine(tiny_model_dir)
+    yield loaded
+    loaded.unload()
+
+
+def requests(**fields: object) -> list[SynthesisRequest]:
+    """Return one request per test text with the given fields."""
+    return [SynthesisRequest(text, **fields) for text in TEXTS]  # type: ignore[arg-type]
+
+
+def alone(engine: ChatTTSEngine, request: SynthesisRequest) -> Waveform:
+    """Synthesise one request in a batch of its own."""
+    (waveform,) = engine.synthesize([request])
+    return waveform
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Return the SHA-256 of every file under ``root``, by relative path."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()
+    }
+
+
+def test_tiny_model_builds_deterministically(tmp_path: Path) -> None:
+    first = tree_digest(build_tiny_model(tmp_path / "a"))
+    assert first == tree_digest(build_tiny_model(tmp_path / "b"))
+    other = tree_digest(build_tiny_model(tmp_path / "c", seed=1))
+    assert other["asset/gpt/model.safetensors"] != first["asset/gpt/model.safetensors"]
+
+
+def test_the_command_line_builds_once_and_then_skips(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path)]) == 0
+    assert "built" in capsys.readouterr().out
+    assert main([str(tmp_path)]) == 0
+    assert "nothing to do" in capsys.readouterr().out
+
+
+def test_a_batch_returns_one_waveform_per_segment(engine: ChatTTSEngine) -> None:
+    waves = engine.synthesize(requests(voice="default"))
+    assert len(waves) == len(TEXTS)
+    for wave in waves:
+        assert wave.dtype == np.float32
+        assert wave.ndim == 1
+        assert len(wave) > 0
+        assert np.isfinite(wave).all()
+
+
+def test_an_empty_batch_returns_no_waveforms(engine: ChatTTSEngine) -> None:
+    assert engine.synthesize([]) == []
+
+
+def test_a_fixed_budget_segment_lasts_exactly_its_token_budget(engine: ChatTTSEngine) -> None:
+    for text in ("ok", "hello there", "x" * 200):
+        budget = engine.token_budget(text)
+        assert len(alone(engine, SynthesisRequest(text))) == SAMPLES_PER_TOKEN * budget - SAMPLES_PER_TOKEN // 2
+    assert engine.token_budget("ok") == 24
+    assert engine.token_budget("x" * 200) == MAX_TOKENS
+
+
+@pytest.mark.parametrize("fixture", ["engine", "free_engine"])
+def test_batched_segment_has_the_same_length_as_alone(fixture: str, request: pytest.FixtureRequest) -> None:
+    chosen: ChatTTSEngine = request.getfixturevalue(fixture)
+    batch = requests(voice="default")
+    batched = chosen.synthesize(batch)
+    assert [len(w) for w in batched] == [len(alone(chosen, r)) for r in batch]
+
+
+def test_batched_segment_sounds_the_same_as_alone_whatever_its_batch_mates(free_engine: ChatTTSEngine) -> None:
+    batch = [
+        SynthesisRequest(TEXTS[0], voice="default", seed=3),
+        SynthesisRequest(TEXTS[1], voice="female", seed=0, speed=1.3),
+        SynthesisRequest(TEXTS[2], voice=None, seed=7),
+        SynthesisRequest(TEXTS[3], voice="default", seed=3, speed=0.8),
+    ]
+    solo = [alone(free_engine, r) for r in batch]
+    for order in (batch, batch[::-1]):
+        for request, wave in zip(order, free_engine.synthesize(order), strict=True):
+            expected = solo[batch.index(request)]
+            # Tokens match exactly; only float rounding of the batched matmuls remains.
+            np.testing.assert_allclose(wave, expected, rtol=0, atol=1e-5)
+
+
+def test_same_seed_gives_the_same_audio(engine: ChatTTSEngine) -> None:
+    request = SynthesisRequest(TEXTS[1], voice="female", seed=42)
+    np.testing.assert_array_equal(alone(engine, request), alone(engine, request))
+
+
+def test_no_seed_gives_repeatable_audio(free_engine: ChatTTSEngine) -> None:
+    request = SynthesisRequest(TEXTS[0], voice="default")
+    np.testing.assert_array_equal(alone(free_engine, request), alone(free_engine, request))
+
+
+def test_different_seeds_give_different_audio(engine: ChatTTSEngine) -> None:
+    first = alone(engine, SynthesisRequest(TEXTS[1], seed=1))
+    second = alone(engine, SynthesisRequest(TEXTS[1], seed=2))
+    assert not np.allclose(first, second)
+
+
+def test_voices_give_different_audio(engine: ChatTTSEngine) -> None:
+    default = alone(engine, SynthesisRequest(TEXTS[1], voice="default"))
+    female = alone(engine, SynthesisRequest(TEXTS[1], voice="female"))
+    assert not np.allclose(default, female)
+
+
+def test_a_spk_emb_voice_equals_the_speaker_seed_it_was_sampled_from(tiny_model_dir: Path) -> None:
+    from ChatTTS.model import Speaker
+
+    descriptor = read_tiny_config(tiny_model_dir)
+    assert descriptor is not None
+    speaker = Speaker(descriptor["sizes"]["gpt"]["hidden_size"], descriptor["sizes"]["spk_stat"])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)
+        embedding = speaker.sample_random()
+    voices = {"seeded": {"speaker_seed": 7}, "given": {"spk_emb": embedding}}
+    engine = make_engine(tiny_model_dir, voices=voices, fixed_token_budget=True)
+    seeded = alone(engine, SynthesisRequest(TEXTS[0], voice="seeded"))
+    np.testing.assert_array_equal(seeded, alone(engine, SynthesisRequest(TEXTS[0], voice="given")))
+
+
+def test_an_unknown_voice_raises_a_synthesis_error(engine: ChatTTSEngine) -> None:
+    with pytest.raises(SynthesisError, match="unknown ChatTTS voice 'nobody'"):
+        engine.synthesize([SynthesisRequest(TEXTS[0], voice="nobody")])
+
+
+def test_a_malformed_voice_is_refused(tiny_model_dir: Path) -> None:
+    with pytest.raises(ValueError, match="speaker_seed"):
+        ChatTTSEngine(weights_dir=tiny_model_dir, device="cpu", voices={"bad": {"seed": 1}})
+    with pytest.raises(EngineLoadError, match="spk_emb"):
+        make_engine(tiny_model_dir, voices={"bad": {"spk_emb": "not an embedding"}})
+
+
+def test_speed_maps_to_the_speed_prompt() -> None:
+    assert speed_prompt(1.0) == "[speed_5]"
+    assert speed_prompt(0.6) == "[speed_3]"
+    assert speed_prompt(1.5) == "[speed_8]"
+    assert speed_prompt(0.0) == "[speed_0]"
+    assert speed_prompt(4.0) == "[speed_9]"
+
+
+def test_quality_mode_refines_the_text_first(free_engine: ChatTTSEngine) -> None:
+    batch = [SynthesisRequest(TEXTS[0], mode="quality"), SynthesisRequest(TEXTS[0])]
+    refined, plain = free_engine.synthesize(batch)
+    assert refined.dtype == np.float32
+    assert len(refined) > 0
+    np.testing.assert_allclose(plain, alone(free_engine, batch[1]), rtol=0, atol=1e-5)
+
+
+def test_half_precision_runs_and_keeps_float32_output(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir, precision="bf16", fixed_token_budget=True)
+    wave = alone(engine, SynthesisRequest(TEXTS[0]))
+    assert wave.dtype == np.float32
+    assert len(wave) == SAMPLES_PER_TOKEN * engine.token_budget(TEXTS[0]) - SAMPLES_PER_TOKEN // 2
+
+
+def test_missing_weights_raise_an_error_that_says_where_weights_go(tmp_path: Path) -> None:
+    engine = ChatTTSEngine(weights_dir=tmp_path, device="cpu")
+    with pytest.raises(EngineLoadError) as error:
+        engine.load()
+    assert f"{tmp_path}/asset/" in str(error.value)
+    assert "models--2Noise--ChatTTS/snapshots" in str(error.value)
+
+
+def test_a_corrupted_asset_fails_the_hash_check(tmp_path: Path) -> None:
+    build_tiny_model(tmp_path)
+    decoder = tmp_path / "asset" / "Decoder.safetensors"
+    decoder.write_bytes(decoder.read_bytes()[:-4] + b"\0\0\0\0")
+    with pytest.raises(EngineLoadError, match="SHA-256"):
+        ChatTTSEngine(weights_dir=tmp_path, device="cpu").load()
+
+
+def test_a_hugging_face_cache_layout_loads_the_same_model(tmp_path: Path, engine: ChatTTSEngine) -> None:
+    build_tiny_model(tmp_path / "models--2Noise--ChatTTS" / "snapshots" / "0123abcd")
+    cached = make_engine(tmp_path, fixed_token_budget=True)
+    request = SynthesisRequest(TEXTS[0], voice="female")
+    np.testing.assert_array_equal(alone(cached, request), alone(engine, request))
+
+
+def test_memory_estimate_counts_the_weights(tiny_model_dir: Path) -> None:
+    engine = ChatTTSEngine(weights_dir=tiny_model_dir, device="cpu")
+    before = engine.memory_estimate_mb()
+    engine.load()
+    assert before > 0
+    assert abs(engine.memory_estimate_mb() - before) <= 1
+
+
+def test_an_unloaded_engine_refuses_to_synthesize(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir)
+    engine.unload()
+    with pytest.raises(SynthesisError, match="before load"):
+        engine.synthesize([SynthesisRequest(TEXTS[0])])
