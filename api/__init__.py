@@ -8,7 +8,7 @@ from typing import Any
 
 from flask import Flask
 
-from api import errors, health, jobs
+from api import errors, health, jobs, speech
 from api.services import Services, build_services, init_app
 from core.settings import load_settings
 
@@ -24,6 +24,7 @@ def create_app(test_config: Mapping[str, Any] | None = None, *, services: Servic
     errors.init_app(app)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(health.bp)
+    app.register_blueprint(speech.bp)
     registry = app.extensions["tts"].registry
     logging.getLogger(__name__).info(
         "API ready: default model %r (engine %s)", registry.default, registry.get(None).engine

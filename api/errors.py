@@ -23,7 +23,7 @@ _HTTP_CODES = {
 }
 
 
-def error_response(status: int, code: str, message: str, **details: object) -> Response:
+def error_response(status: int, code: str, message: str, /, **details: object) -> Response:
     """Build the JSON error body every failure uses."""
     response = jsonify({"error": {"code": code, "message": message, **details}})
     response.status_code = status

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, Response, request, url_for
+from flask import Blueprint, Response, request, stream_with_context, url_for
 
 from api.services import services
+from api.streaming import STREAMABLE, audio_stream, sse_events
 from api.submission import submit_job
 from api.validation import parse_job, parse_wait, read_json_object
 from cache.jobstore import JobRequest
 from cache.sentences import file_key, segment_keys
 from core.audio import encode, media_type, pcm16_duration
-from core.errors import JobFailed, NotFound, NotReady
+from core.errors import JobFailed, NotFound, NotReady, ValidationFailed
 
 bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 
@@ -45,6 +46,7 @@ def job_view(record: dict[str, str]) -> dict[str, Any]:
         "urls": {
             "self": url_for("jobs.get_job", job_id=job_id),
             "audio": url_for("jobs.get_audio", job_id=job_id),
+            "events": url_for("jobs.get_events", job_id=job_id),
             "segment": url_for("jobs.get_segment", job_id=job_id, index=0).rsplit("/", 1)[0] + "/{index}",
         },
     }
@@ -130,20 +132,60 @@ def get_segment(job_id: str, index: int) -> Response:
     )
 
 
+def _growing_audio(job_id: str, fmt: str) -> Response:
+    store = services().store
+    limit = services().settings.max_wait_s
+    wait = parse_wait(request.args.get("wait"), limit=limit) if "wait" in request.args else limit
+    first = store.wait_segment(job_id, 0, wait)  # the sample rate comes with segment 0
+    record = _record(job_id)
+    if first is None:
+        _raise_if_over(record)
+        raise NotReady("segment 0 is not ready yet; retry shortly", segments_done=int(record["segments_done"]))
+    rate = int(record["sample_rate"])
+    return Response(
+        stream_with_context(audio_stream(store, job_id, fmt=fmt)),
+        mimetype=media_type(fmt, rate),
+        headers={"X-Sample-Rate": str(rate), "Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+@bp.get("/<job_id>/events")
+def get_events(job_id: str) -> Response:
+    """Stream server-sent events: one per finished segment in order (id = index), then the job's end."""
+    record = _record(job_id)
+    raw = request.headers.get("Last-Event-ID") or request.args.get("last_event_id")
+    start = 0
+    if raw is not None:
+        try:
+            start = int(raw) + 1
+        except ValueError as e:
+            raise ValidationFailed("Last-Event-ID", "must be the integer id of a segment event") from e
+        if start < 0:
+            raise ValidationFailed("Last-Event-ID", "must not be negative")
+    segment_url = job_view(record)["urls"]["segment"]
+    return Response(
+        stream_with_context(sse_events(services().store, job_id, start=start, segment_url=segment_url)),
+        mimetype="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
 @bp.get("/<job_id>/audio")
 def get_audio(job_id: str) -> Response:
     """Return the whole audio file once the job is done, encoded once and kept."""
     svc = services()
     record = _record(job_id)
     _raise_if_over(record)
-    if record["status"] != "done":
-        raise NotReady(
-            f"job is {record['status']} ({record['segments_done']}/{record['segments_total']} segments); "
-            "fetch segments as they finish, or retry when done",
-            segments_done=int(record["segments_done"]),
-        )
     job_request = JobRequest.from_json(record["request"])
     fmt = job_request.format
+    if record["status"] != "done":
+        if fmt not in STREAMABLE:
+            raise NotReady(
+                f"job is {record['status']} ({record['segments_done']}/{record['segments_total']} segments) and "
+                f"{fmt} cannot grow while it runs; retry when done, or submit with format wav, pcm, mp3 or ogg",
+                segments_done=int(record["segments_done"]),
+            )
+        return _growing_audio(job_id, fmt)
     rate = int(record["sample_rate"])
     data = svc.store.cached_file(job_id, fmt)
     if data is None:

@@ -38,8 +38,19 @@ class JobRequest:
         return cls(**json.loads(raw))
 
 
-def _text(value: bytes | None) -> str | None:
-    return None if value is None else value.decode()
+def _text(value: object) -> str | None:
+    """Decode a reply of a client made without decode_responses (bytes, or None when absent)."""
+    return None if value is None else _raw(value).decode()
+
+
+def _raw(value: object) -> bytes:
+    if not isinstance(value, bytes):
+        raise TypeError(f"expected bytes from Redis, got {type(value).__name__}")
+    return value
+
+
+def _opt_raw(value: object) -> bytes | None:
+    return None if value is None else _raw(value)
 
 
 class JobStore:
@@ -82,7 +93,7 @@ class JobStore:
         raw = self.redis.hgetall(keys.job(job_id))
         if not raw:
             return None
-        return {k.decode(): v.decode() for k, v in raw.items()}
+        return {_raw(k).decode(): _raw(v).decode() for k, v in raw.items()}
 
     def request(self, job_id: str) -> JobRequest | None:
         """Return what the caller asked for, or None when the job is gone."""
@@ -95,7 +106,7 @@ class JobStore:
 
     def texts(self, job_id: str) -> list[str]:
         """Return every segment text of the job, in order."""
-        return [t.decode() for t in self.redis.lrange(keys.texts(job_id), 0, -1)]
+        return [_raw(t).decode() for t in self.redis.lrange(keys.texts(job_id), 0, -1)]
 
     def has_segment(self, job_id: str, index: int) -> bool:
         """Say whether a segment's audio is already written."""
@@ -146,22 +157,27 @@ class JobStore:
     def segment(self, job_id: str, index: int) -> bytes | None:
         """Return a finished segment's PCM bytes, or None when not ready."""
         value = self.redis.hget(keys.audio(job_id), str(index))
-        return None if value is None else bytes(value)
+        return _opt_raw(value)
 
     def segment_meta(self, job_id: str) -> dict[int, dict[str, Any]]:
         """Return the metadata of every finished segment by index."""
         raw = self.redis.hgetall(keys.segment_meta(job_id))
         return {int(k): json.loads(v) for k, v in raw.items()}
 
+    def segment_meta_one(self, job_id: str, index: int) -> dict[str, Any]:
+        """Return one finished segment's metadata (empty when unknown)."""
+        raw = self.redis.hget(keys.segment_meta(job_id), str(index))
+        return {} if raw is None else dict(json.loads(raw))
+
     def segments(self, job_id: str, total: int) -> list[bytes | None]:
         """Return every segment's PCM bytes in order, None where not ready."""
         values = self.redis.hmget(keys.audio(job_id), [str(i) for i in range(total)])
-        return [None if v is None else bytes(v) for v in values]
+        return [_opt_raw(v) for v in values]
 
     def last_event_id(self, job_id: str) -> str:
         """Return the id of the newest event of the job, or '0-0' when none."""
         newest = self.redis.xrevrange(keys.events(job_id), count=1)
-        return newest[0][0].decode() if newest else "0-0"
+        return _raw(newest[0][0]).decode() if newest else "0-0"
 
     def wait_for_event(self, job_id: str, after: str, timeout_s: float) -> str:
         """Block until an event newer than ``after`` arrives or time runs out; return the newest id seen."""
@@ -169,8 +185,8 @@ class JobStore:
         reply = self.redis.xread({keys.events(job_id): after}, block=block_ms)
         if not reply:
             return after
-        entries = reply[0][1]
-        return str(entries[-1][0].decode())
+        entries: Any = reply[0][1]  # type: ignore[index]
+        return _raw(entries[-1][0]).decode()
 
     def wait_segment(self, job_id: str, index: int, timeout_s: float) -> bytes | None:
         """Return a segment's PCM, waiting up to ``timeout_s`` for it; None if still not ready."""
@@ -182,14 +198,14 @@ class JobStore:
                 return pcm
             status = self.redis.hget(keys.job(job_id), "status")
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or status is None or status.decode() in TERMINAL:
+            if remaining <= 0 or status is None or _text(status) in TERMINAL:
                 return None
             self.wait_for_event(job_id, last, remaining)
 
     def cached_file(self, job_id: str, fmt: str) -> bytes | None:
         """Return the job's whole encoded file if it was built before."""
         value = self.redis.get(keys.file(job_id, fmt))
-        return None if value is None else bytes(value)
+        return _opt_raw(value)
 
     def store_file(self, job_id: str, fmt: str, data: bytes) -> None:
         """Keep the job's whole encoded file for as long as the job lives."""

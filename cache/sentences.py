@@ -126,7 +126,7 @@ class SentenceCache:
         except redis.RedisError as e:
             log.warning("file cache unavailable: %s", e)
             return None
-        return None if value is None else bytes(value)
+        return value if isinstance(value, bytes) else None
 
     def put_file(self, key: str, data: bytes) -> None:
         """Store a whole encoded file."""

@@ -14,6 +14,7 @@ MEDIA_TYPES: dict[str, str] = {
     "flac": "audio/flac",
     "ogg": "audio/ogg",
     "mp3": "audio/mpeg",
+    "opus": "audio/ogg; codecs=opus",
     "pcm": "audio/L16",
 }
 
@@ -23,7 +24,10 @@ _SOUNDFILE_FORMATS: dict[str, tuple[str, str]] = {
     "flac": ("FLAC", "PCM_16"),
     "ogg": ("OGG", "VORBIS"),
     "mp3": ("MP3", "MPEG_LAYER_III"),
+    "opus": ("OGG", "OPUS"),
 }
+# Opus only takes these rates; other audio is resampled to the next one up.
+_OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
 
 
 def to_pcm16(wave: npt.NDArray[np.floating]) -> bytes:
@@ -50,6 +54,77 @@ def encode(pcm: bytes, sample_rate: int, fmt: str) -> bytes:
         return pcm
     container, subtype = _SOUNDFILE_FORMATS[fmt]
     samples = np.frombuffer(pcm, dtype="<i2")
+    if fmt == "opus" and sample_rate not in _OPUS_RATES:
+        target = next(r for r in _OPUS_RATES if r >= sample_rate)
+        samples = resample(samples, sample_rate, target)
+        sample_rate = target
     buffer = io.BytesIO()
-    sf.write(buffer, samples, sample_rate, format=container, subtype=subtype)
+    # Constant-bitrate MP3: pieces then concatenate into a stream whose length decoders can trust.
+    extra = {"bitrate_mode": "CONSTANT", "compression_level": 0.5} if fmt == "mp3" else {}
+    sf.write(buffer, samples, sample_rate, format=container, subtype=subtype, **extra)
     return buffer.getvalue()
+
+
+def resample(samples: npt.NDArray[np.int16], rate: int, target: int) -> npt.NDArray[np.int16]:
+    """Resample 16-bit audio linearly (good enough for speech bound for a lossy codec)."""
+    count = round(len(samples) * target / rate)
+    positions = np.linspace(0, len(samples) - 1, count) if len(samples) else np.zeros(0)
+    return np.interp(positions, np.arange(len(samples)), samples).round().astype("<i2")
+
+
+# MPEG audio frame sizes: bitrates (kbit/s) and sample rates by version, for Layer III.
+_MP3_BITRATES = {
+    "1": (0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320),
+    "2": (0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160),
+}
+_MP3_RATES = {3: (44100, 48000, 32000), 2: (22050, 24000, 16000), 0: (11025, 12000, 8000)}
+
+
+def _mp3_frame_length(header: bytes) -> int:
+    version_bits = (header[1] >> 3) & 0b11
+    bitrate = _MP3_BITRATES["1" if version_bits == 3 else "2"][header[2] >> 4]
+    rate = _MP3_RATES[version_bits][(header[2] >> 2) & 0b11]
+    padding = (header[2] >> 1) & 1
+    per_frame = 144 if version_bits == 3 else 72
+    return per_frame * bitrate * 1000 // rate + padding
+
+
+def mp3_frames(data: bytes) -> bytes:
+    """Drop the leading Xing/Info frame of an MP3 so pieces concatenate into one playable stream.
+
+    That frame states the length of its own piece; a decoder that trusts it stops after the first piece.
+    """
+    if len(data) < 4 or data[0] != 0xFF or (data[1] & 0xE0) != 0xE0:
+        return data
+    length = _mp3_frame_length(data[:4])
+    first = data[:length]
+    return data[length:] if b"Xing" in first or b"Info" in first else data
+
+
+class OpusStream:
+    """Encode a growing 16-bit stream as one Ogg Opus file, handing out bytes as they are made."""
+
+    def __init__(self, sample_rate: int) -> None:
+        self.source_rate = sample_rate
+        self.rate = next(r for r in _OPUS_RATES if r >= sample_rate)
+        self._buffer = io.BytesIO()
+        self._file = sf.SoundFile(self._buffer, "w", samplerate=self.rate, channels=1, format="OGG", subtype="OPUS")
+        self._sent = 0
+
+    def _take(self) -> bytes:
+        data = self._buffer.getvalue()[self._sent :]
+        self._sent += len(data)
+        return data
+
+    def write(self, pcm: bytes) -> bytes:
+        """Add PCM; return the encoded bytes that are final so far."""
+        samples = np.frombuffer(pcm, dtype="<i2")
+        if self.rate != self.source_rate:
+            samples = resample(samples, self.source_rate, self.rate)
+        self._file.write(samples)
+        return self._take()
+
+    def close(self) -> bytes:
+        """Finish the stream; return its last bytes."""
+        self._file.close()
+        return self._take()

@@ -64,6 +64,7 @@ class Settings(BaseSettings):
         8192, ge=64, description="Memory all loaded models may hold (GPU memory on CUDA, resident on CPU)."
     )
     model_idle_s: float = Field(600.0, gt=0, description="Unpinned models idle this long are unloaded.")
+    torch_threads: int = Field(0, ge=0, description="CPU threads per model process for torch; 0 keeps torch's default.")
     heartbeat_s: float = Field(5.0, gt=0, description="How often a worker announces itself in Redis.")
 
     api_host: str = Field("127.0.0.1", description="Address the API binds to.")

@@ -66,6 +66,8 @@ def settings_env(redis_server: RedisServer, tiny_model_dir: Path, models_file: P
         "TTS_HEARTBEAT_S": "0.5",
         "TTS_SEGMENT_MAX_ATTEMPTS": "2",
         "TTS_DEVICE": "cpu",
+        # One torch thread per model process: the suite shares 2 cores with Redis, the API and the tests.
+        "TTS_TORCH_THREADS": "1",
         "TTS_LOG_LEVEL": "INFO",
     }
 

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 import redis
-from flask import Flask
 from flask.testing import FlaskClient
 
 from api import create_app

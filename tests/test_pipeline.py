@@ -120,7 +120,7 @@ def test_a_segment_that_is_not_ready_says_so(app: Flask, client: FlaskClient) ->
     assert time.monotonic() - started >= 0.45
     assert client.get(f"/v1/jobs/{job['id']}/segments/99").status_code == 404
     assert client.get(f"/v1/jobs/{job['id']}/segments/0?wait=31").status_code == 422
-    assert client.get(f"/v1/jobs/{job['id']}/audio").status_code == 409
+    assert client.get(f"/v1/jobs/{job['id']}/audio?wait=0.2").status_code == 409
     client.delete(f"/v1/jobs/{job['id']}")
 
 

@@ -28,11 +28,11 @@ def main() -> None:
     runtime = build_runtime(settings, hostname=node)
     attach(app, runtime)
 
-    @worker_ready.connect(weak=False)
+    @worker_ready.connect(weak=False)  # type: ignore[untyped-decorator]
     def _ready(**_: object) -> None:
         runtime.start()
 
-    @worker_shutdown.connect(weak=False)
+    @worker_shutdown.connect(weak=False)  # type: ignore[untyped-decorator]
     def _shutdown(**_: object) -> None:
         runtime.stop()
 

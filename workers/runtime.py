@@ -97,7 +97,7 @@ def build_runtime(settings: Settings, *, hostname: str) -> WorkerRuntime:
     # "auto" is resolved inside each model host: the worker itself never imports torch.
     device = settings.device
     pool = ModelPool(
-        lambda spec: ModelHost(spec, device=device, log_level=settings.log_level),
+        lambda spec: ModelHost(spec, device=device, log_level=settings.log_level, torch_threads=settings.torch_threads),
         budget_mb=settings.model_budget_mb,
         idle_s=settings.model_idle_s,
         call_timeout_s=settings.task_time_limit_s,

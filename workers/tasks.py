@@ -14,7 +14,7 @@ from workers.runtime import runtime_of
 log = logging.getLogger(__name__)
 
 
-@shared_task(
+@shared_task(  # type: ignore[untyped-decorator]
     name=SYNTHESIZE_TASK,
     bind=True,
     autoretry_for=(redis.ConnectionError, redis.TimeoutError),

@@ -39,7 +39,7 @@ class Engine(abc.ABC):
     def synthesize(self, batch: list[SynthesisRequest]) -> list[Waveform]:
         """Return exactly one mono float32 waveform per request, in order."""
 
-    def unload(self) -> None:
+    def unload(self) -> None:  # noqa: B027  (optional hook: most engines free memory when dropped)
         """Release the model's memory."""
 
     def memory_estimate_mb(self) -> int:

@@ -199,9 +199,15 @@ class ChatTTSEngine(Engine):
                 warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
                 speakers = [self._speaker(r.voice) for r in batch]
                 chat.context.set(False)
-                texts = self._refined_texts(chat, batch)
-                hiddens = self._code_hiddens(chat, batch, texts, speakers)
-                waves = [self._decode(chat, hidden) for hidden in hiddens]
+                # ChatTTS's repetition penalty skips every row past its vocabulary size (625), that is
+                # every item past the 156th; smaller calls keep each item's sampling its own.
+                size = (chat.config.gpt.num_audio_tokens - 1) // chat.config.gpt.num_vq
+                waves = []
+                for start in range(0, len(batch), size):
+                    part = slice(start, start + size)
+                    texts = self._refined_texts(chat, batch[part])
+                    hiddens = self._code_hiddens(chat, batch[part], texts, speakers[part])
+                    waves += [self._decode(chat, hidden) for hidden in hiddens]
         except SynthesisError:
             raise
         except Exception as e:

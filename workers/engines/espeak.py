@@ -34,9 +34,7 @@ class EspeakEngine(Engine):
         library = espeak_lib.shared_library()
         for name, suffix in self._voices.items():
             if not library.has_voice(self._language + suffix):
-                raise EngineLoadError(
-                    f"espeak-ng has no voice {self._language + suffix!r} for {name!r}"
-                )
+                raise EngineLoadError(f"espeak-ng has no voice {self._language + suffix!r} for {name!r}")
         self.sample_rate = library.sample_rate
         self._library = library
 
@@ -44,9 +42,7 @@ class EspeakEngine(Engine):
         """Return one float32 waveform per request, checking the whole batch first."""
         if self._library is None:
             raise SynthesisError("EspeakEngine.synthesize called before load")
-        jobs = [
-            (request.text, self._voice_name(request), self._rate_wpm(request)) for request in batch
-        ]
+        jobs = [(request.text, self._voice_name(request), self._rate_wpm(request)) for request in batch]
         return [self._speak(self._library, text, voice, rate) for text, voice, rate in jobs]
 
     def unload(self) -> None:
@@ -57,9 +53,7 @@ class EspeakEngine(Engine):
         """Return the library's resident size, about 7 MiB measured, rounded up."""
         return 20
 
-    def _speak(
-        self, library: espeak_lib.EspeakLibrary, text: str, voice: str, rate: int
-    ) -> Waveform:
+    def _speak(self, library: espeak_lib.EspeakLibrary, text: str, voice: str, rate: int) -> Waveform:
         """Synthesise one checked request and scale its samples to [-1, 1)."""
         samples = library.synthesize(text, voice=voice, rate_wpm=rate)
         return samples.astype(np.float32) / np.float32(_INT16_SCALE)

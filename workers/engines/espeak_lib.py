@@ -35,9 +35,7 @@ MIN_RATE_WPM = 80
 MAX_RATE_WPM = 450
 
 # int callback(short *wav, int numsamples, espeak_EVENT *events); return 0 to continue.
-_SynthCallback = ctypes.CFUNCTYPE(
-    ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p
-)
+_SynthCallback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
 
 
 class EspeakLibrary:
@@ -57,9 +55,7 @@ class EspeakLibrary:
         # ctypes frees a callback's trampoline with its Python object: keep it alive.
         self._callback = _SynthCallback(self._collect)
         # Without DONT_EXIT, espeak_Initialize calls exit(1) on a data error.
-        rate = self._lib.espeak_Initialize(
-            _AUDIO_OUTPUT_SYNCHRONOUS, 0, data_path.encode(), _INITIALIZE_DONT_EXIT
-        )
+        rate = self._lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, data_path.encode(), _INITIALIZE_DONT_EXIT)
         if rate <= 0:
             raise EngineLoadError(f"espeak_Initialize failed with {rate}")
         self.sample_rate: int = rate
@@ -74,25 +70,19 @@ class EspeakLibrary:
         """Return the int16 samples of ``text`` spoken by ``voice`` at ``rate_wpm``."""
         with self._lock:
             self._check("espeak_SetVoiceByName", self._lib.espeak_SetVoiceByName(voice.encode()))
-            self._check(
-                "espeak_SetParameter", self._lib.espeak_SetParameter(_PARAM_RATE, rate_wpm, 0)
-            )
+            self._check("espeak_SetParameter", self._lib.espeak_SetParameter(_PARAM_RATE, rate_wpm, 0))
             # Reseed so a repeated call gets the same breath noise. Pitch-flutter phase
             # (a C static) still carries over between utterances and cannot be reset.
             self._check("espeak_ng_SetRandSeed", self._lib.espeak_ng_SetRandSeed(_RAND_SEED))
             self._chunks = []
             data = text.encode("utf-8")
-            status = self._lib.espeak_Synth(
-                data, len(data) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None
-            )
+            status = self._lib.espeak_Synth(data, len(data) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None)
             self._check("espeak_Synth", status)
             self._check("espeak_Synchronize", self._lib.espeak_Synchronize())
             chunks, self._chunks = self._chunks, []
         return np.frombuffer(b"".join(chunks), dtype=np.int16)
 
-    def _collect(
-        self, wav: ctypes._Pointer[ctypes.c_short], count: int, _events: int | None
-    ) -> int:
+    def _collect(self, wav: ctypes._Pointer[ctypes.c_short], count: int, _events: int | None) -> int:
         """Keep one chunk of samples that the synthesiser hands back."""
         if wav and count > 0:
             self._chunks.append(ctypes.string_at(wav, count * ctypes.sizeof(ctypes.c_short)))
@@ -138,10 +128,8 @@ _shared: EspeakLibrary | None = None
 
 def shared_library() -> EspeakLibrary:
     """Return the process's libespeak-ng binding, initialising it on first use."""
-    global _shared
+    global _shared  # noqa: PLW0603  (libespeak-ng is one engine per process; so is its binding)
     with _shared_lock:
         if _shared is None:
-            _shared = EspeakLibrary(
-                espeakng_loader.get_library_path(), espeakng_loader.get_data_path()
-            )
+            _shared = EspeakLibrary(espeakng_loader.get_library_path(), espeakng_loader.get_data_path())
         return _shared

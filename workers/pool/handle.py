@@ -29,11 +29,22 @@ class HostCrashed(SynthesisError):
 class ModelHost:
     """One running subprocess holding one loaded model; calls are serialised."""
 
-    def __init__(self, spec: ModelSpec, *, device: str, log_level: str = "INFO", load_timeout_s: float = 600) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        device: str,
+        log_level: str = "INFO",
+        torch_threads: int = 0,
+        load_timeout_s: float = 600,
+    ) -> None:
         self.spec = spec
         self._conn, child = _SPAWN.Pipe()
         self.process = _SPAWN.Process(
-            target=host_main, args=(child, spec, device, log_level), name=f"model-{spec.name}", daemon=True
+            target=host_main,
+            args=(child, spec, device, log_level, torch_threads),
+            name=f"model-{spec.name}",
+            daemon=True,
         )
         self._lock = threading.Lock()
         started = time.perf_counter()

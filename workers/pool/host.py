@@ -42,9 +42,13 @@ def memory_report() -> dict[str, float]:
     return {"rss_mb": round(resident_mb(), 1), "gpu_mb": round(gpu_mb(), 1)}
 
 
-def host_main(conn: Connection, spec: ModelSpec, device: str, log_level: str) -> None:
+def host_main(conn: Connection, spec: ModelSpec, device: str, log_level: str, torch_threads: int = 0) -> None:
     """Load the engine, say ready, then answer ('synth', requests) messages until told to stop."""
     setup_logging(log_level)
+    if torch_threads and spec.engine == "chattts":
+        import torch
+
+        torch.set_num_threads(torch_threads)
     log = logging.getLogger(f"workers.pool.host.{spec.name}")
     try:
         engine = build_engine(spec, device=device)

@@ -1,0 +1,151 @@
+"""Hear it while it is made: server-sent events in order with resume, a growing audio stream, OpenAI speech."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import soundfile as sf
+from flask import Flask
+from flask.testing import FlaskClient
+
+from api.streaming import Ended, Ready, follow
+from cache.jobstore import JobRequest, JobStore
+from tests.support.http import serving
+
+FIVE = (
+    "One small step. Two birds sing. Three cats sleep on the warm roof. "
+    "Four boats sail past the harbour. Five stars shine above the hills."
+)
+
+
+def _events(client: FlaskClient, url: str, **headers: str) -> list[dict[str, Any]]:
+    response = client.get(url, headers=headers, buffered=False)
+    assert response.status_code == 200
+    assert response.mimetype == "text/event-stream"
+    events = []
+    for block in response.get_data(as_text=True).split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line and not line.startswith(":"))
+        if "event" in fields:
+            events.append({"id": fields.get("id"), "event": fields["event"], "data": json.loads(fields["data"])})
+    return events
+
+
+def _submit(client: FlaskClient, **body: Any) -> dict[str, Any]:
+    response = client.post("/v1/jobs", json=body)
+    assert response.status_code == 202, response.get_data(as_text=True)
+    job: dict[str, Any] = response.get_json()
+    return job
+
+
+def test_events_arrive_one_per_segment_in_order_then_done(served: FlaskClient) -> None:
+    job = _submit(served, text=FIVE, model="espeak-en", cache=False)
+    events = _events(served, f"/v1/jobs/{job['id']}/events")
+    segments = [e for e in events if e["event"] == "segment"]
+    assert [e["id"] for e in segments] == [str(i) for i in range(job["segments_total"])]
+    assert [e["data"]["index"] for e in segments] == list(range(job["segments_total"]))
+    assert all(e["data"]["duration_s"] > 0 for e in segments)
+    assert segments[0]["data"]["url"] == f"/v1/jobs/{job['id']}/segments/0"
+    assert events[-1]["event"] == "done"
+
+
+def test_reconnecting_with_last_event_id_resumes_without_gap_or_repeat(served: FlaskClient) -> None:
+    job = _submit(served, text=FIVE, model="espeak-en", cache=False)
+    _events(served, f"/v1/jobs/{job['id']}/events")
+    resumed = _events(served, f"/v1/jobs/{job['id']}/events", **{"Last-Event-ID": "1"})
+    assert [e["data"]["index"] for e in resumed if e["event"] == "segment"] == list(range(2, job["segments_total"]))
+    assert resumed[-1]["event"] == "done"
+
+
+def test_a_bad_last_event_id_is_a_422(served: FlaskClient) -> None:
+    job = _submit(served, text="Hello.", model="espeak-en")
+    for bad in ("abc", "-5", "1.5"):
+        response = served.get(f"/v1/jobs/{job['id']}/events", headers={"Last-Event-ID": bad})
+        assert response.status_code == 422
+        assert response.get_json()["error"]["field"] == "Last-Event-ID"
+
+
+def test_segments_that_finish_out_of_order_are_delivered_in_order(redis_client: Any) -> None:
+    store = JobStore(redis_client, ttl=60)
+    request = JobRequest(model="m", voice="v", speed=1.0, mode="balanced", format="pcm", priority="realtime", seed=None)
+    job_id = store.create(request, ["a", "b", "c"])
+
+    def finish_backwards() -> None:
+        for index in (2, 1, 0):
+            time.sleep(0.05)
+            store.write_segment(job_id, index, bytes([index]) * 4, sample_rate=8000, meta={})
+
+    threading.Thread(target=finish_backwards).start()
+    seen = [e for e in follow(store, job_id, keepalive_s=1) if not isinstance(e, Ready) or True]
+    assert seen == [Ready(0), Ready(1), Ready(2), Ended("done", None)]
+
+
+def test_a_canceled_job_ends_its_event_stream_with_canceled(app: Flask, client: FlaskClient) -> None:
+    store = app.extensions["tts"].store
+    request = JobRequest(
+        model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav", priority="realtime", seed=None
+    )
+    job_id = store.create(request, ["never made", "nor this"])
+    client.delete(f"/v1/jobs/{job_id}")
+    events = _events(client, f"/v1/jobs/{job_id}/events")
+    assert events[-1]["event"] == "canceled"
+
+
+def test_the_growing_stream_has_the_same_bytes_as_the_finished_file(served: FlaskClient) -> None:
+    job = _submit(
+        served,
+        text="今天天气很好。我们去公园散步吧。公园里有很多花。孩子们在草地上玩耍。",
+        model="chattts-tiny",
+        format="pcm",
+        cache=False,
+    )
+    growing = served.get(f"/v1/jobs/{job['id']}/audio", buffered=False)
+    assert growing.status_code == 200
+    assert growing.headers["Content-Type"].startswith("audio/L16")
+    streamed = growing.get_data()
+    assert served.get(f"/v1/jobs/{job['id']}").get_json()["status"] == "done"
+    final = served.get(f"/v1/jobs/{job['id']}/audio")
+    assert final.data == streamed
+
+
+def test_a_growing_wav_stream_plays_the_same_samples_as_the_file(served: FlaskClient) -> None:
+    job = _submit(
+        served, text="第一句话。第二句话比较长一点。第三句。", model="chattts-tiny", format="wav", cache=False
+    )
+    streamed = served.get(f"/v1/jobs/{job['id']}/audio", buffered=False).get_data()
+    final = served.get(f"/v1/jobs/{job['id']}/audio").data
+    assert streamed[:4] == b"RIFF"
+    assert streamed[44:] == final[44:]
+
+
+def test_the_official_openai_sdk_gets_audio_from_the_speech_endpoint(app: Flask, worker: object) -> None:
+    from openai import OpenAI
+
+    with serving(app) as base_url:
+        client = OpenAI(base_url=f"{base_url}/v1", api_key="unused-locally")
+        for fmt in ("wav", "mp3", "flac", "opus"):
+            response = client.audio.speech.create(
+                model="tts-1",
+                voice="alloy",
+                input="Hello from the speech endpoint. It streams.",
+                response_format=fmt,  # type: ignore[arg-type]
+            )
+            samples, rate = sf.read(io.BytesIO(response.read()))
+            assert rate in (22050, 24000)
+            assert len(samples) / rate > 0.5, fmt
+            assert np.abs(samples).max() > 0.01
+
+
+def test_the_speech_endpoint_refuses_aac_and_bad_fields(client: FlaskClient) -> None:
+    for body, field in [
+        ({"input": "hi", "response_format": "aac"}, "response_format"),
+        ({"input": ""}, "input"),
+        ({"input": "hi", "speed": 5}, "speed"),
+    ]:
+        response = client.post("/v1/audio/speech", json={"model": "tts-1", "voice": "alloy", **body})
+        assert response.status_code == 422
+        assert response.get_json()["error"]["field"] == field
