@@ -125,3 +125,46 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(10)
+
+
+class ApiProcess:
+    """The API under gunicorn (as `make run` serves it) on a free loopback port."""
+
+    def __init__(self, env: Mapping[str, str], log_path: Path, *, processes: int = 2, threads: int = 32) -> None:
+        self.env = {**os.environ, **env}
+        self.log_path = log_path
+        self.port = free_port()
+        self.processes = processes
+        self.threads = threads
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """Return the API's base URL."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60) -> None:
+        """Start gunicorn and wait until /healthz answers."""
+        import urllib.request
+
+        gunicorn = Path(sys.executable).with_name("gunicorn")
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [str(gunicorn), "--bind", f"127.0.0.1:{self.port}", "--workers", str(self.processes),
+                 "--worker-class", "gthread", "--threads", str(self.threads), "--timeout", "120", "api:create_app()"],
+                cwd=ROOT, env=self.env, stdout=log, stderr=log,
+            )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise TimeoutError(f"API did not start:\n{self.log_path.read_text(errors='replace')[-3000:]}")
+
+    def stop(self) -> None:
+        """Stop gunicorn."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(30)
