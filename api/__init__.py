@@ -8,20 +8,24 @@ from typing import Any
 
 from flask import Flask
 
-from api import errors, health, jobs, speech
+from api import errors, health, jobs, metrics, speech
 from api.services import Services, build_services, init_app
+from core.logs import setup_logging
 from core.settings import load_settings
 
 
 def create_app(test_config: Mapping[str, Any] | None = None, *, services: Services | None = None) -> Flask:
     """Build the API app; ``test_config`` overrides settings, ``services`` replaces the clients."""
     settings = load_settings(**(test_config or {}))
+    if not logging.getLogger().handlers:
+        setup_logging(settings.log_level, fmt=settings.log_format)
     app = Flask(__name__)
     # Werkzeug checks Content-Length against this before a view reads the body.
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.json.ensure_ascii = False  # type: ignore[attr-defined]
     init_app(app, services or build_services(settings))
     errors.init_app(app)
+    metrics.init_app(app)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(health.bp)
     app.register_blueprint(speech.bp)

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import redis
-from flask import Blueprint, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from flask import Blueprint
 
 from api.services import services
 from core.errors import ServiceUnavailable
@@ -56,9 +55,3 @@ def list_models() -> dict[str, Any]:
             for spec in registry.models.values()
         ],
     }
-
-
-@bp.get("/metrics")
-def metrics() -> Response:
-    """Expose Prometheus metrics."""
-    return Response(generate_latest(), mimetype=CONTENT_TYPE_LATEST)

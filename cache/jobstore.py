@@ -135,7 +135,7 @@ class JobStore:
         return [int(r) for r in pipe.execute()]
 
     def write_segment(self, job_id: str, index: int, pcm: bytes, *, sample_rate: int, meta: dict[str, Any]) -> int:
-        """Store a finished segment once; return 1 written, 0 duplicate, -1 gone, -2 job over."""
+        """Store a finished segment once; return 1 written, 2 written and job done, 0 duplicate, -1 gone, -2 over."""
         result = self._write_segment(
             keys=keys.all_job_keys(job_id),
             args=[index, pcm, json.dumps(meta), f"{time.time():.6f}", self.ttl, sample_rate],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 # KEYS: record, audio, segmeta, events, texts, attempts
 # ARGV: index, pcm, meta_json, now, ttl, sample_rate
-# Returns 1 when written, 0 when the segment already existed (a redelivery),
+# Returns 1 when written, 2 when written and it finished the job, 0 when the segment already existed (a redelivery),
 # -1 when the job is gone, -2 when the job is already failed or canceled.
 WRITE_SEGMENT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
@@ -24,6 +24,7 @@ if done >= total then
   redis.call('HSET', KEYS[1], 'status', 'done', 'finished_at', ARGV[4])
   redis.call('XADD', KEYS[4], '*', 'type', 'status', 'status', 'done')
   for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
+  return 2
 end
 return 1
 """

@@ -1,20 +1,50 @@
-"""Prometheus metrics, named once here so the API, the workers and the dashboards agree."""
+"""Prometheus metrics, named once here so the API, the workers and the dashboards agree.
+
+Under gunicorn with several processes, set PROMETHEUS_MULTIPROC_DIR (scripts/run.sh
+does): every process then writes its samples there and /metrics merges them.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
-CACHE_LOOKUPS = Counter("tts_cache_lookups_total", "Sentence-cache lookups by result.", ["result"])
-CACHE_BYTES_STORED = Counter("tts_cache_bytes_stored_total", "Bytes of PCM written to the sentence cache.")
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+
+# API
+HTTP_REQUESTS = Counter("tts_http_requests_total", "HTTP requests by route, method and status.",
+                        ["route", "method", "status"])  # fmt: skip
+HTTP_SECONDS = Histogram("tts_http_request_seconds", "HTTP request latency by route.", ["route"],
+                         buckets=LATENCY_BUCKETS)  # fmt: skip
 JOBS_SUBMITTED = Counter("tts_jobs_submitted_total", "Jobs accepted, by lane.", ["lane"])
-BATCH_SIZE = Histogram(
-    "tts_batch_size", "Segments per engine call.", ["model"], buckets=(1, 2, 4, 6, 8, 12, 16, 24, 32, 64)
-)
-SYNTHESIS_SECONDS = Histogram(
-    "tts_synthesis_seconds",
-    "Wall time of one batched engine call.",
-    ["model"],
-    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
-)
+ADMISSION_REJECTIONS = Counter("tts_admission_rejections_total", "Requests refused before queueing, by reason.",
+                               ["reason"])  # fmt: skip
+CACHE_LOOKUPS = Counter("tts_cache_lookups_total", "Sentence-cache lookups by result (hit, miss).", ["result"])
+QUEUE_DEPTH = Gauge("tts_queue_depth", "Segment tasks waiting per lane.", ["lane"], multiprocess_mode="mostrecent")
+
+# Workers
+CACHE_BYTES_STORED = Counter("tts_cache_bytes_stored_total", "Bytes of PCM written to the sentence cache.")
+BATCH_SIZE = Histogram("tts_batch_size", "Segments per engine call.", ["model"],
+                       buckets=(1, 2, 4, 6, 8, 12, 16, 24, 32, 64))  # fmt: skip
+SYNTHESIS_SECONDS = Histogram("tts_synthesis_seconds", "Wall time of one batched engine call.", ["model"],
+                              buckets=LATENCY_BUCKETS)  # fmt: skip
 AUDIO_SECONDS = Counter("tts_audio_seconds_total", "Seconds of audio produced.", ["model"])
-SEGMENTS = Counter("tts_segments_total", "Segment tasks by outcome.", ["outcome"])
+REAL_TIME_FACTOR = Histogram("tts_real_time_factor", "Synthesis seconds per audio second, per segment.", ["model"],
+                             buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5))  # fmt: skip
+QUEUE_WAIT = Histogram("tts_queue_wait_seconds", "From job submission to the start of a segment's synthesis.",
+                       buckets=LATENCY_BUCKETS)  # fmt: skip
+TIME_TO_FIRST_SEGMENT = Histogram("tts_time_to_first_segment_seconds", "From job submission to segment 0 written.",
+                                  buckets=LATENCY_BUCKETS)  # fmt: skip
+SEGMENTS = Counter("tts_segments_total", "Segment tasks by outcome (written, duplicate, skipped, gave_up).",
+                   ["outcome"])  # fmt: skip
+SEGMENT_RETRIES = Counter("tts_segment_retries_total", "Segment attempts that failed and were retried.")
+SEGMENT_FAILURES = Counter("tts_segment_failures_total", "Segments given up on (their job failed).")
+MODEL_LOADS = Counter("tts_model_loads_total", "Model host processes started.", ["model"])
+MODEL_LOAD_SECONDS = Histogram("tts_model_load_seconds", "Time to start a model host and load its model.", ["model"],
+                               buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120))  # fmt: skip
+MODEL_EVICTIONS = Counter("tts_model_evictions_total", "Models unloaded to make room or after idling.",
+                          ["model", "reason"])  # fmt: skip
+MODELS_RESIDENT = Gauge("tts_models_resident", "Models loaded in this worker.", multiprocess_mode="livesum")
+MODEL_MEMORY = Gauge("tts_model_memory_mb", "Memory held by each loaded model.", ["model"],
+                     multiprocess_mode="livesum")  # fmt: skip
+GPU_MEMORY = Gauge("tts_gpu_memory_mb", "GPU memory reserved by each loaded model.", ["model"],
+                   multiprocess_mode="livesum")  # fmt: skip

@@ -14,7 +14,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from api import create_app
-from tests.support.servers import ROOT, RedisServer, WorkerProcess
+from tests.support.servers import ROOT, RedisServer, WorkerProcess, free_port
 
 IN_CI = os.environ.get("CI") == "true"
 
@@ -69,6 +69,8 @@ def settings_env(redis_server: RedisServer, tiny_model_dir: Path, models_file: P
         # One torch thread per model process: the suite shares 2 cores with Redis, the API and the tests.
         "TTS_TORCH_THREADS": "1",
         "TTS_LOG_LEVEL": "INFO",
+        "TTS_LOG_FORMAT": "json",
+        "TTS_METRICS_PORT": str(free_port()),
     }
 
 

@@ -7,6 +7,7 @@ import os
 import socket
 
 from celery.signals import worker_ready, worker_shutdown
+from prometheus_client import start_http_server
 
 from celery_config import QUEUES
 from core.logs import setup_logging
@@ -20,12 +21,15 @@ log = logging.getLogger("workers")
 def main() -> None:
     """Build the worker's runtime and run the Celery worker until it is stopped."""
     settings = load_settings()
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, fmt=settings.log_format)
     node = f"tts-{os.environ.get('CUDA_VISIBLE_DEVICES') or 'cpu'}-{os.getpid()}@{socket.gethostname()}"
     app = create_celery(settings)
     import workers.tasks  # noqa: F401  (registers the tasks on the app)
 
     runtime = build_runtime(settings, hostname=node)
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port)
+        log.info("worker metrics on :%d/metrics", settings.metrics_port)
     attach(app, runtime)
 
     @worker_ready.connect(weak=False)  # type: ignore[untyped-decorator]

@@ -14,7 +14,7 @@ from celery import Celery
 from cache.jobstore import JobStore
 from cache.sentences import build_cache
 from cache.workers import WorkerRegistry
-from core.metrics import BATCH_SIZE, SYNTHESIS_SECONDS
+from core.metrics import BATCH_SIZE, GPU_MEMORY, MODEL_MEMORY, MODELS_RESIDENT, SYNTHESIS_SECONDS
 from core.registry import Registry, load_registry
 from core.settings import Settings
 from workers.backend import PooledBackend
@@ -42,14 +42,21 @@ class WorkerRuntime:
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def announce(self) -> None:
-        """Write this worker's heartbeat once."""
+        """Write this worker's heartbeat once and refresh the model-pool gauges."""
+        loaded = self.backend.pool.loaded()
+        MODELS_RESIDENT.set(len(loaded))
+        MODEL_MEMORY.clear()
+        GPU_MEMORY.clear()
+        for model in loaded:
+            MODEL_MEMORY.labels(model["model"]).set(model["memory_mb"])
+            GPU_MEMORY.labels(model["model"]).set(model["gpu_mb"])
         self.heartbeats.beat(
             self.hostname,
             {
                 "pid": os.getpid(),
                 "device": self.device,
                 "models": self.backend.loaded_models(),
-                "pool": self.backend.pool.loaded(),
+                "pool": loaded,
                 "mean_batch_size": round(self.backend.batcher.mean_batch_size(), 2),
             },
         )

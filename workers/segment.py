@@ -9,7 +9,14 @@ import time
 from cache.jobstore import TERMINAL, JobStore
 from cache.sentences import CachedSegment, SentenceCache, segment_keys
 from core.audio import to_pcm16
-from core.metrics import AUDIO_SECONDS, CACHE_BYTES_STORED, SEGMENTS
+from core.metrics import (
+    AUDIO_SECONDS,
+    CACHE_BYTES_STORED,
+    QUEUE_WAIT,
+    REAL_TIME_FACTOR,
+    SEGMENTS,
+    TIME_TO_FIRST_SEGMENT,
+)
 from core.registry import Registry
 from workers.backend import SynthesisBackend
 from workers.engines.base import SynthesisRequest
@@ -63,6 +70,7 @@ class SegmentSynthesizer:
         if request is None or text is None:
             return Outcome.SKIPPED
         self.store.mark_running(job_id)
+        QUEUE_WAIT.observe(max(0.0, time.time() - float(record["created_at"])))
         spec = self.registry.get(request.model)
         started = time.perf_counter()
         wave, rate = self.backend.synthesize(
@@ -77,6 +85,10 @@ class SegmentSynthesizer:
         outcome = _OUTCOMES[result]
         SEGMENTS.labels(outcome.value).inc()
         AUDIO_SECONDS.labels(spec.name).inc(duration)
+        if duration > 0:
+            REAL_TIME_FACTOR.labels(spec.name).observe(synth_s / duration)
+        if index == 0 and outcome is Outcome.WRITTEN:
+            TIME_TO_FIRST_SEGMENT.observe(max(0.0, time.time() - float(record["created_at"])))
         if request.cache:
             key = segment_keys(spec, request, [text])[0]
             CACHE_BYTES_STORED.inc(self.cache.put(key, CachedSegment(pcm, rate, meta)))
@@ -88,9 +100,35 @@ class SegmentSynthesizer:
             len(text),
             duration,
             synth_s,
+            extra={
+                "job_id": job_id,
+                "segment": index,
+                "chars": len(text),
+                "audio_s": round(duration, 3),
+                "synth_s": round(synth_s, 3),
+                "outcome": outcome.value,
+            },
         )
+        if result == 2:
+            self._log_job_done(job_id)
         return outcome
+
+    def _log_job_done(self, job_id: str) -> None:
+        """Write the one summary line per finished job, with its timings."""
+        record = self.store.get(job_id) or {}
+        meta = self.store.segment_meta(job_id)
+        created = float(record.get("created_at", 0))
+        timings = {
+            "job_id": job_id,
+            "segments": int(record.get("segments_total", 0)),
+            "cached_segments": int(record.get("cached_segments", 0)),
+            "chars": int(record.get("chars_total", 0)),
+            "audio_s": round(sum(m.get("duration_s", 0.0) for m in meta.values()), 3),
+            "queued_s": round(float(record.get("started_at", created)) - created, 3),
+            "total_s": round(float(record.get("finished_at", created)) - created, 3),
+        }
+        log.info("job %s done: %s", job_id, timings, extra=timings)
 
 
 # WRITE_SEGMENT's answers: written, already there, job gone, job already over.
-_OUTCOMES = {1: Outcome.WRITTEN, 0: Outcome.DUPLICATE, -1: Outcome.SKIPPED, -2: Outcome.SKIPPED}
+_OUTCOMES = {2: Outcome.WRITTEN, 1: Outcome.WRITTEN, 0: Outcome.DUPLICATE, -1: Outcome.SKIPPED, -2: Outcome.SKIPPED}

@@ -9,6 +9,7 @@ from celery import Task, shared_task
 
 from celery_config import SYNTHESIZE_TASK
 from core.errors import ServiceError
+from core.metrics import SEGMENT_FAILURES, SEGMENT_RETRIES
 from workers.runtime import runtime_of
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,9 @@ def synthesize_segment(self: Task, job_id: str, index: int) -> str:
         reason = f"segment {index}: {type(e).__name__}: {e}"
         if runtime.store.attempts(job_id, index) >= runtime.settings.segment_max_attempts:
             log.error("giving up on job %s: %s", job_id, reason)
+            SEGMENT_FAILURES.inc()
             runtime.store.fail(job_id, reason)
             return "failed"
         log.warning("retrying job %s: %s", job_id, reason)
+        SEGMENT_RETRIES.inc()
         raise self.retry(exc=e, countdown=1) from e

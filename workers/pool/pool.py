@@ -9,6 +9,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from core.metrics import MODEL_EVICTIONS, MODEL_LOAD_SECONDS, MODEL_LOADS
 from core.registry import ModelSpec
 from workers.engines.base import SynthesisRequest, Waveform
 from workers.pool.handle import HostCrashed, ModelHost
@@ -64,6 +65,8 @@ class ModelPool:
             host = self._start_host(spec)
             self.counts["loads"] += 1
             self.load_seconds.append(host.load_s)
+            MODEL_LOADS.labels(spec.name).inc()
+            MODEL_LOAD_SECONDS.labels(spec.name).observe(host.load_s)
             self._measured_mb[spec.name] = host.memory_mb
             with self._lock:
                 self._hosts[spec.name] = host
@@ -90,6 +93,7 @@ class ModelPool:
             log.info("evicting model %s (least recently used) to make room for %s", victim.spec.name, spec.name)
             victim.stop()
             self.counts["evictions"] += 1
+            MODEL_EVICTIONS.labels(victim.spec.name, "budget").inc()
 
     def _forget(self, name: str, host: ModelHost) -> None:
         with self._lock:
@@ -114,6 +118,7 @@ class ModelPool:
         for name in idle:
             if self.unload(name):
                 self.counts["idle_unloads"] += 1
+                MODEL_EVICTIONS.labels(name, "idle").inc()
                 log.info("unloaded model %s after %.0fs idle", name, self.idle_s)
         return idle
 
@@ -121,7 +126,13 @@ class ModelPool:
         """Describe the loaded models: name, pid, memory, pinned."""
         with self._lock:
             return [
-                {"model": n, "pid": h.pid, "memory_mb": round(h.memory_mb, 1), "pinned": h.spec.pinned}
+                {
+                    "model": n,
+                    "pid": h.pid,
+                    "memory_mb": round(h.memory_mb, 1),
+                    "gpu_mb": h.memory["gpu_mb"],
+                    "pinned": h.spec.pinned,
+                }
                 for n, h in self._hosts.items()
             ]
 

@@ -1,0 +1,56 @@
+"""Request metrics for every route, and the /metrics endpoint (merging gunicorn processes)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import redis
+from flask import Blueprint, Flask, Response, g, request
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest, multiprocess
+
+from api.services import services
+from celery_config import QUEUES
+from core.metrics import HTTP_REQUESTS, HTTP_SECONDS, QUEUE_DEPTH
+
+bp = Blueprint("metrics", __name__)
+
+
+def _start_timer() -> None:
+    g.request_started = time.perf_counter()
+
+
+def _record(response: Response) -> Response:
+    route = request.url_rule.rule if request.url_rule is not None else "unmatched"
+    HTTP_REQUESTS.labels(route, request.method, str(response.status_code)).inc()
+    started = g.get("request_started")
+    if started is not None:
+        HTTP_SECONDS.labels(route).observe(time.perf_counter() - started)
+    return response
+
+
+def _update_queue_depth() -> None:
+    client = services().redis
+    try:
+        for lane in QUEUES:
+            QUEUE_DEPTH.labels(lane).set(client.llen(lane))
+    except redis.RedisError:
+        pass  # the scrape still reports everything else
+
+
+@bp.get("/metrics")
+def metrics() -> Response:
+    """Expose Prometheus metrics of every API process."""
+    _update_queue_depth()
+    registry: CollectorRegistry = REGISTRY
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+
+
+def init_app(app: Flask) -> None:
+    """Time every request and serve /metrics."""
+    app.before_request(_start_timer)
+    app.after_request(_record)
+    app.register_blueprint(bp)

@@ -1,0 +1,278 @@
+"""The command line: ``say`` a sentence into a file, or turn a ``book`` chapter into audio and resume if cut off."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import requests
+import soundfile as sf
+
+from client.api import TTSClient, TTSClientError
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+#: Output formats by file suffix; ``pcm`` is raw 16-bit little-endian mono.
+SUFFIX_FORMATS = {".wav": "wav", ".flac": "flac", ".ogg": "ogg", ".mp3": "mp3", ".opus": "opus", ".pcm": "pcm"}
+# soundfile's (container, subtype) for the formats a book is assembled into.
+_SOUNDFILE = {
+    "wav": ("WAV", "PCM_16"),
+    "flac": ("FLAC", "PCM_16"),
+    "ogg": ("OGG", "VORBIS"),
+    "mp3": ("MP3", "MPEG_LAYER_III"),
+    "opus": ("OGG", "OPUS"),
+}
+_OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
+STATE_NAME = "job.json"
+
+
+class ProgressBar:
+    """Draw segments done/total, seconds of audio and an ETA on one line of ``stream`` (stderr)."""
+
+    def __init__(self, stream: TextIO | None = None, *, width: int = 24) -> None:
+        self.stream = stream or sys.stderr
+        self.width = width
+        self.tty = self.stream.isatty()
+        self._start: tuple[float, int] | None = None
+        self._last = ""
+
+    def update(self, done: int, total: int, audio_s: float) -> None:
+        """Redraw the bar; the ETA comes from the pace of segments fetched since the first update."""
+        now = time.monotonic()
+        if self._start is None:
+            self._start = (now, done)
+        started_at, started_done = self._start
+        filled = self.width * done // total if total else self.width
+        if done >= total:
+            eta = f"done in {now - started_at:.1f} s"
+        elif done > started_done:
+            eta = "ETA " + _clock((now - started_at) / (done - started_done) * (total - done))
+        else:
+            eta = "ETA --:--"
+        line = f"[{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} segments  {audio_s:.1f} s audio  {eta}"
+        if self.tty:
+            self.stream.write(f"\r{line}\x1b[K")
+        elif line.split("  ")[0] != self._last.split("  ")[0]:
+            self.stream.write(line + "\n")  # not a terminal (a log): one line per new segment, no redraws
+        self._last = line
+        self.stream.flush()
+
+    def close(self) -> None:
+        """End the bar's line."""
+        if self.tty and self._last:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}:{secs:02d}"
+
+
+def output_format(path: Path, given: str | None) -> str:
+    """Return the format named by ``--format`` or else by the output file's suffix."""
+    if given:
+        return given
+    fmt = SUFFIX_FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise SystemExit(f"error: cannot tell the format of {path}; use one of {sorted(SUFFIX_FORMATS)} or --format")
+    return fmt
+
+
+def write_audio(path: Path, pcm: bytes, sample_rate: int, fmt: str) -> None:
+    """Encode mono 16-bit PCM as ``fmt`` into ``path``, atomically (a temporary file, then a rename)."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    if fmt == "pcm":
+        temporary.write_bytes(pcm)
+    else:
+        samples = np.frombuffer(pcm, dtype="<i2")
+        if fmt == "opus" and sample_rate not in _OPUS_RATES:
+            target = next(r for r in _OPUS_RATES if r >= sample_rate)
+            positions = np.linspace(0, len(samples) - 1, round(len(samples) * target / sample_rate))
+            samples = np.interp(positions, np.arange(len(samples)), samples).round().astype("<i2")
+            sample_rate = target
+        container, subtype = _SOUNDFILE[fmt]
+        sf.write(temporary, samples, sample_rate, format=container, subtype=subtype)
+    temporary.replace(path)
+
+
+class BookState:
+    """A cut-off book run on disk: ``job.json`` (job id, request fingerprint, rate) beside ``seg-NNNNN.pcm`` files."""
+
+    def __init__(self, state_file: Path) -> None:
+        self.file = state_file
+        self.folder = state_file.parent
+        self.data: dict[str, Any] = {}
+        if state_file.is_file():
+            try:
+                self.data = json.loads(state_file.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                self.data = {}  # a torn or foreign file: start over rather than guess
+
+    def save(self, **changes: Any) -> None:
+        """Update and write the state atomically."""
+        self.data.update(changes)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        temporary = self.file.with_name(self.file.name + ".tmp")
+        temporary.write_text(json.dumps(self.data, indent=2), encoding="utf-8")
+        temporary.replace(self.file)
+
+    def segment_path(self, index: int) -> Path:
+        """Return where segment ``index`` is kept."""
+        return self.folder / f"seg-{index:05d}.pcm"
+
+    def put_segment(self, index: int, pcm: bytes) -> None:
+        """Keep one segment; it only appears under its name once wholly written."""
+        temporary = self.segment_path(index).with_suffix(".tmp")
+        temporary.write_bytes(pcm)
+        temporary.replace(self.segment_path(index))
+
+    def have(self, total: int) -> list[int]:
+        """Return the indices of the segments already kept."""
+        return [i for i in range(total) if self.segment_path(i).is_file()]
+
+    def clear(self) -> None:
+        """Remove the kept segments and the state file, and the folder if nothing else is in it."""
+        for path in [*self.folder.glob("seg-*.pcm"), *self.folder.glob("seg-*.tmp"), self.file]:
+            path.unlink(missing_ok=True)
+        self.data = {}
+        try:
+            self.folder.rmdir()
+        except OSError:
+            pass  # absent, or it holds files that are not ours
+
+
+def _fingerprint(request: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(request, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def _reuse_or_submit(client: TTSClient, state: BookState, request: dict[str, Any], log: TextIO) -> dict[str, Any]:
+    fingerprint = _fingerprint(request)
+    job_id = state.data.get("job_id")
+    if job_id and state.data.get("fingerprint") == fingerprint:
+        try:
+            job = client.status(job_id)
+        except TTSClientError as e:
+            if e.status != 404:
+                raise
+            print(f"job {job_id} is gone from the server (expired); starting again", file=log)
+        else:
+            if job["status"] not in ("failed", "canceled"):
+                return job
+            print(f"job {job_id} {job['status']}; starting again", file=log)
+    elif job_id:
+        print("the text or options changed since the cut-off run; starting again", file=log)
+    state.clear()
+    job = client.submit(**request)
+    state.save(job_id=job["id"], fingerprint=fingerprint, segments_total=job["segments_total"])
+    return job
+
+
+def make_book(
+    client: TTSClient,
+    text: str,
+    output: Path,
+    *,
+    options: dict[str, Any],
+    state_file: Path,
+    progress: ProgressBar,
+    log: TextIO,
+) -> Path:
+    """Turn ``text`` into ``output``, keeping fetched segments in ``state_file``'s folder so a rerun resumes."""
+    state = BookState(state_file)
+    job = _reuse_or_submit(client, state, {"text": text, "format": "pcm", **options}, log)
+    job_id, total = job["id"], int(job["segments_total"])
+    have = state.have(total)
+    rate = int(state.data.get("sample_rate") or 0)
+    audio_s = sum(state.segment_path(i).stat().st_size / 2 / rate for i in have) if rate else 0.0
+    if have:
+        print(f"resuming job {job_id}: {len(have)}/{total} segments already here", file=log)
+    progress.update(len(have), total, audio_s)
+    done = len(have)
+    for index in sorted(set(range(total)) - set(have)):
+        pcm, duration, rate = client.segment(job_id, index)
+        state.put_segment(index, pcm)
+        if state.data.get("sample_rate") != rate:
+            state.save(sample_rate=rate)
+        done += 1
+        audio_s += duration
+        progress.update(done, total, audio_s)
+    progress.close()
+    pcm = b"".join(state.segment_path(i).read_bytes() for i in range(total))
+    write_audio(output, pcm, int(state.data["sample_rate"]), output_format(output, None))
+    state.clear()
+    return output
+
+
+def say(client: TTSClient, text: str, output: Path, *, options: dict[str, Any], progress: ProgressBar) -> Path:
+    """Synthesize ``text`` as one job, follow its progress, and download the file."""
+    job = client.submit(text, **options)
+    done, audio_s = 0, 0.0
+    progress.update(done, job["segments_total"], audio_s)
+    for event in client.events(job["id"]):
+        if event["event"] == "segment":
+            done += 1
+            audio_s += float(event["data"].get("duration_s") or 0.0)
+            progress.update(done, job["segments_total"], audio_s)
+        elif event["event"] != "done":
+            raise TTSClientError(409, "job_failed", f"job {event['event']}: {event['data']}")
+    progress.close()
+    return client.download(job["id"], output)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Describe the ``say`` and ``book`` commands."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-o", "--output", type=Path, required=True, help="output file; its suffix picks the format")
+    common.add_argument("--url", default=os.environ.get("TTS_URL", DEFAULT_URL), help="service URL (env TTS_URL)")
+    common.add_argument("--model", help="model id (see GET /v1/models); the service's default if omitted")
+    common.add_argument("--voice", help="voice of the model")
+    common.add_argument("--speed", type=float, help="0.5 to 2.0")
+    common.add_argument("--mode", choices=("fast", "balanced", "quality"))
+    common.add_argument("--seed", type=int, help="fixes the voice and sampling for models that use one")
+    parser = argparse.ArgumentParser(prog="python -m client", description="Turn text into speech with the service.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    say_parser = commands.add_parser("say", parents=[common], help="synthesize a text given on the command line")
+    say_parser.add_argument("text")
+    say_parser.add_argument("--format", choices=sorted(set(SUFFIX_FORMATS.values())), help="overrides the suffix")
+    book_parser = commands.add_parser("book", parents=[common], help="synthesize a text file; rerun to resume")
+    book_parser.add_argument("text_file", type=Path)
+    book_parser.add_argument(
+        "--resume-file", type=Path, help="state file of a cut-off run (default: <output>.part/job.json)"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None, *, session: requests.Session | None = None) -> int:
+    """Run one command and return its exit status."""
+    args = build_parser().parse_args(argv)
+    client = TTSClient(args.url, session=session)
+    options = {k: getattr(args, k) for k in ("model", "voice", "speed", "mode", "seed") if getattr(args, k) is not None}
+    progress = ProgressBar(sys.stderr)
+    output: Path = args.output
+    try:
+        if args.command == "say":
+            options["format"] = output_format(output, args.format)
+            say(client, args.text, output, options=options, progress=progress)
+        else:
+            output_format(output, None)  # refuse an unknown suffix before any work is done
+            state_file = args.resume_file or output.with_name(output.name + ".part") / STATE_NAME
+            text = args.text_file.read_text(encoding="utf-8")
+            make_book(client, text, output, options=options, state_file=state_file, progress=progress, log=sys.stderr)
+    except KeyboardInterrupt:
+        progress.close()
+        if args.command == "book":
+            print("interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+    except TTSClientError as e:
+        progress.close()
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {output}", file=sys.stderr)
+    return 0
