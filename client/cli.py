@@ -58,7 +58,7 @@ class ProgressBar:
         line = f"[{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} segments  {audio_s:.1f} s audio  {eta}"
         if self.tty:
             self.stream.write(f"\r{line}\x1b[K")
-        elif line.split("  ")[0] != self._last.split("  ")[0]:
+        elif line.split("  ", maxsplit=1)[0] != self._last.split("  ")[0]:
             self.stream.write(line + "\n")  # not a terminal (a log): one line per new segment, no redraws
         self._last = line
         self.stream.flush()
