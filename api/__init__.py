@@ -8,7 +8,7 @@ from typing import Any
 
 from flask import Flask
 
-from api import errors, health, jobs, metrics, speech
+from api import access, errors, health, jobs, metrics, speech
 from api.services import Services, build_services, init_app
 from core.logs import setup_logging
 from core.settings import load_settings
@@ -26,6 +26,7 @@ def create_app(test_config: Mapping[str, Any] | None = None, *, services: Servic
     init_app(app, services or build_services(settings))
     errors.init_app(app)
     metrics.init_app(app)
+    access.init_app(app)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(health.bp)
     app.register_blueprint(speech.bp)

@@ -8,7 +8,7 @@ import redis
 from flask import Flask, Response, jsonify
 from werkzeug.exceptions import HTTPException
 
-from core.errors import ServiceError, ServiceUnavailable
+from core.errors import ServiceError, ServiceUnavailable, TooManyRequests
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def error_response(status: int, code: str, message: str, /, **details: object) -
 
 def _service_error(error: ServiceError) -> Response:
     response = error_response(error.status, error.code, error.message, **error.details)
-    if isinstance(error, ServiceUnavailable):
+    if isinstance(error, (ServiceUnavailable, TooManyRequests)):
         response.headers["Retry-After"] = str(error.retry_after)
     elif error.code == "not_ready":
         response.headers["Retry-After"] = "1"

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, Response, request, stream_with_context, url_for
+from flask import Blueprint, Response, g, request, stream_with_context, url_for
 
 from api.services import services
 from api.streaming import STREAMABLE, audio_stream, sse_events
 from api.submission import submit_job
-from api.validation import parse_job, parse_wait, read_json_object
+from api.validation import JobInput, parse_job, parse_wait, read_json_object
+from cache.idempotency import IdempotencyKeys, body_digest
 from cache.jobstore import JobRequest
 from cache.sentences import file_key, segment_keys
 from core.audio import encode, media_type, pcm16_duration
-from core.errors import JobFailed, NotFound, NotReady, ValidationFailed
+from core.errors import JobFailed, NotFound, NotReady, ServiceUnavailable, ValidationFailed
 
 bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 
@@ -69,20 +70,46 @@ def _raise_if_over(record: dict[str, str]) -> None:
 
 @bp.post("")
 def create_job() -> tuple[dict[str, Any], int, dict[str, str]]:
-    """Accept text, answer 202 with the job id at once."""
+    """Accept text, answer 202 with the job id at once (the same job again for a repeated Idempotency-Key)."""
     svc = services()
     body = read_json_object(request, max_bytes=svc.settings.max_body_bytes)
     job_input = parse_job(body, max_chars=svc.settings.max_text_chars)
-    job_id = submit_job(
+    idem_key = request.headers.get("Idempotency-Key")
+    if idem_key is None:
+        job_id = _submit(job_input)
+    else:
+        if not 1 <= len(idem_key) <= 255 or not idem_key.isprintable():
+            raise ValidationFailed("Idempotency-Key", "must be 1 to 255 printable characters")
+        keys, digest = IdempotencyKeys(svc.redis), body_digest(body)
+        earlier = keys.claim(g.caller, idem_key, digest)
+        if earlier is not None:
+            if earlier[0] != digest:
+                raise ValidationFailed("Idempotency-Key", "was already used with a different body")
+            if not earlier[1]:
+                raise ServiceUnavailable("a request with this Idempotency-Key is still being accepted", retry_after=1)
+            job_id = earlier[1]
+        else:
+            try:
+                job_id = _submit(job_input)
+            except Exception:
+                keys.release(g.caller, idem_key)
+                raise
+            keys.fill(g.caller, idem_key, digest, job_id)
+    view = job_view(_record(job_id))
+    return view, 202, {"Location": view["urls"]["self"]}
+
+
+def _submit(job_input: JobInput) -> str:
+    svc = services()
+    return submit_job(
         job_input,
         settings=svc.settings,
         registry=svc.registry,
         store=svc.store,
         cache=svc.cache,
         enqueue=svc.enqueue,
+        admit=svc.admission.admit,
     )
-    view = job_view(_record(job_id))
-    return view, 202, {"Location": view["urls"]["self"]}
 
 
 @bp.get("/<job_id>")

@@ -9,8 +9,11 @@ import redis
 from celery import Celery
 from flask import Flask, current_app
 
+from api.admission import Admission
+from cache.breaker import CircuitBreaker
 from cache.jobstore import JobStore
 from cache.sentences import SentenceCache, build_cache
+from cache.stats import Stats
 from cache.workers import WorkerRegistry
 from celery_config import SYNTHESIZE_TASK
 from core.registry import Registry, load_registry
@@ -31,6 +34,7 @@ class Services:
     registry: Registry
     workers: WorkerRegistry
     cache: SentenceCache
+    admission: Admission
     enqueue: Enqueue
 
 
@@ -50,13 +54,23 @@ def build_services(settings: Settings) -> Services:
     # Long-polls block in XREAD for up to max_wait_s: the socket must wait longer.
     client = redis.Redis.from_url(settings.redis_url, health_check_interval=30, socket_timeout=settings.max_wait_s + 10)
     celery = create_celery(settings)
+    workers = WorkerRegistry(client, ttl_s=3 * settings.heartbeat_s)
+    stats = Stats(client)
+    breaker = CircuitBreaker(
+        client,
+        stats,
+        failure_rate=settings.breaker_failure_rate,
+        min_failures=settings.breaker_min_failures,
+        cooldown_s=settings.breaker_cooldown_s,
+    )
     return Services(
         settings=settings,
         redis=client,
         store=JobStore(client, ttl=settings.job_ttl_s),
         registry=load_registry(settings),
-        workers=WorkerRegistry(client, ttl_s=3 * settings.heartbeat_s),
+        workers=workers,
         cache=build_cache(settings),
+        admission=Admission(client, stats=stats, breaker=breaker, workers=workers, settings=settings),
         enqueue=celery_enqueue(celery),
     )
 

@@ -71,6 +71,7 @@ def speech() -> Response:
         store=svc.store,
         cache=svc.cache,
         enqueue=svc.enqueue,
+        admit=svc.admission.admit,
     )
     fmt = job_input.format
     if fmt == "flac":  # flac cannot grow by concatenation: wait for the whole file

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from api.services import Enqueue
 from api.validation import JobInput
@@ -25,6 +26,7 @@ def submit_job(
     store: JobStore,
     cache: SentenceCache,
     enqueue: Enqueue,
+    admit: Callable[[str], None] | None = None,
 ) -> str:
     """Plan the text, fill what the cache has, write the job and enqueue only the misses; return the id."""
     spec = registry.get(job.model)
@@ -56,6 +58,8 @@ def submit_job(
         CACHE_LOOKUPS.labels("hit").inc(len(hits))
         CACHE_LOOKUPS.labels("miss").inc(len(misses))
 
+    if misses and admit is not None:
+        admit(priority)  # raises 503 before anything is written: never 202 for work we cannot do
     job_id = store.create(request, texts, cached=len(hits))
     if hits:
         store.write_segments(job_id, hits)

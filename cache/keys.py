@@ -54,7 +54,8 @@ def worker(hostname: str) -> str:
     return f"{PREFIX}:worker:{hostname}"
 
 
-WORKER_PATTERN = f"{PREFIX}:worker:*"
+#: A sorted set of worker names scored by their last heartbeat.
+WORKERS = f"{PREFIX}:workers"
 
 
 def sentence(digest: str) -> str:
@@ -65,3 +66,21 @@ def sentence(digest: str) -> str:
 def cached_file(digest: str) -> str:
     """Return the key of one cached whole encoded file."""
     return f"{PREFIX}:cache:file:{digest}"
+
+
+def quota(caller: str) -> str:
+    """Return the key of a caller's token bucket."""
+    return f"{PREFIX}:quota:{caller}"
+
+
+def idempotency(caller: str, key: str) -> str:
+    """Return the key remembering which job an idempotency key created."""
+    return f"{PREFIX}:idem:{caller}:{key}"
+
+
+def stats(bucket: int) -> str:
+    """Return the key of one 1-second bucket of worker activity (a hash of counters)."""
+    return f"{PREFIX}:stats:{bucket}"
+
+
+BREAKER = f"{PREFIX}:breaker"

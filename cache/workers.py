@@ -20,17 +20,24 @@ class WorkerRegistry:
 
     def beat(self, hostname: str, info: dict[str, Any]) -> None:
         """Announce that a worker is alive, with what it serves."""
-        payload = json.dumps({**info, "hostname": hostname, "seen_at": time.time()})
-        self.redis.set(keys.worker(hostname), payload, px=self.ttl_ms)
+        now = time.time()
+        payload = json.dumps({**info, "hostname": hostname, "seen_at": now})
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(keys.worker(hostname), payload, px=self.ttl_ms)
+        pipe.zadd(keys.WORKERS, {hostname: now})
+        pipe.execute()
 
     def remove(self, hostname: str) -> None:
         """Forget a worker that is shutting down."""
         self.redis.delete(keys.worker(hostname))
+        self.redis.zrem(keys.WORKERS, hostname)
 
     def alive(self) -> list[dict[str, Any]]:
-        """Return the announcements of every live worker."""
-        found = list(self.redis.scan_iter(match=keys.WORKER_PATTERN, count=100))
-        if not found:
+        """Return the announcements of every live worker (an index lookup, never a keyspace scan)."""
+        now = time.time()
+        self.redis.zremrangebyscore(keys.WORKERS, "-inf", now - 10 * self.ttl_ms / 1000)
+        names = self.redis.zrangebyscore(keys.WORKERS, now - self.ttl_ms / 1000, "+inf")
+        if not names:
             return []
-        values = self.redis.mget(found)
-        return [json.loads(v) for v in values if v is not None]
+        values = self.redis.mget([keys.worker(n.decode() if isinstance(n, bytes) else str(n)) for n in names])
+        return [json.loads(v) for v in values if isinstance(v, bytes)]

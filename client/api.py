@@ -42,8 +42,20 @@ class TTSClient:
 
     def __init__(self, base_url: str, *, session: requests.Session | None = None, timeout: float = 30.0) -> None:
         self.base_url = base_url.rstrip("/")
+        self._owns_session = session is None
         self.session = session or requests.Session()
         self.timeout = timeout
+
+    def close(self) -> None:
+        """Close the connections of the session this client made (a session passed in stays open)."""
+        if self._owns_session:
+            self.session.close()
+
+    def __enter__(self) -> TTSClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def _url(self, path: str) -> str:
         return path if path.startswith(("http://", "https://")) else f"{self.base_url}{path}"

@@ -252,7 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, *, session: requests.Session | None = None) -> int:
     """Run one command and return its exit status."""
     args = build_parser().parse_args(argv)
-    client = TTSClient(args.url, session=session)
+    with TTSClient(args.url, session=session) as client:
+        return _run(client, args)
+
+
+def _run(client: TTSClient, args: argparse.Namespace) -> int:
     options = {k: getattr(args, k) for k in ("model", "voice", "speed", "mode", "seed") if getattr(args, k) is not None}
     progress = ProgressBar(sys.stderr)
     output: Path = args.output

@@ -24,6 +24,13 @@ class BadRequest(ServiceError):
     code = "bad_request"
 
 
+class Unauthorized(ServiceError):
+    """Raised when API keys are configured and a request has no valid one."""
+
+    status = 401
+    code = "unauthorized"
+
+
 class NotFound(ServiceError):
     """Raised when a job, segment, model or voice does not exist."""
 
@@ -67,6 +74,17 @@ class JobFailed(ServiceError):
 
     status = 409
     code = "job_failed"
+
+
+class TooManyRequests(ServiceError):
+    """Raised when a caller is over its own quota."""
+
+    status = 429
+    code = "too_many_requests"
+
+    def __init__(self, message: str, *, retry_after: int, **details: Any) -> None:
+        super().__init__(message, **details)
+        self.retry_after = retry_after
 
 
 class ServiceUnavailable(ServiceError):

@@ -99,28 +99,39 @@ def _parse_spec(name: str, raw: dict[str, Any], variables: dict[str, str]) -> Mo
     )
     if spec.default_voice not in spec.voices:
         raise ValueError(f"model {name!r}: default_voice {spec.default_voice!r} is not among its voices")
-    return replace(spec, version=model_version(spec))
+    return replace(spec, version=model_version(spec, raw.get("version")))
 
 
 _ENGINE_PACKAGES = {"chattts": "chattts", "espeak": "espeakng-loader"}
 
 
-def _weights_fingerprint(weights: Path | None) -> list[tuple[str, int, int]]:
+#: Files up to this size are hashed; larger ones (weights) are named by path and size, to start fast.
+_HASHED_FILE_BYTES = 1 << 20
+
+
+def _weights_fingerprint(weights: Path | None) -> list[tuple[str, int, str]]:
+    # No mtimes: the same weights copied to another machine must give the same version (shared cache).
     if weights is None or not weights.is_dir():
         return []
-    return sorted(
-        (str(p.relative_to(weights)), p.stat().st_size, p.stat().st_mtime_ns) for p in weights.rglob("*") if p.is_file()
-    )
+    found = []
+    for path in sorted(p for p in weights.rglob("*") if p.is_file()):
+        size = path.stat().st_size
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if size <= _HASHED_FILE_BYTES else ""
+        found.append((str(path.relative_to(weights)), size, digest))
+    return found
 
 
-def model_version(spec: ModelSpec) -> str:
-    """Hash everything that changes a model's audio, so cached audio never outlives its model."""
+def model_version(spec: ModelSpec, declared: str | None = None) -> str:
+    """Hash everything that changes a model's audio, so cached audio never outlives its model.
+
+    A ``version`` declared in models.json joins the hash: bump it when weights change but keep their sizes.
+    """
     try:
         package = metadata.version(_ENGINE_PACKAGES[spec.engine])
     except metadata.PackageNotFoundError:
         package = "absent"
     material = json.dumps(
-        [spec.engine, package, spec.precision, spec.options, spec.voices, _weights_fingerprint(spec.weights)],
+        [spec.engine, package, spec.precision, spec.options, spec.voices, declared, _weights_fingerprint(spec.weights)],
         sort_keys=True,
         default=str,
     )

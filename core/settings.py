@@ -69,6 +69,22 @@ class Settings(BaseSettings):
     log_format: str = Field("text", pattern="^(text|json)$", description="Log lines as text or JSON.")
     heartbeat_s: float = Field(5.0, gt=0, description="How often a worker announces itself in Redis.")
 
+    admission_realtime_wait_s: float = Field(
+        30.0, gt=0, description="Refuse realtime jobs (503) when their estimated queue wait is longer."
+    )
+    admission_batch_wait_s: float = Field(
+        3600.0, gt=0, description="Refuse batch jobs (503) when their estimated queue wait is longer."
+    )
+    breaker_failure_rate: float = Field(0.5, gt=0, le=1, description="Open the breaker at this share of failures.")
+    breaker_min_failures: int = Field(5, ge=1, description="...but only after this many failures in a minute.")
+    breaker_cooldown_s: float = Field(30.0, gt=0, description="How long an open breaker refuses jobs.")
+    api_keys: str = Field(
+        "",
+        description="Comma-separated `key=requests_per_minute` (or just `key`); empty turns auth off (local use).",
+    )
+    anonymous_per_minute: int = Field(
+        0, ge=0, description="Submissions per minute per client IP without keys; 0 = no limit."
+    )
     api_host: str = Field("127.0.0.1", description="Address the API binds to.")
     api_port: int = Field(8000, ge=1, le=65535, description="Port the API listens on.")
     log_level: str = Field("INFO", description="Python logging level.")

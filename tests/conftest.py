@@ -98,9 +98,10 @@ def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
 
 
 def _drop_jobs(client: redis.Redis) -> None:
-    # Only our job keys: the broker's bindings and the workers' heartbeats must stay.
-    for key in client.scan_iter(match="tts:job:*", count=500):
-        client.delete(key)
+    # Only our job, breaker and stats keys: the broker's bindings and the workers' heartbeats must stay.
+    for pattern in ("tts:job:*", "tts:stats:*", "tts:breaker"):
+        for key in client.scan_iter(match=pattern, count=500):
+            client.delete(key)
 
 
 def _app_config(settings_env: dict[str, str]) -> dict[str, Any]:
@@ -121,8 +122,8 @@ def app(settings_env: dict[str, str], redis_client: redis.Redis) -> Flask:
 
 
 @pytest.fixture
-def client(app: Flask) -> FlaskClient:
-    """Return a test client of the API (no worker needed)."""
+def client(app: Flask, worker: WorkerProcess) -> FlaskClient:
+    """Return a test client of the API; a worker is alive (admission needs one) but tests may bypass it."""
     return app.test_client()
 
 

@@ -17,8 +17,8 @@ from workers.engines.base import SynthesisRequest, Waveform
 log = logging.getLogger(__name__)
 
 RunBatch = Callable[[ModelSpec, list[SynthesisRequest]], tuple[list[Waveform], int]]
-#: Called after each engine call with (model name, batch size, seconds).
-BatchObserver = Callable[[str, int, float], None]
+#: Called after each engine call with (model name, batch size, characters, seconds).
+BatchObserver = Callable[[str, int, int, float], None]
 
 
 @dataclass
@@ -121,7 +121,7 @@ class Batcher:
         self.batches += 1
         self.items += len(group)
         if self._observe is not None:
-            self._observe(spec.name, len(group), elapsed)
+            self._observe(spec.name, len(group), sum(len(p.request.text) for p in group), elapsed)
         for pending, wave in zip(group, waves, strict=True):
             pending.future.set_result((wave, rate))
 

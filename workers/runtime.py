@@ -13,12 +13,13 @@ from celery import Celery
 
 from cache.jobstore import JobStore
 from cache.sentences import build_cache
+from cache.stats import Stats
 from cache.workers import WorkerRegistry
 from core.metrics import BATCH_SIZE, GPU_MEMORY, MODEL_MEMORY, MODELS_RESIDENT, SYNTHESIS_SECONDS
 from core.registry import Registry, load_registry
 from core.settings import Settings
 from workers.backend import PooledBackend
-from workers.batcher import Batcher
+from workers.batcher import Batcher, BatchObserver
 from workers.engines.base import SynthesisRequest
 from workers.pool.handle import ModelHost
 from workers.pool.pool import ModelPool
@@ -90,16 +91,23 @@ class WorkerRuntime:
         self.backend.close()
 
 
-def observe_batch(model: str, size: int, seconds: float) -> None:
-    """Record one engine call in the metrics."""
-    BATCH_SIZE.labels(model).observe(size)
-    SYNTHESIS_SECONDS.labels(model).observe(seconds)
+def batch_observer(stats: Stats) -> BatchObserver:
+    """Return a callback recording each engine call in the metrics and the shared throughput stats."""
+
+    def observe(model: str, size: int, chars: int, seconds: float) -> None:
+        BATCH_SIZE.labels(model).observe(size)
+        SYNTHESIS_SECONDS.labels(model).observe(seconds)
+        with contextlib.suppress(redis.RedisError):
+            stats.record(chars=chars, busy_s=seconds, segments=size)
+
+    return observe
 
 
 def build_runtime(settings: Settings, *, hostname: str) -> WorkerRuntime:
     """Wire a worker's dependencies from the settings."""
     client = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
     store = JobStore(client, ttl=settings.job_ttl_s)
+    stats = Stats(client)
     registry = load_registry(settings)
     # "auto" is resolved inside each model host: the worker itself never imports torch.
     device = settings.device
@@ -114,7 +122,7 @@ def build_runtime(settings: Settings, *, hostname: str) -> WorkerRuntime:
         max_batch=settings.batch_max_size,
         max_wait_s=settings.batch_wait_ms / 1000,
         max_ratio=settings.batch_max_ratio,
-        observe=observe_batch,
+        observe=batch_observer(stats),
     )
     backend = PooledBackend(batcher=batcher, pool=pool, timeout_s=settings.task_time_limit_s)
     return WorkerRuntime(
@@ -126,6 +134,7 @@ def build_runtime(settings: Settings, *, hostname: str) -> WorkerRuntime:
         backend=backend,
         heartbeats=WorkerRegistry(client, ttl_s=3 * settings.heartbeat_s),
         synthesizer=SegmentSynthesizer(
+            stats=stats,
             cache=build_cache(settings),
             store=store,
             registry=registry,

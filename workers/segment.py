@@ -8,6 +8,7 @@ import time
 
 from cache.jobstore import TERMINAL, JobStore
 from cache.sentences import CachedSegment, SentenceCache, segment_keys
+from cache.stats import Stats
 from core.audio import to_pcm16
 from core.metrics import (
     AUDIO_SECONDS,
@@ -41,6 +42,7 @@ class SegmentSynthesizer:
         *,
         store: JobStore,
         cache: SentenceCache,
+        stats: Stats,
         registry: Registry,
         backend: SynthesisBackend,
         max_attempts: int,
@@ -48,6 +50,7 @@ class SegmentSynthesizer:
     ) -> None:
         self.store = store
         self.cache = cache
+        self.stats = stats
         self.registry = registry
         self.backend = backend
         self.max_attempts = max_attempts
@@ -84,6 +87,7 @@ class SegmentSynthesizer:
         result = self.store.write_segment(job_id, index, pcm, sample_rate=rate, meta={**meta, "attempt": attempt})
         outcome = _OUTCOMES[result]
         SEGMENTS.labels(outcome.value).inc()
+        self.stats.record(ok=1)
         AUDIO_SECONDS.labels(spec.name).inc(duration)
         if duration > 0:
             REAL_TIME_FACTOR.labels(spec.name).observe(synth_s / duration)

@@ -35,6 +35,7 @@ def synthesize_segment(self: Task, job_id: str, index: int) -> str:
         return "failed"
     except Exception as e:
         reason = f"segment {index}: {type(e).__name__}: {e}"
+        runtime.synthesizer.stats.record(failed=1)
         if runtime.store.attempts(job_id, index) >= runtime.settings.segment_max_attempts:
             log.error("giving up on job %s: %s", job_id, reason)
             SEGMENT_FAILURES.inc()

@@ -1,0 +1,78 @@
+"""Recent worker throughput and outcomes, in 1-second buckets shared through Redis.
+
+Workers add what each engine call did; the API reads the last minute to
+estimate queue waits (admission) and failure rates (circuit breaker).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import redis
+
+from cache import keys
+
+BUCKET_S = 1
+WINDOW_S = 60
+
+
+@dataclass(frozen=True)
+class Window:
+    """What workers did in a recent window."""
+
+    chars: float = 0.0
+    busy_s: float = 0.0
+    segments: float = 0.0
+    ok: float = 0.0
+    failed: float = 0.0
+
+    @property
+    def chars_per_busy_second(self) -> float:
+        """Return one worker's speed while busy, in characters per second (0 when unknown)."""
+        return self.chars / self.busy_s if self.busy_s > 0 else 0.0
+
+    @property
+    def chars_per_segment(self) -> float:
+        """Return the mean characters per segment (0 when unknown)."""
+        return self.chars / self.segments if self.segments else 0.0
+
+    @property
+    def failure_rate(self) -> float:
+        """Return the share of segment attempts that failed."""
+        total = self.ok + self.failed
+        return self.failed / total if total else 0.0
+
+
+class Stats:
+    """Record and read recent worker activity."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.redis = client
+
+    def record(self, *, chars: int = 0, busy_s: float = 0.0, segments: int = 0, ok: int = 0, failed: int = 0) -> None:
+        """Add one engine call's work, or one segment's outcome, to the current bucket."""
+        key = keys.stats(int(time.time()) // BUCKET_S)
+        pipe = self.redis.pipeline(transaction=False)
+        for name, value in (("chars", chars), ("busy_s", busy_s), ("segments", segments), ("ok", ok),
+                            ("failed", failed)):  # fmt: skip
+            if value:
+                pipe.hincrbyfloat(key, name, value)
+        pipe.expire(key, WINDOW_S * 3)
+        pipe.execute()
+
+    def window(self, *, since: float | None = None, seconds: int = WINDOW_S) -> Window:
+        """Sum the buckets of the last ``seconds`` (or since ``since``, if later)."""
+        now = int(time.time()) // BUCKET_S
+        first = now - seconds // BUCKET_S
+        if since is not None:
+            first = max(first, int(since) // BUCKET_S)
+        pipe = self.redis.pipeline(transaction=False)
+        for bucket in range(first, now + 1):
+            pipe.hgetall(keys.stats(bucket))
+        totals: dict[str, float] = {}
+        for bucket in pipe.execute():
+            for name, value in bucket.items():
+                field = name.decode() if isinstance(name, bytes) else str(name)
+                totals[field] = totals.get(field, 0.0) + float(value)
+        return Window(**{k: v for k, v in totals.items() if k in Window.__dataclass_fields__})

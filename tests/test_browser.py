@@ -1,0 +1,127 @@
+"""The web page in a real headless Chromium: models listed, and segments fetched and played while made."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
+
+from api import web
+from tests.support.http import serving
+
+IN_CI = os.environ.get("CI") == "true"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--autoplay-policy=no-user-gesture-required",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+)
+STORY = (
+    "The old lighthouse stood alone on the cliff. "
+    "Every night its beam swept across the dark water, warning ships away from the rocks. "
+    "The keeper climbed the stairs at dusk and came down again at dawn."
+)
+
+
+def _unavailable(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+def _ensure_chromium() -> None:
+    if CHROMIUM.exists() and CHROMEDRIVER.exists():
+        return
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        for command in (["apt-get", "update"], ["apt-get", "install", "-y", "chromium", "chromium-driver"]):
+            subprocess.run(command, check=False, capture_output=True, timeout=600)
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        _unavailable(f"{CHROMIUM} and {CHROMEDRIVER} are needed: apt-get install chromium chromium-driver")
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Start one headless Chromium for the module, with a throwaway profile."""
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        _unavailable("selenium is not installed: pip install -r requirements-dev.txt")
+    _ensure_chromium()
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in (*FLAGS, f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.set_script_timeout(10)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def page_url(app: Flask) -> Iterator[str]:
+    """Serve the API with the web page over real HTTP."""
+    app.register_blueprint(web.bp)
+    with serving(app) as base_url:
+        yield f"{base_url}/"
+
+
+def _wait_for(browser: Any, script: str, *, timeout: float) -> Any:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(browser, timeout, poll_frequency=0.1).until(lambda driver: driver.execute_script(script))
+
+
+def test_the_page_fills_its_model_and_voice_pickers_from_the_registry(browser: Any, page_url: str) -> None:
+    browser.get(page_url)
+    models = _wait_for(
+        browser,
+        "const s = document.getElementById('model'); return s.value && [...s.options].map(o => o.value)",
+        timeout=10,
+    )
+    assert "espeak-en" in models
+    assert browser.execute_script("return document.getElementById('model').value") == "espeak-en"
+    assert browser.execute_script("return document.getElementById('voice').options.length") >= 1
+
+
+def test_play_fetches_and_plays_the_segments_in_order_as_they_are_made(
+    browser: Any, page_url: str, worker: object
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.get(page_url)
+    _wait_for(browser, "return document.getElementById('model').value === 'espeak-en'", timeout=10)
+    text = browser.find_element(By.ID, "text")
+    text.clear()
+    text.send_keys(STORY)
+    browser.find_element(By.ID, "play").click()
+
+    playback = _wait_for(
+        browser,
+        "const p = window.ttsPlayback; return (p.error || p.ended || p.played.length >= 2) && p",
+        timeout=30,
+    )
+    assert playback["error"] is None
+    assert playback["jobId"]
+    assert len(playback["fetched"]) >= 2
+    assert len(playback["played"]) >= 2
+    assert playback["fetched"] == sorted(playback["fetched"])
+    assert playback["played"] == list(range(len(playback["played"])))
+    status = browser.find_element(By.ID, "status").text
+    assert "fetched" in status
+    assert "played" in status

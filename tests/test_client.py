@@ -1,0 +1,202 @@
+"""The Python client and the command line against a real API over HTTP and a real worker."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+import requests
+import soundfile as sf
+from flask import Flask
+
+from client import TTSClient, TTSClientError
+from client.api import _parse_sse
+from client.cli import main
+from tests.support.http import serving
+
+CHAPTER = (
+    "The old lighthouse stood alone on the cliff. Every night its beam swept across the dark water, "
+    "warning ships away from the rocks below. The keeper climbed the stairs at dusk and came down again at dawn. "
+    "One winter a storm broke the great lamp, and the keeper worked all night by candlelight to mend it. "
+    "By morning the light was burning again, and the fishing boats came home safely."
+)
+
+
+@pytest.fixture
+def base_url(app: Flask, worker: object) -> Iterator[str]:
+    """Serve the API over real HTTP, with a real worker behind it."""
+    with serving(app) as url:
+        yield url
+
+
+@pytest.fixture
+def tts(base_url: str) -> Iterator[TTSClient]:
+    """Return a client of the served API."""
+    with TTSClient(base_url) as client:
+        yield client
+
+
+class RecordingSession(requests.Session):
+    """A session that records each request, and acts like Ctrl-C once ``interrupt_after`` segments came back."""
+
+    def __init__(self, *, interrupt_after: int | None = None) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, str]] = []
+        self.segments_fetched = 0
+        self.interrupt_after = interrupt_after
+
+    def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+        path = str(url).split("://", 1)[1].split("/", 1)[1].split("?")[0]
+        is_segment = "/segments/" in path
+        if is_segment and self.interrupt_after is not None and self.segments_fetched >= self.interrupt_after:
+            raise KeyboardInterrupt
+        self.calls.append((str(method), "/" + path))
+        response = super().request(method, url, *args, **kwargs)
+        if is_segment and response.status_code == 200:
+            self.segments_fetched += 1
+        return response
+
+    def segment_indices(self) -> list[int]:
+        """Return the indices of the segments asked for, in order."""
+        return [int(path.rsplit("/", 1)[1]) for _, path in self.calls if "/segments/" in path]
+
+
+def test_a_job_submitted_through_the_client_can_be_waited_for_and_downloaded(tts: TTSClient, tmp_path: Path) -> None:
+    job = tts.submit(CHAPTER, model="espeak-en", format="wav", cache=False)
+    seen: list[str] = []
+    finished = tts.wait(job["id"], on_progress=lambda j: seen.append(j["status"]), poll_s=0.1)
+    assert finished["status"] == "done"
+    assert seen[-1] == "done"
+    progress: list[tuple[int, int | None]] = []
+    path = tts.download(job["id"], tmp_path / "chapter.wav", on_progress=lambda n, total: progress.append((n, total)))
+    samples, rate = sf.read(path)
+    assert rate == 22050
+    assert len(samples) / rate > 2
+    assert progress[-1] == (path.stat().st_size, path.stat().st_size)
+    assert not (tmp_path / "chapter.wav.part").exists()
+
+
+def test_segments_yields_every_segment_in_order_with_its_duration(tts: TTSClient) -> None:
+    job = tts.submit(CHAPTER, model="espeak-en", format="wav", cache=False)
+    got = list(tts.segments(job["id"]))
+    assert [index for index, _, _ in got] == list(range(job["segments_total"]))
+    assert job["segments_total"] >= 3
+    for _, audio, duration in got:
+        info = sf.info(io.BytesIO(audio))
+        assert info.duration == pytest.approx(duration, abs=0.002)
+    assert [i for i, _, _ in tts.segments(job["id"], start=2)] == list(range(2, job["segments_total"]))
+
+
+def test_events_resume_after_last_event_id_without_gap_or_repeat(tts: TTSClient) -> None:
+    job = tts.submit(CHAPTER, model="espeak-en", cache=False)
+    events = list(tts.events(job["id"]))
+    total = job["segments_total"]
+    assert [e["data"]["index"] for e in events if e["event"] == "segment"] == list(range(total))
+    assert events[-1]["event"] == "done"
+    resumed = list(tts.events(job["id"], last_event_id=1))
+    assert [e["id"] for e in resumed if e["event"] == "segment"] == [str(i) for i in range(2, total)]
+    assert resumed[-1] == {"event": "done", "id": None, "data": {"status": "done"}}
+
+
+def test_service_errors_become_one_exception_with_status_and_code(tts: TTSClient) -> None:
+    with pytest.raises(TTSClientError) as missing:
+        tts.status("no-such-job")
+    assert (missing.value.status, missing.value.code) == (404, "not_found")
+    with pytest.raises(TTSClientError) as invalid:
+        tts.submit("Hello.", speed=9)
+    assert (invalid.value.status, invalid.value.code) == (422, "invalid_field")
+    with TTSClient("http://127.0.0.1:9", timeout=2) as nowhere, pytest.raises(TTSClientError) as down:
+        nowhere.status("x")
+    assert (down.value.status, down.value.code) == (0, "unreachable")
+
+
+def test_the_sse_parser_joins_split_chunks_and_skips_comments() -> None:
+    stream = [b"retry: 1000\r", b"\n\r\n: keep-alive\n\nid: 3\nevent: seg", b'ment\ndata: {"index": 3}\n', b"\n"]
+    stream += [b"event: done\ndata: not json\n\n", b"data: half"]
+    assert list(_parse_sse(iter(stream))) == [
+        {"event": "segment", "id": "3", "data": {"index": 3}},
+        {"event": "done", "id": None, "data": "not json"},
+    ]
+
+
+def test_say_writes_a_playable_wav_and_shows_progress(
+    base_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "hello.wav"
+    assert main(["say", "Hello there. This is the command line.", "-o", str(out), "--url", base_url]) == 0
+    samples, rate = sf.read(out)
+    assert rate == 22050
+    assert len(samples) / rate > 1
+    assert np.abs(samples).max() > 0.01
+    err = capsys.readouterr().err
+    assert "segments" in err
+    assert f"wrote {out}" in err
+
+
+def _book(base_url: str, text_file: Path, out: Path, session: RecordingSession) -> int:
+    with session:
+        return main(
+            ["book", str(text_file), "-o", str(out), "--url", base_url, "--model", "espeak-en"], session=session
+        )
+
+
+def test_book_shows_progress_and_a_rerun_resumes_the_same_job_fetching_only_missing_segments(
+    base_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text_file = tmp_path / "chapter.txt"
+    text_file.write_text(CHAPTER, encoding="utf-8")
+    out = tmp_path / "chapter.flac"
+    part = tmp_path / "chapter.flac.part"
+
+    first = RecordingSession(interrupt_after=2)
+    assert _book(base_url, text_file, out, first) == 130
+    state = json.loads((part / "job.json").read_text())
+    total = state["segments_total"]
+    assert total >= 4
+    assert sorted(p.name for p in part.glob("seg-*")) == ["seg-00000.pcm", "seg-00001.pcm"]
+    assert not out.exists()
+    err = capsys.readouterr().err
+    assert f"2/{total} segments" in err
+    assert "interrupted; run the same command again to resume" in err
+
+    second = RecordingSession()
+    assert _book(base_url, text_file, out, second) == 0
+    assert not [call for call in second.calls if call[0] == "POST"]
+    assert ("GET", f"/v1/jobs/{state['job_id']}") in second.calls
+    assert second.segment_indices() == list(range(2, total))
+    err = capsys.readouterr().err
+    assert f"resuming job {state['job_id']}: 2/{total} segments already here" in err
+    assert f"{total}/{total} segments" in err
+    assert "s audio" in err
+    assert "done in" in err
+    assert not part.exists()
+
+    samples, rate = sf.read(out, dtype="int16")
+    whole = requests.get(f"{base_url}/v1/jobs/{state['job_id']}/audio", timeout=30)
+    assert rate == 22050
+    assert np.array_equal(samples, np.frombuffer(whole.content, dtype="<i2"))
+
+
+def test_book_starts_a_new_job_when_the_interrupted_one_expired(
+    base_url: str, tmp_path: Path, redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text_file = tmp_path / "chapter.txt"
+    text_file.write_text(CHAPTER, encoding="utf-8")
+    out = tmp_path / "chapter.wav"
+    assert _book(base_url, text_file, out, RecordingSession(interrupt_after=1)) == 130
+    old_id = json.loads((tmp_path / "chapter.wav.part" / "job.json").read_text())["job_id"]
+    for key in redis_client.scan_iter(match=f"tts:job:{{{old_id}}}:*"):
+        redis_client.delete(key)
+
+    again = RecordingSession()
+    assert _book(base_url, text_file, out, again) == 0
+    assert [call for call in again.calls if call[0] == "POST"] == [("POST", "/v1/jobs")]
+    assert again.segment_indices()[0] == 0
+    assert f"job {old_id} is gone from the server" in capsys.readouterr().err
+    assert sf.info(out).samplerate == 22050
