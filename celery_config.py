@@ -16,7 +16,7 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
     """Return Celery's lowercase settings for this deployment."""
     # A redelivered message is re-run after this long; keep it well above the
     # longest unit of work (one segment) so a slow segment is not run twice.
-    visibility_timeout = max(3600, 3 * settings.task_time_limit_s)
+    visibility_timeout = max(settings.visibility_timeout_s, 3 * settings.task_time_limit_s)
     transport = {
         "visibility_timeout": visibility_timeout,
         "socket_keepalive": True,

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
-from celery import Celery
 from flask import Flask, current_app
 
 from api.admission import Admission
@@ -15,13 +13,9 @@ from cache.jobstore import JobStore
 from cache.sentences import SentenceCache, build_cache
 from cache.stats import Stats
 from cache.workers import WorkerRegistry
-from celery_config import SYNTHESIZE_TASK
 from core.registry import Registry, load_registry
 from core.settings import Settings
-from workers.celery_app import create_celery
-
-#: Put segment tasks on a queue: (job id, segment indexes, queue name).
-Enqueue = Callable[[str, list[int], str], None]
+from workers.celery_app import Enqueue, celery_enqueue, create_celery
 
 
 @dataclass
@@ -36,17 +30,6 @@ class Services:
     cache: SentenceCache
     admission: Admission
     enqueue: Enqueue
-
-
-def celery_enqueue(celery: Celery) -> Enqueue:
-    """Return an Enqueue that sends one small task per segment, carrying ids only."""
-
-    def enqueue(job_id: str, indexes: list[int], queue: str) -> None:
-        with celery.producer_or_acquire() as producer:
-            for index in indexes:
-                celery.send_task(SYNTHESIZE_TASK, args=[job_id, index], queue=queue, producer=producer)
-
-    return enqueue
 
 
 def build_services(settings: Settings) -> Services:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from api.services import Enqueue
 from api.validation import JobInput
 from cache.jobstore import JobRequest, JobStore
 from cache.sentences import SentenceCache, file_key, segment_keys
@@ -14,6 +13,7 @@ from core.metrics import CACHE_LOOKUPS, JOBS_SUBMITTED
 from core.registry import Registry
 from core.settings import Settings
 from core.text import plan_segments
+from workers.celery_app import Enqueue
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,11 @@ def submit_job(
 
     if misses and admit is not None:
         admit(priority)  # raises 503 before anything is written: never 202 for work we cannot do
-    job_id = store.create(request, texts, cached=len(hits))
+    # Feed long jobs through a window: a book's segments enter the queue as its earlier ones finish,
+    # so a second book (or a short request on the same lane) is not stuck behind the whole first one.
+    window = settings.enqueue_window_batch if priority == "batch" else settings.enqueue_window_realtime
+    first, later = misses[:window], misses[window:]
+    job_id = store.create(request, texts, cached=len(hits), pending=later)
     if hits:
         store.write_segments(job_id, hits)
     if not misses:
@@ -70,7 +74,7 @@ def submit_job(
             store.store_file(job_id, request.format, data)
     else:
         try:
-            enqueue(job_id, misses, priority)
+            enqueue(job_id, first, priority)
         except Exception as e:
             store.fail(job_id, "could not enqueue the job's segments")
             raise ServiceUnavailable("the task queue is unavailable; retry shortly") from e

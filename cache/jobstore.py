@@ -63,8 +63,16 @@ class JobStore:
         self._finish = client.register_script(scripts.FINISH)
         self._mark_running = client.register_script(scripts.MARK_RUNNING)
 
-    def create(self, request: JobRequest, texts: list[str], *, job_id: str | None = None, cached: int = 0) -> str:
-        """Write a new queued job with its segment texts and return its id."""
+    def create(
+        self,
+        request: JobRequest,
+        texts: list[str],
+        *,
+        job_id: str | None = None,
+        cached: int = 0,
+        pending: list[int] | None = None,
+    ) -> str:
+        """Write a new queued job with its segment texts (and segments to enqueue later); return its id."""
         if not texts:
             raise ValueError("a job needs at least one segment")
         job_id = job_id or uuid.uuid4().hex
@@ -85,8 +93,33 @@ class JobStore:
             },
         )
         pipe.rpush(keys.texts(job_id), *texts)
+        if pending:
+            pipe.rpush(keys.pending(job_id), *pending)
+        pipe.zadd(keys.LIVE_JOBS, {job_id: float(now)})
         pipe.execute()
         return job_id
+
+    def next_pending(self, job_id: str) -> int | None:
+        """Take the next segment waiting to be enqueued, if any."""
+        value = self.redis.lpop(keys.pending(job_id))
+        return None if value is None else int(_raw(value))
+
+    def live_jobs(self) -> list[str]:
+        """Return the ids of jobs not known to be finished, oldest first."""
+        return [_raw(v).decode() for v in self.redis.zrange(keys.LIVE_JOBS, 0, -1)]
+
+    def forget_live(self, job_id: str) -> None:
+        """Drop a finished (or vanished) job from the live index."""
+        self.redis.zrem(keys.LIVE_JOBS, job_id)
+
+    def missing_segments(self, job_id: str, total: int) -> list[int]:
+        """Return the indexes of segments not written yet."""
+        done = {int(_raw(k)) for k in self.redis.hkeys(keys.audio(job_id))}
+        return [i for i in range(total) if i not in done]
+
+    def touch(self, job_id: str) -> None:
+        """Mark the job as looked after now (the reconciler's last visit)."""
+        self.redis.hset(keys.job(job_id), "updated_at", f"{time.time():.6f}")
 
     def get(self, job_id: str) -> dict[str, str] | None:
         """Return the job's record as strings, or None when there is no such job."""
@@ -132,15 +165,22 @@ class JobStore:
             self._write_segment(
                 keys=keys.all_job_keys(job_id), args=[index, pcm, json.dumps(meta), now, self.ttl, rate], client=pipe
             )
-        return [int(r) for r in pipe.execute()]
+        results = [int(r) for r in pipe.execute()]
+        if 2 in results:
+            self.forget_live(job_id)
+        return results
 
     def write_segment(self, job_id: str, index: int, pcm: bytes, *, sample_rate: int, meta: dict[str, Any]) -> int:
         """Store a finished segment once; return 1 written, 2 written and job done, 0 duplicate, -1 gone, -2 over."""
-        result = self._write_segment(
-            keys=keys.all_job_keys(job_id),
-            args=[index, pcm, json.dumps(meta), f"{time.time():.6f}", self.ttl, sample_rate],
+        result = int(
+            self._write_segment(
+                keys=keys.all_job_keys(job_id),
+                args=[index, pcm, json.dumps(meta), f"{time.time():.6f}", self.ttl, sample_rate],
+            )
         )
-        return int(result)
+        if result == 2:
+            self.forget_live(job_id)
+        return result
 
     def fail(self, job_id: str, reason: str) -> bool:
         """Mark the job failed with a reason unless it already ended; say whether it changed."""
@@ -151,8 +191,12 @@ class JobStore:
         return self._end(job_id, "canceled", "canceled by the client")
 
     def _end(self, job_id: str, status: str, reason: str) -> bool:
-        result = self._finish(keys=keys.all_job_keys(job_id), args=[status, reason, f"{time.time():.6f}", self.ttl])
-        return int(result) == 1
+        result = int(
+            self._finish(keys=keys.all_job_keys(job_id), args=[status, reason, f"{time.time():.6f}", self.ttl])
+        )
+        if result != 0:
+            self.forget_live(job_id)
+        return result == 1
 
     def segment(self, job_id: str, index: int) -> bytes | None:
         """Return a finished segment's PCM bytes, or None when not ready."""

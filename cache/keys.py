@@ -44,9 +44,23 @@ def file(job_id: str, fmt: str) -> str:
     return f"{PREFIX}:job:{{{job_id}}}:file:{fmt}"
 
 
+def pending(job_id: str) -> str:
+    """Return the key of the job's segments not yet enqueued (a list fed into the queue as others finish)."""
+    return f"{PREFIX}:job:{{{job_id}}}:pending"
+
+
 def all_job_keys(job_id: str) -> list[str]:
     """Return every key a job owns except its encoded files, in the order cache/scripts.py expects."""
-    return [job(job_id), audio(job_id), segment_meta(job_id), events(job_id), texts(job_id), attempts(job_id)]
+    return [
+        job(job_id), audio(job_id), segment_meta(job_id), events(job_id), texts(job_id), attempts(job_id),
+        pending(job_id),
+    ]  # fmt: skip
+
+
+#: A sorted set of jobs not yet finished, scored by creation time, for the reconciler.
+LIVE_JOBS = f"{PREFIX}:jobs:live"
+#: Held by the one worker reconciling at a time.
+RECONCILER_LOCK = f"{PREFIX}:reconciler:lock"
 
 
 def worker(hostname: str) -> str:

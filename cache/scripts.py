@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-# KEYS: record, audio, segmeta, events, texts, attempts
+# KEYS: record, audio, segmeta, events, texts, attempts, pending
 # ARGV: index, pcm, meta_json, now, ttl, sample_rate
 # Returns 1 when written, 2 when written and it finished the job, 0 when the segment already existed (a redelivery),
 # -1 when the job is gone, -2 when the job is already failed or canceled.
@@ -29,7 +29,7 @@ end
 return 1
 """
 
-# KEYS: record, audio, segmeta, events, texts, attempts
+# KEYS: record, audio, segmeta, events, texts, attempts, pending
 # ARGV: new_status ('failed' or 'canceled'), reason, now, ttl
 # Returns 1 when the job moved to new_status, 0 when it was already terminal, -1 when gone.
 FINISH = """
@@ -38,6 +38,7 @@ local status = redis.call('HGET', KEYS[1], 'status')
 if status == 'done' or status == 'failed' or status == 'canceled' then return 0 end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'error', ARGV[2], 'finished_at', ARGV[3], 'updated_at', ARGV[3])
 redis.call('XADD', KEYS[4], '*', 'type', 'status', 'status', ARGV[1], 'error', ARGV[2])
+redis.call('DEL', KEYS[7])
 for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ARGV[4]) end
 return 1
 """

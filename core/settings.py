@@ -49,11 +49,25 @@ class Settings(BaseSettings):
         40, ge=5, description="The first segment is kept this short for fast first audio."
     )
     batch_lane_chars: int = Field(2000, ge=1, description="Jobs longer than this default to the batch lane.")
+    enqueue_window_batch: int = Field(
+        4, ge=1, description="Segments of one batch-lane job in the queue at once; the rest follow as they finish."
+    )
+    enqueue_window_realtime: int = Field(64, ge=1, description="The same window for realtime-lane jobs.")
+    reconcile_interval_s: float = Field(15.0, gt=0, description="How often a worker looks for stalled jobs.")
+    reconcile_stall_s: float = Field(
+        300.0, gt=0, description="Re-enqueue a live job's missing segments after this long without progress."
+    )
+    job_deadline_s: float = Field(6 * 3600.0, gt=0, description="A job not done this long after submission fails.")
     max_wait_s: float = Field(30.0, gt=0, description="Longest long-poll a client may ask for with ?wait=.")
 
     job_ttl_s: int = Field(24 * 3600, ge=60, description="How long a finished job and its audio stay in Redis.")
     segment_max_attempts: int = Field(3, ge=1, description="Attempts per segment before its job fails.")
     task_time_limit_s: int = Field(300, ge=10, description="Hard limit for one segment's synthesis.")
+    visibility_timeout_s: int = Field(
+        3600,
+        ge=30,
+        description="A delivered task not acked this long is delivered again; keep above 3x the time limit.",
+    )
     worker_concurrency: int = Field(16, ge=1, description="Segments one worker holds at once (threads).")
     batch_max_size: int = Field(16, ge=1, description="Most segments in one engine call.")
     batch_wait_ms: float = Field(

@@ -12,7 +12,7 @@ from prometheus_client import start_http_server
 from celery_config import QUEUES
 from core.logs import setup_logging
 from core.settings import load_settings
-from workers.celery_app import create_celery
+from workers.celery_app import celery_enqueue, create_celery
 from workers.runtime import attach, build_runtime
 
 log = logging.getLogger("workers")
@@ -26,7 +26,7 @@ def main() -> None:
     app = create_celery(settings)
     import workers.tasks  # noqa: F401  (registers the tasks on the app)
 
-    runtime = build_runtime(settings, hostname=node)
+    runtime = build_runtime(settings, hostname=node, enqueue=celery_enqueue(app))
     if settings.metrics_port:
         start_http_server(settings.metrics_port)
         log.info("worker metrics on :%d/metrics", settings.metrics_port)

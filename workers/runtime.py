@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 
 import redis
@@ -20,9 +21,11 @@ from core.registry import Registry, load_registry
 from core.settings import Settings
 from workers.backend import PooledBackend
 from workers.batcher import Batcher, BatchObserver
+from workers.celery_app import Enqueue
 from workers.engines.base import SynthesisRequest
 from workers.pool.handle import ModelHost
 from workers.pool.pool import ModelPool
+from workers.reconciler import Reconciler
 from workers.segment import SegmentSynthesizer
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,7 @@ class WorkerRuntime:
     backend: PooledBackend
     heartbeats: WorkerRegistry
     synthesizer: SegmentSynthesizer
+    reconciler: Reconciler
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def announce(self) -> None:
@@ -63,11 +67,15 @@ class WorkerRuntime:
         )
 
     def _beat_forever(self) -> None:
+        last_reconcile = 0.0
         while not self._stop.wait(self.settings.heartbeat_s):
             try:
                 self.announce()
+                if time.monotonic() - last_reconcile >= self.settings.reconcile_interval_s:
+                    last_reconcile = time.monotonic()
+                    self.reconciler.run_once(holder=self.hostname, interval_s=self.settings.reconcile_interval_s)
             except redis.RedisError as e:
-                log.warning("heartbeat failed: %s", e)
+                log.warning("heartbeat or reconcile failed: %s", e)
             self.backend.pool.reap_idle()
 
     def start(self) -> None:
@@ -103,7 +111,7 @@ def batch_observer(stats: Stats) -> BatchObserver:
     return observe
 
 
-def build_runtime(settings: Settings, *, hostname: str) -> WorkerRuntime:
+def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> WorkerRuntime:
     """Wire a worker's dependencies from the settings."""
     client = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
     store = JobStore(client, ttl=settings.job_ttl_s)
@@ -133,8 +141,12 @@ def build_runtime(settings: Settings, *, hostname: str) -> WorkerRuntime:
         registry=registry,
         backend=backend,
         heartbeats=WorkerRegistry(client, ttl_s=3 * settings.heartbeat_s),
+        reconciler=Reconciler(
+            store=store, enqueue=enqueue, stall_s=settings.reconcile_stall_s, deadline_s=settings.job_deadline_s
+        ),
         synthesizer=SegmentSynthesizer(
             stats=stats,
+            enqueue=enqueue,
             cache=build_cache(settings),
             store=store,
             registry=registry,

@@ -20,6 +20,7 @@ from core.metrics import (
 )
 from core.registry import Registry
 from workers.backend import SynthesisBackend
+from workers.celery_app import Enqueue
 from workers.engines.base import SynthesisRequest
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ class SegmentSynthesizer:
         store: JobStore,
         cache: SentenceCache,
         stats: Stats,
+        enqueue: Enqueue,
         registry: Registry,
         backend: SynthesisBackend,
         max_attempts: int,
@@ -51,6 +53,7 @@ class SegmentSynthesizer:
         self.store = store
         self.cache = cache
         self.stats = stats
+        self.enqueue = enqueue
         self.registry = registry
         self.backend = backend
         self.max_attempts = max_attempts
@@ -115,7 +118,15 @@ class SegmentSynthesizer:
         )
         if result == 2:
             self._log_job_done(job_id)
+        elif outcome is Outcome.WRITTEN:
+            self._feed_next(job_id, request.priority)
         return outcome
+
+    def _feed_next(self, job_id: str, lane: str) -> None:
+        """Enqueue the job's next waiting segment: each one finished lets one more in."""
+        index = self.store.next_pending(job_id)
+        if index is not None:
+            self.enqueue(job_id, [index], lane)
 
     def _log_job_done(self, job_id: str) -> None:
         """Write the one summary line per finished job, with its timings."""

@@ -1,0 +1,66 @@
+"""Find live jobs that nothing is working on, and put their missing segments back on the queue.
+
+Closes the gaps at-least-once delivery leaves: an API that died between writing a
+job and enqueueing it, a message lost between BRPOP and kombu's unacked record, a
+chain of pending segments broken by a crash. Re-enqueueing is safe because segment
+writes are idempotent. Jobs past their deadline fail with a reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import redis
+
+from cache import keys
+from cache.jobstore import TERMINAL, JobRequest, JobStore
+from workers.celery_app import Enqueue
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Reconciler:
+    """One pass over the live jobs; run it from one worker at a time (see ``run_once``)."""
+
+    store: JobStore
+    enqueue: Enqueue
+    stall_s: float
+    deadline_s: float
+
+    def reconcile(self, now: float | None = None) -> dict[str, int]:
+        """Re-enqueue stalled jobs' missing segments and fail jobs past their deadline; return counts."""
+        now = time.time() if now is None else now
+        counts = {"requeued_jobs": 0, "requeued_segments": 0, "expired": 0, "forgotten": 0}
+        for job_id in self.store.live_jobs():
+            record = self.store.get(job_id)
+            if record is None or record["status"] in TERMINAL:
+                self.store.forget_live(job_id)
+                counts["forgotten"] += 1
+                continue
+            if now - float(record["created_at"]) > self.deadline_s:
+                self.store.fail(job_id, f"deadline of {self.deadline_s:.0f} s exceeded")
+                counts["expired"] += 1
+                continue
+            if now - float(record["updated_at"]) < self.stall_s:
+                continue
+            missing = self.store.missing_segments(job_id, int(record["segments_total"]))
+            if not missing:
+                continue
+            lane = JobRequest.from_json(record["request"]).priority
+            self.store.touch(job_id)
+            self.enqueue(job_id, missing, lane)
+            log.warning("job %s stalled: re-enqueued %d segments", job_id, len(missing),
+                        extra={"job_id": job_id, "segments": len(missing)})  # fmt: skip
+            counts["requeued_jobs"] += 1
+            counts["requeued_segments"] += len(missing)
+        return counts
+
+    def run_once(self, *, holder: str, interval_s: float) -> dict[str, int] | None:
+        """Reconcile if no other worker holds the lock this interval; return counts, or None if skipped."""
+        client: redis.Redis = self.store.redis
+        if not client.set(keys.RECONCILER_LOCK, holder, nx=True, px=int(interval_s * 1000)):
+            return None
+        return self.reconcile()
