@@ -12,7 +12,7 @@ from typing import Any
 from core.errors import NotFound
 from core.settings import PROJECT_ROOT, Settings
 
-ENGINES = ("chattts", "espeak")
+ENGINES = ("chattts", "espeak", "faulty")
 PRECISIONS = ("fp32", "fp16", "bf16")
 
 
@@ -102,7 +102,7 @@ def _parse_spec(name: str, raw: dict[str, Any], variables: dict[str, str]) -> Mo
     return replace(spec, version=model_version(spec, raw.get("version")))
 
 
-_ENGINE_PACKAGES = {"chattts": "chattts", "espeak": "espeakng-loader"}
+_ENGINE_PACKAGES = {"chattts": "chattts", "espeak": "espeakng-loader", "faulty": "espeakng-loader"}
 
 
 #: Files up to this size are hashed; larger ones (weights) are named by path and size, to start fast.

@@ -120,3 +120,49 @@ def test_models_lists_the_registry_with_availability(client: FlaskClient) -> Non
     assert by_id["espeak-cmn"]["available"] is True
     assert by_id["chattts-tiny"]["available"] is True
     assert "default" in by_id["espeak-en"]["voices"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kwargs", "status"),
+    [
+        ("post", "/v1/jobs", {"data": "", "content_type": "application/json"}, 400),
+        ("post", "/v1/jobs", {"data": "null", "content_type": "application/json"}, 422),
+        ("post", "/v1/jobs", {"data": '{"text": "hi"}', "content_type": "text/plain"}, 415),
+        ("post", "/v1/jobs", {"json": {"text": "\x00\x01\x02\x1f"}}, 422),
+        ("post", "/v1/jobs", {"json": {"text": "a" * 100_000, "priority": "realtime"}}, 422),
+        ("post", "/v1/jobs", {"json": {"text": "hi", "speed": -1}}, 422),
+        ("post", "/v1/jobs", {"json": {"text": "hi", "cache": "yes"}}, 422),
+        ("post", "/v1/jobs", {"json": {"text": "hi", "seed": 2**40}}, 422),
+        ("post", "/v1/jobs", {"json": {"text": "hi", "format": None, "mode": 3}}, 422),
+        (
+            "post",
+            "/v1/jobs",
+            {"data": '{"text": "hi", "text": ' * 1 + '"again"}', "content_type": "application/json"},
+            202,
+        ),
+        ("get", "/v1/jobs/x/segments/abc", {}, 404),
+        ("get", "/v1/jobs/x/segments/-1", {}, 404),
+        ("post", "/v1/audio/speech", {"json": {"input": "hi", "response_format": "wma"}}, 422),
+        ("post", "/v1/audio/speech", {"json": {"input": "hi", "model": "../etc"}}, 404),
+        ("post", "/v1/audio/speech", {"data": "[1,2", "content_type": "application/json"}, 400),
+    ],
+)
+def test_more_bad_requests_get_a_clear_json_answer(
+    client: FlaskClient, method: str, path: str, kwargs: dict[str, Any], status: int
+) -> None:
+    response = getattr(client, method)(path, **kwargs)
+    assert response.status_code == status, response.get_data(as_text=True)
+    if status >= 400:
+        assert response.get_json()["error"]["message"]
+
+
+def test_bad_wait_values_are_a_422(app: Any, client: FlaskClient) -> None:
+    from cache.jobstore import JobRequest
+
+    store = app.extensions["tts"].store
+    job_id = store.create(JobRequest("espeak-en", "default", 1.0, "balanced", "wav", "realtime", None), ["a b"])
+    for bad in ("abc", "-1", "nan", "inf", "31"):
+        response = client.get(f"/v1/jobs/{job_id}/segments/0?wait={bad}")
+        assert response.status_code == 422, bad
+        assert response.get_json()["error"]["field"] == "wait"
+    client.delete(f"/v1/jobs/{job_id}")

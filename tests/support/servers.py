@@ -82,6 +82,17 @@ class RedisServer:
             self.process.terminate()
             self.process.wait(10)
 
+    def kill(self) -> None:
+        """End the server with SIGKILL, as a crash would: no final AOF flush, no shutdown save."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def restart(self) -> None:
+        """Start the server again on the same port and directory, so it reloads its AOF."""
+        self.kill()
+        self.start()
+
 
 class WorkerProcess:
     """A real worker (`python -m workers`) in its own process."""
@@ -108,6 +119,13 @@ class WorkerProcess:
                 return
             time.sleep(0.1)
         raise TimeoutError(f"worker not ready after {timeout}s:\n{self.log_tail()}")
+
+    @property
+    def pid(self) -> int:
+        """Return the worker's process id."""
+        if self.process is None:
+            raise RuntimeError("the worker was not started")
+        return self.process.pid
 
     def log_tail(self, lines: int = 60) -> str:
         """Return the end of the worker's log."""

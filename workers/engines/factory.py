@@ -21,6 +21,10 @@ def build_engine(spec: ModelSpec, *, device: str) -> Engine:
         from workers.engines.espeak import EspeakEngine
 
         return EspeakEngine(voices=dict(spec.voices), **spec.options)
+    if spec.engine == "faulty":
+        from workers.engines.faulty import FaultyEngine
+
+        return FaultyEngine(voices=dict(spec.voices), **spec.options)
     if spec.engine == "chattts":
         from workers.engines.chattts import ChatTTSEngine
 

@@ -1,0 +1,110 @@
+"""Check every accepted job after a fault: ended, each segment exactly once, and a resumed stream without gaps."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+from flask.testing import FlaskClient
+
+from cache import keys
+from tests.support.servers import ROOT
+
+#: Where `make chaos` reads its table from; CHAOS_RESULTS moves it (say, out of the tree in CI).
+RESULTS = Path(os.environ.get("CHAOS_RESULTS", ROOT / "bench" / "results" / "chaos.jsonl"))
+
+
+@dataclass
+class Audit:
+    """What became of a scenario's accepted jobs, and every problem found, one line each."""
+
+    scenario: str
+    accepted: int = 0
+    done: int = 0
+    failed: int = 0  # failed with a reason
+    lost: int = 0  # not ended, ended without a reason, or done with a segment missing
+    duplicated: int = 0  # segment events beyond the first per index
+    seconds: float = 0.0
+    notes: str = ""
+    failed_ids: set[str] = field(default_factory=set)
+    problems: list[str] = field(default_factory=list)
+
+    def row(self) -> dict[str, Any]:
+        """Return the scenario's result row, as `make chaos` tabulates it."""
+        found = asdict(self)
+        del found["failed_ids"], found["problems"]
+        return {**found, "seconds": round(self.seconds, 1), "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+    def record(self) -> None:
+        """Append the result row to the results file."""
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        with RESULTS.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(self.row()) + "\n")
+
+
+def sse_segments(client: FlaskClient, job_id: str, last_event_id: int | None = None) -> tuple[list[int], str]:
+    """Read the job's event stream (resuming after ``last_event_id``); return segment ids and the final event."""
+    headers = {} if last_event_id is None else {"Last-Event-ID": str(last_event_id)}
+    response = client.get(f"/v1/jobs/{job_id}/events", headers=headers)
+    ids, final = [], ""
+    for block in response.get_data(as_text=True).split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line and not line.startswith(":"))
+        if lines.get("event") == "segment":
+            ids.append(int(lines["id"]))
+        elif "event" in lines:
+            final = lines["event"]
+    return ids, final
+
+
+def audit_job(audit: Audit, client: FlaskClient, client_redis: redis.Redis, job_id: str) -> None:
+    """Check one accepted job and add what it came to into ``audit``."""
+    record = {k.decode(): v.decode() for k, v in client_redis.hgetall(keys.job(job_id)).items()}
+    status = record.get("status")
+    if status == "failed" and record.get("error"):
+        audit.failed += 1
+        audit.failed_ids.add(job_id)
+        return
+    if status != "done":
+        audit.lost += 1
+        audit.problems.append(f"job {job_id} ended {status!r} with error {record.get('error')!r}")
+        return
+    total = int(record["segments_total"])
+    stored = sorted(int(k) for k in client_redis.hkeys(keys.audio(job_id)))
+    events = Counter(
+        int(fields[b"index"]) for _, fields in client_redis.xrange(keys.events(job_id)) if fields[b"type"] == b"segment"
+    )
+    duplicates = {i: n for i, n in events.items() if n > 1}
+    if duplicates:
+        audit.duplicated += sum(n - 1 for n in duplicates.values())
+        audit.problems.append(f"job {job_id}: segment events repeated {duplicates}")
+    gaps = []
+    if stored != list(range(total)):
+        gaps.append(f"audio hash holds {stored}, not 0..{total - 1}")
+    if sorted(events) != list(range(total)):
+        gaps.append(f"segment events for {sorted(events)}, not 0..{total - 1}")
+    whole, final = sse_segments(client, job_id)
+    if whole != list(range(total)) or final != "done":
+        gaps.append(f"SSE gave {whole} then {final!r}")
+    resume_after = (sum(map(ord, job_id)) % total) - 1  # a fixed, job-dependent k in -1..N-2
+    resumed, final = sse_segments(client, job_id, resume_after if resume_after >= 0 else None)
+    if resumed != list(range(resume_after + 1, total)) or final != "done":
+        gaps.append(f"SSE resumed after {resume_after} gave {resumed} then {final!r}")
+    if gaps:
+        audit.lost += 1
+        audit.problems.extend(f"job {job_id}: {gap}" for gap in gaps)
+    else:
+        audit.done += 1
+
+
+def audit_jobs(scenario: str, client: FlaskClient, client_redis: redis.Redis, job_ids: list[str]) -> Audit:
+    """Check every accepted job of a scenario."""
+    audit = Audit(scenario, accepted=len(job_ids))
+    for job_id in job_ids:
+        audit_job(audit, client, client_redis, job_id)
+    return audit

@@ -1,0 +1,58 @@
+"""Print the fault scenarios' latest results as a markdown table: ``python -m tests.chaos.report [file]``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.chaos.audit import RESULTS
+
+COLUMNS = (
+    ("scenario", "scenario"),
+    ("accepted", "accepted"),
+    ("done", "done"),
+    ("failed", "failed (reason)"),
+    ("lost", "lost"),
+    ("duplicated", "duplicated segments"),
+    ("seconds", "seconds"),
+    ("notes", "notes"),
+)
+
+
+def latest_rows(path: Path) -> list[dict[str, Any]]:
+    """Return the newest row of each scenario in the results file, by scenario name."""
+    latest: dict[str, dict[str, Any]] = {}
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                row = json.loads(line)
+                latest[row["scenario"]] = row
+    return [latest[name] for name in sorted(latest)]
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """Render rows as a markdown table."""
+    lines = [
+        "| " + " | ".join(title for _, title in COLUMNS) + " |",
+        "|" + "|".join("---" if key in ("scenario", "notes") else "---:" for key, _ in COLUMNS) + "|",
+    ]
+    for row in rows:
+        lines.append("| " + " | ".join(str(row.get(key, "")).replace("|", "/") for key, _ in COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """Print the table; say so when there are no results yet."""
+    path = Path(argv[0]) if argv else RESULTS
+    rows = latest_rows(path)
+    if not rows:
+        print(f"no chaos results in {path}; run `make chaos`")
+        return 1
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,224 @@
+"""One whole service per scenario: its own Redis (AOF on), real workers, the API app, and ways to hurt them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import redis
+from flask import Flask
+from flask.testing import FlaskClient
+
+from api import create_app
+from cache import keys
+from cache.jobstore import TERMINAL, JobRequest, JobStore
+from tests.support.servers import ROOT, RedisServer, WorkerProcess
+
+#: Worker settings every scenario shares: fast heartbeats and reconciling, short limits, 3 attempts.
+WORKER_ENV = {
+    "TTS_DEFAULT_MODEL": "espeak-en",
+    "TTS_DEVICE": "cpu",
+    "TTS_HEARTBEAT_S": "0.5",
+    "TTS_RECONCILE_INTERVAL_S": "1",
+    "TTS_RECONCILE_STALL_S": "4",
+    "TTS_TASK_TIME_LIMIT_S": "12",
+    "TTS_VISIBILITY_TIMEOUT_S": "30",
+    "TTS_SEGMENT_MAX_ATTEMPTS": "3",
+    "TTS_METRICS_PORT": "0",
+    "TTS_TORCH_THREADS": "1",
+    "TTS_LOG_LEVEL": "INFO",
+    "TTS_LOG_FORMAT": "json",
+}
+
+
+def write_registry(path: Path) -> Path:
+    """Write the project's registry plus the ``faulty`` model (espeak that hangs or dies on markers)."""
+    registry = json.loads((ROOT / "models.json").read_text(encoding="utf-8"))
+    espeak = registry["models"]["espeak-en"]
+    registry["models"]["faulty"] = {
+        "engine": "faulty",
+        "language": "en",
+        "memory_mb": 20,
+        "default_voice": "default",
+        "voices": dict(espeak["voices"]),
+        "options": {"language": "en-us"},
+    }
+    path.write_text(json.dumps(registry), encoding="utf-8")
+    return path
+
+
+def descendants(pid: int) -> list[int]:
+    """Return the ids of every live process below ``pid`` (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_quietly(pid: int) -> None:
+    """SIGKILL a process that may already be gone."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+class Stack:
+    """A Redis, any number of workers and an in-process API app, all on fresh ports in ``workdir``."""
+
+    def __init__(self, workdir: Path, *, worker_env: Mapping[str, str] | None = None, **api: Any) -> None:
+        self.workdir = workdir
+        self.redis_server = RedisServer(workdir / "redis")
+        self.redis_server.start()
+        models_file = write_registry(workdir / "models.json")
+        self.env = {
+            **WORKER_ENV,
+            "REDIS_URL": self.redis_server.url,
+            "TTS_MODELS_FILE": str(models_file),
+            # No ChatTTS weights here, whatever the machine has: a pinned ChatTTS would load at start-up.
+            "TTS_CHATTTS_WEIGHTS_DIR": str(workdir / "no-chattts"),
+            **(worker_env or {}),
+        }
+        self.redis = redis.Redis.from_url(self.redis_server.url)
+        self.store = JobStore(self.redis, ttl=3600)
+        self.workers: list[WorkerProcess] = []
+        self._orphans: set[int] = set()
+        self.app: Flask = create_app(
+            {
+                "redis_url": self.redis_server.url,
+                "models_file": models_file,
+                "default_model": "espeak-en",
+                "heartbeat_s": 0.5,
+                "chattts_weights_dir": workdir / "no-chattts",
+                **api,
+            }
+        )
+
+    def client(self) -> FlaskClient:
+        """Return a test client of the API (one per thread)."""
+        return self.app.test_client()
+
+    def start_worker(self, *, wait: bool = True) -> WorkerProcess:
+        """Start one more worker and, unless told not to, wait for its heartbeat."""
+        worker = WorkerProcess(self.env, self.workdir / f"worker-{len(self.workers)}.log")
+        worker.start()
+        self.workers.append(worker)
+        if wait:
+            self.wait_heartbeat(worker)
+        return worker
+
+    def heartbeat(self, worker: WorkerProcess) -> dict[str, Any] | None:
+        """Return the worker's latest heartbeat, or None while it has none."""
+        for key in self.redis.scan_iter(match=keys.worker("*")):
+            raw = self.redis.get(key)
+            if raw is not None and json.loads(raw)["pid"] == worker.pid:
+                found: dict[str, Any] = json.loads(raw)
+                return found
+        return None
+
+    def wait_heartbeat(self, worker: WorkerProcess, timeout: float = 120) -> dict[str, Any]:
+        """Wait until this worker (not merely some worker) announces itself."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if worker.process is not None and worker.process.poll() is not None:
+                raise RuntimeError(f"worker exited early:\n{worker.log_tail()}")
+            beat = self.heartbeat(worker)
+            if beat is not None:
+                return beat
+            time.sleep(0.1)
+        raise TimeoutError(f"worker not ready after {timeout}s:\n{worker.log_tail()}")
+
+    def host_pid(self, worker: WorkerProcess, model: str, timeout: float = 30) -> int:
+        """Return the pid of the worker's host process for ``model``, as its heartbeat lists it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            beat = self.heartbeat(worker) or {}
+            for host in beat.get("pool", []):
+                if host["model"] == model and host["pid"] in descendants(worker.pid):
+                    return int(host["pid"])
+            time.sleep(0.1)
+        raise TimeoutError(f"no host of {model} under worker {worker.pid}:\n{worker.log_tail()}")
+
+    def kill_worker(self, worker: WorkerProcess, sig: int = signal.SIGKILL) -> None:
+        """Signal a worker and wait for it to end; its model hosts are remembered for clean-up."""
+        self._orphans.update(descendants(worker.pid))
+        worker.stop(sig)
+
+    def submit(self, client: FlaskClient, body: Mapping[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
+        """POST one job; return the status code, JSON body and headers."""
+        response = client.post("/v1/jobs", json=dict(body))
+        return response.status_code, response.get_json(silent=True) or {}, dict(response.headers)
+
+    def submit_all(self, bodies: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Submit jobs that must all be accepted; return their views."""
+        client = self.client()
+        views = []
+        for body in bodies:
+            status, view, _ = self.submit(client, body)
+            assert status == 202, view
+            views.append(view)
+        return views
+
+    def write_unqueued(self, texts: list[str], *, seed: int) -> str:
+        """Write a job as the API does, then stop: what an API killed before enqueueing leaves."""
+        request = JobRequest(model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav",
+                             priority="realtime", seed=seed, cache=False)  # fmt: skip
+        return self.store.create(request, texts)
+
+    def progress(self, job_ids: Iterable[str]) -> tuple[int, int]:
+        """Return (segments written, attempts started) over the jobs; attempts ahead of writes are in flight."""
+        written = attempted = 0
+        for job_id in job_ids:
+            written += int(self.redis.hlen(keys.audio(job_id)))
+            attempted += sum(int(v) for v in self.redis.hvals(keys.attempts(job_id)))
+        return written, attempted
+
+    def wait_in_flight(self, job_ids: list[str], timeout: float = 30) -> tuple[int, int]:
+        """Wait until some segments are written and more are being made; return the progress then."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            written, attempted = self.progress(job_ids)
+            if 0 < written < attempted:
+                return written, attempted
+            time.sleep(0.01)
+        raise TimeoutError(f"no segment in flight within {timeout}s: {self.progress(job_ids)}")
+
+    def wait_terminal(self, job_ids: list[str], timeout: float) -> float:
+        """Wait until every job has ended (or the time is up); return the seconds waited."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            try:
+                pipe = self.redis.pipeline(transaction=False)
+                for job_id in job_ids:
+                    pipe.hget(keys.job(job_id), "status")
+                statuses = pipe.execute()
+            except redis.ConnectionError:
+                statuses = [None]  # Redis is restarting: keep waiting
+            if all(s is not None and s.decode() in TERMINAL for s in statuses):
+                break
+            time.sleep(0.1)
+        return time.monotonic() - started
+
+    def close(self) -> None:
+        """Kill every worker and any model host left behind, stop Redis."""
+        for worker in self.workers:  # SIGKILL: this stack's Redis is thrown away, nothing needs a clean exit
+            if worker.process is not None and worker.process.poll() is None:
+                self.kill_worker(worker)
+        for pid in self._orphans:
+            kill_quietly(pid)
+        self.redis.close()
+        self.redis_server.stop()
