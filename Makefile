@@ -23,8 +23,8 @@ install-dev: $(VENV)/.installed-dev  ## Also install the test and lint tools.
 run: install  ## Start Redis, one worker and the API; Ctrl-C stops all.
 	scripts/run.sh
 
-worker: install  ## Start one worker against $$REDIS_URL.
-	$(PY) -m workers
+worker: install  ## Start one worker per GPU (one on CPU) against $$REDIS_URL.
+	$(PY) -m workers.launch
 
 tiny-model: install  ## Build the tiny random-weight ChatTTS into models/chattts-tiny.
 	$(PY) -m workers.engines.chattts_tiny models/chattts-tiny

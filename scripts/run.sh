@@ -42,7 +42,7 @@ fi
 export PROMETHEUS_MULTIPROC_DIR="$PWD/$RUN_DIR/prometheus"
 rm -rf "$PROMETHEUS_MULTIPROC_DIR" && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
 
-PROMETHEUS_MULTIPROC_DIR= "$PY" -m workers &
+PROMETHEUS_MULTIPROC_DIR= "$PY" -m workers.launch &
 pids+=($!)
 "$VENV/bin/gunicorn" --bind "$API_HOST:$API_PORT" --workers "$API_WORKERS" --worker-class gthread \
   --threads 32 --timeout 120 --graceful-timeout 10 --access-logfile - 'api:create_app()' &

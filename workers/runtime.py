@@ -86,7 +86,8 @@ class WorkerRuntime:
             log.info(
                 "worker %s: loading model %r (engine %s, device %s)", self.hostname, spec.name, spec.engine, self.device
             )
-            self.backend.synthesize(spec, SynthesisRequest(text="ready"))
+            # Straight to the pool: a load is not work, and must not skew the throughput stats.
+            self.backend.pool.synthesize(spec, [SynthesisRequest(text="ready")])
         log.info("worker %s ready: serving model %r with engine %s", self.hostname, default.name, default.engine)
         self.announce()
         threading.Thread(target=self._beat_forever, name="heartbeat", daemon=True).start()

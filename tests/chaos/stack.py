@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -71,10 +72,8 @@ def descendants(pid: int) -> list[int]:
 
 def kill_quietly(pid: int) -> None:
     """SIGKILL a process that may already be gone."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 class Stack:
@@ -181,11 +180,41 @@ class Stack:
 
     def progress(self, job_ids: Iterable[str]) -> tuple[int, int]:
         """Return (segments written, attempts started) over the jobs; attempts ahead of writes are in flight."""
-        written = attempted = 0
+        pipe = self.redis.pipeline(transaction=False)
         for job_id in job_ids:
-            written += int(self.redis.hlen(keys.audio(job_id)))
-            attempted += sum(int(v) for v in self.redis.hvals(keys.attempts(job_id)))
+            pipe.hlen(keys.audio(job_id))
+            pipe.hvals(keys.attempts(job_id))
+        replies = pipe.execute()
+        written = sum(int(n) for n in replies[0::2])
+        attempted = sum(int(v) for values in replies[1::2] for v in values)
         return written, attempted
+
+    def record(self, job_id: str) -> dict[str, str]:
+        """Return a job's record (empty when there is none)."""
+        return self.store.get(job_id) or {}
+
+    def attempts(self, job_id: str) -> dict[int, int]:
+        """Return the attempts each segment of a job has had."""
+        return {int(k): int(v) for k, v in self.redis.hgetall(keys.attempts(job_id)).items()}
+
+    @contextlib.contextmanager
+    def models_paused(self, worker: WorkerProcess, model: str = "espeak-en") -> Iterator[None]:
+        """Freeze the worker's model host (SIGSTOP) for a moment, so work piles up instead of finishing.
+
+        Submitting is slower than espeak is fast: without a pause, a fault meant for
+        mid-batch could land after the last segment. The worker stays up meanwhile,
+        heartbeat and all, so admission accepts the jobs.
+        """
+        pid = self.host_pid(worker, model)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    def kill_host(self, pid: int) -> None:
+        """SIGKILL a model host, as the OOM killer would."""
+        os.kill(pid, signal.SIGKILL)
 
     def wait_in_flight(self, job_ids: list[str], timeout: float = 30) -> tuple[int, int]:
         """Wait until some segments are written and more are being made; return the progress then."""

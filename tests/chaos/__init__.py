@@ -1,0 +1,1 @@
+"""Fault-injection scenarios ("chaos"): kill workers, model hosts and Redis mid-work; nothing accepted is lost."""

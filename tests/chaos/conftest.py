@@ -1,0 +1,39 @@
+"""Fixtures of the fault scenarios: each scenario builds its own stack, torn down whatever happens."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.chaos.stack import Stack
+from tests.conftest import IN_CI
+
+MakeStack = Callable[..., Stack]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the marker here too, so `--strict-markers` accepts it before pyproject lists it."""
+    config.addinivalue_line("markers", "chaos: fault-injection scenarios (make chaos)")
+
+
+@pytest.fixture
+def make_stack(tmp_path: Path) -> Iterator[MakeStack]:
+    """Return a factory of fresh stacks (Redis, workers, API app); every one is closed after the test."""
+    stacks: list[Stack] = []
+
+    def make(**api: Any) -> Stack:
+        try:
+            stack = Stack(tmp_path / f"stack-{len(stacks)}", **api)
+        except RuntimeError as e:
+            if IN_CI or "redis-server" not in str(e):
+                raise
+            pytest.skip(str(e))
+        stacks.append(stack)
+        return stack
+
+    yield make
+    for stack in stacks:
+        stack.close()
