@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install install-dev run worker api test lint tiny-model clean
+.PHONY: help install install-dev install-bench run worker test chaos lint tiny-model bench bench-batch bench-cache bench-stream clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -20,6 +20,12 @@ install: $(VENV)/.installed  ## Create the venv and install the pinned runtime r
 
 install-dev: $(VENV)/.installed-dev  ## Also install the test and lint tools.
 
+$(VENV)/.installed-bench: $(VENV)/.installed-dev requirements-bench.txt
+	scripts/install.sh requirements-bench.txt
+	touch $@
+
+install-bench: $(VENV)/.installed-bench  ## Also install what the benchmarks need (the chart).
+
 run: install  ## Start Redis, one worker and the API; Ctrl-C stops all.
 	scripts/run.sh
 
@@ -32,6 +38,26 @@ tiny-model: install  ## Build the tiny random-weight ChatTTS into models/chattts
 test: install-dev  ## Run the whole test suite against a Redis and workers it starts itself.
 	scripts/ensure_redis_server.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+chaos: install-dev  ## Run the fault-injection scenarios and print the table (zero lost jobs expected).
+	scripts/ensure_redis_server.sh
+	$(PY) -m pytest tests/chaos -m chaos -p no:cacheprovider -q
+	$(PY) -m tests.chaos.report
+
+bench: install-bench  ## The headline benchmark: after vs before at 1, 10 and 50 callers (table + chart).
+	scripts/ensure_redis_server.sh
+	$(PY) -m bench.headline $(BENCH_ARGS)
+
+bench-batch: install-bench  ## Batching on vs off at 16 concurrent segments; model pool load/evict/reload.
+	$(PY) -m bench.batch
+
+bench-cache: install-bench  ## Cache hits vs misses at 50 callers; an edited story re-rendered.
+	scripts/ensure_redis_server.sh
+	$(PY) -m bench.cache
+
+bench-stream: install-bench  ## Time to first audio: one sentence vs a 3,000-character text.
+	scripts/ensure_redis_server.sh
+	$(PY) -m bench.stream
 
 lint: install-dev  ## Run ruff and mypy.
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,54 @@
+"""Turn one level's job results into the numbers the headline table reports."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from bench.loadgen import STALL_EPSILON_S, LevelRun
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Return the q-th percentile (0–100) by linear interpolation, or None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def summarize(run: LevelRun) -> dict[str, Any]:
+    """Summarise the jobs submitted inside the window (throughput counts jobs finished inside it)."""
+    window = run.window_end - run.window_start
+    measured = [r for r in run.results if run.window_start <= r.submitted <= run.window_end]
+    ok = [r for r in measured if r.ok]
+    finished_inside = [r for r in run.results if r.ok and r.done is not None and run.window_start <= r.done <= run.window_end]
+    latency = [r.done - r.submitted for r in ok if r.done is not None]
+    first_audio = [r.first_audio - r.submitted for r in ok if r.first_audio is not None]
+    stalls = [r.stall_s() for r in ok]
+    errors = Counter(r.error for r in measured if r.error is not None)
+    if run.unfinished:
+        errors["unfinished"] += run.unfinished
+    return {
+        "callers": run.callers,
+        "window_s": round(window, 2),
+        "jobs_measured": len(measured),
+        "jobs_ok": len(ok),
+        "jobs_per_s": len(finished_inside) / window,
+        "chars_per_s": sum(r.chars for r in finished_inside) / window,
+        "audio_s_per_s": sum(sum(d for _, d in r.segments) for r in finished_inside) / window,
+        "mean_segments": sum(len(r.segments) for r in ok) / len(ok) if ok else None,
+        "latency_p50": percentile(latency, 50),
+        "latency_p90": percentile(latency, 90),
+        "latency_p99": percentile(latency, 99),
+        "first_audio_p50": percentile(first_audio, 50),
+        "first_audio_p99": percentile(first_audio, 99),
+        "stall_share": sum(1 for s in stalls if s > STALL_EPSILON_S) / len(stalls) if stalls else None,
+        "stall_p99_s": percentile(stalls, 99),
+        "errors": dict(errors),
+        "admissions": sum(r.admissions for r in measured),
+        "cached_segments": sum(r.cached_segments for r in measured),
+        "segments_total": sum(len(r.segments) for r in run.results if r.ok),
+    }
