@@ -8,7 +8,7 @@ from typing import Any
 
 from flask import Flask
 
-from api import access, errors, health, jobs, metrics, openapi, speech
+from api import access, errors, health, jobs, metrics, openapi, speech, web
 from api.services import Services, build_services, init_app
 from core.logs import setup_logging
 from core.settings import load_settings
@@ -31,6 +31,7 @@ def create_app(test_config: Mapping[str, Any] | None = None, *, services: Servic
     app.register_blueprint(health.bp)
     app.register_blueprint(speech.bp)
     app.register_blueprint(openapi.bp)
+    app.register_blueprint(web.bp)
     registry = app.extensions["tts"].registry
     logging.getLogger(__name__).info(
         "API ready: default model %r (engine %s)", registry.default, registry.get(None).engine

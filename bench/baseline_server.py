@@ -36,6 +36,8 @@ class BaselineServer(ThreadingHTTPServer):
         self.engine = engine
         self.language = language
         self.lock = threading.Lock()
+        self.pending = 0
+        self.pending_lock = threading.Lock()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -45,8 +47,11 @@ class Handler(BaseHTTPRequestHandler):
     server: BaselineServer
 
     def do_GET(self) -> None:
-        """Answer the health check."""
-        self._send(200 if self.path == "/healthz" else 404, b"ok", "text/plain")
+        """Answer the health check with the number of requests in hand."""
+        if self.path != "/healthz":
+            self._send(404, b"not found", "text/plain")
+            return
+        self._send(200, json.dumps({"pending": self.server.pending}).encode(), "application/json")
 
     def do_POST(self) -> None:
         """Synthesise the whole text in one engine call and answer with the WAV."""
@@ -62,14 +67,20 @@ class Handler(BaseHTTPRequestHandler):
         except (ValueError, KeyError, TypeError) as e:
             self._send(400, str(e).encode(), "text/plain")
             return
-        engine = self.server.engine
+        server = self.server
+        engine = server.engine
+        with server.pending_lock:
+            server.pending += 1
         try:
-            with self.server.lock:
+            with server.lock:
                 wave = engine.synthesize([request])[0]
         except Exception as e:  # the caller learns why; the server keeps serving
             log.exception("synthesis failed")
             self._send(500, f"{type(e).__name__}: {e}".encode(), "text/plain")
             return
+        finally:
+            with server.pending_lock:
+                server.pending -= 1
         pcm = to_pcm16(wave)
         duration = len(wave) / engine.sample_rate
         self._send(200, encode(pcm, engine.sample_rate, "wav"), "audio/wav", {"X-Audio-Duration": f"{duration:.3f}"})
@@ -94,9 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--torch-threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    engine, language = load_engine(args.model, torch_threads=args.torch_threads)
+    engine, language = load_engine(args.model, torch_threads=args.torch_threads, device=args.device)
     server = BaselineServer((args.host, args.port), engine, language)
     log.info("baseline serving %s on http://%s:%d", args.model, args.host, args.port)
     server.serve_forever()

@@ -27,8 +27,8 @@ def read_corpus(path: Path = CORPUS) -> list[str]:
     return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def load_engine(model: str, *, torch_threads: int) -> tuple[Any, str]:
-    """Build, load and warm the model's engine on the CPU; return it and the model's language."""
+def load_engine(model: str, *, torch_threads: int, device: str = "cpu") -> tuple[Any, str]:
+    """Build, load and warm the model's engine on ``device``; return it and the model's language."""
     import torch
 
     from core.registry import load_registry
@@ -37,7 +37,7 @@ def load_engine(model: str, *, torch_threads: int) -> tuple[Any, str]:
     if torch_threads:
         torch.set_num_threads(torch_threads)
     spec = load_registry(load_settings()).get(model)
-    engine = build_engine(spec, device="cpu")
+    engine = build_engine(spec, device=device)
     engine.load()
     engine.warmup()
     return engine, spec.language
@@ -91,9 +91,11 @@ def measure(engine: Any, pool: list[str], *, batch: int, seconds: float, seed: i
     }
 
 
-def run(model: str, *, batches: list[int], pool_size: int, seconds: float, torch_threads: int) -> dict[str, Any]:
+def run(
+    model: str, *, batches: list[int], pool_size: int, seconds: float, torch_threads: int, device: str
+) -> dict[str, Any]:
     """Measure every batch size on the same pool of segments; the best chars/s is the machine's limit."""
-    engine, language = load_engine(model, torch_threads=torch_threads)
+    engine, language = load_engine(model, torch_threads=torch_threads, device=device)
     pool = segment_pool(read_corpus(), pool_size, language=language, seed=7)
     rows = [measure(engine, pool, batch=b, seconds=seconds if b == 1 else float("inf"), seed=11) for b in batches]
     best = max(rows, key=lambda r: r["chars_per_s"])
@@ -117,11 +119,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool", type=int, default=64, help="segments every batch size runs through")
     parser.add_argument("--batch1-seconds", type=float, default=15.0, help="time given to batch 1")
     parser.add_argument("--torch-threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args(argv)
     batches = sorted({1, *(int(b) for b in args.batches.split(","))})
     result = run(
-        args.model, batches=batches, pool_size=args.pool, seconds=args.batch1_seconds, torch_threads=args.torch_threads
+        args.model,
+        batches=batches,
+        pool_size=args.pool,
+        seconds=args.batch1_seconds,
+        torch_threads=args.torch_threads,
+        device=args.device,
     )
     args.json.write_text(json.dumps(result, indent=1), encoding="utf-8")
     for row in result["rows"]:

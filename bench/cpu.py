@@ -1,0 +1,86 @@
+"""How busy the machine's CPUs were, and how much of that was this benchmark (Linux /proc)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """CPU ticks so far: the machine's total and busy ones, and those of this process tree."""
+
+    total: int
+    busy: int
+    ours: int
+    driver: int
+
+
+def _machine() -> tuple[int, int]:
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    total = sum(fields[:8])  # guest time is already inside user
+    return total, total - idle
+
+
+def _tree_ticks(root: int) -> tuple[int, int]:
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        rest = stat[stat.rindex(")") + 2 :].split()
+        pid = int(entry.name)
+        parents[pid] = int(rest[1])
+        ticks[pid] = int(rest[11]) + int(rest[12])  # utime + stime
+    ours = 0
+    for pid, own in ticks.items():
+        walker = pid
+        while walker > 1 and walker != root:
+            walker = parents.get(walker, 0)
+        if walker == root:
+            ours += own
+    return ours, ticks.get(root, 0)
+
+
+def snapshot() -> Snapshot:
+    """Return the CPU ticks of the machine and of this process and its descendants."""
+    total, busy = _machine()
+    ours, driver = _tree_ticks(os.getpid())
+    return Snapshot(total=total, busy=busy, ours=ours, driver=driver)
+
+
+def usage(first: Snapshot, last: Snapshot) -> dict[str, float]:
+    """Return busy, ours (driver: the load generator itself) and others' shares, in percent of all cores."""
+    total = max(1, last.total - first.total)
+    busy = 100 * (last.busy - first.busy) / total
+    # Ticks of processes of ours that ended in between are lost; clamp rather than go negative.
+    ours = min(busy, max(0.0, 100 * (last.ours - first.ours) / total))
+    driver = 100 * (last.driver - first.driver) / total
+    return {
+        "busy_pct": round(busy, 1),
+        "ours_pct": round(ours, 1),
+        "driver_pct": round(driver, 1),
+        "others_pct": round(busy - ours, 1),
+    }
+
+
+def meter_window(start: float, end: float) -> dict[str, float]:
+    """Start a thread that snapshots at monotonic times ``start`` and ``end``; the dict fills in at the end."""
+    found: dict[str, float] = {}
+
+    def watch() -> None:
+        time.sleep(max(0.0, start - time.monotonic()))
+        first = snapshot()
+        time.sleep(max(0.0, end - time.monotonic()))
+        found.update(usage(first, snapshot()))
+
+    threading.Thread(target=watch, daemon=True, name="cpu-meter").start()
+    return found

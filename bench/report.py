@@ -1,0 +1,133 @@
+"""Render the headline results as markdown: after versus before per level, the engine's limit, the targets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: (label, summary key, format, higher is better)
+ROWS: tuple[tuple[str, str, str, bool], ...] = (
+    ("completed jobs/s", "jobs_per_s", "{:.2f}", True),
+    ("characters/s", "chars_per_s", "{:.1f}", True),
+    ("p50 submit→done (s)", "latency_p50", "{:.2f}", False),
+    ("p90 submit→done (s)", "latency_p90", "{:.2f}", False),
+    ("p99 submit→done (s)", "latency_p99", "{:.2f}", False),
+    ("p50 submit→first audio (s)", "first_audio_p50", "{:.2f}", False),
+    ("p99 submit→first audio (s)", "first_audio_p99", "{:.2f}", False),
+    ("jobs with a playback stall", "stall_share", "{:.1%}", False),
+    ("p99 total stall (s)", "stall_p99_s", "{:.2f}", False),
+    ("mean batch size", "mean_batch_size", "{:.2f}", True),
+    ("jobs measured", "jobs_measured", "{}", True),
+    ("CPU busy % (ours / others)", "cpu", "", False),
+)
+
+
+def _fmt(value: Any, pattern: str) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, dict):  # the CPU meter
+        if not value:
+            return "–"
+        return f"{value['busy_pct']:.0f} ({value['ours_pct']:.0f} / {value['others_pct']:.0f})"
+    return pattern.format(value)
+
+
+def _ratio(after: Any, before: Any) -> str:
+    if not isinstance(after, int | float) or not isinstance(before, int | float) or not before:
+        return "–"
+    return f"{after / before:.2f}×"
+
+
+def _errors(summary: dict[str, Any] | None) -> str:
+    if not summary:
+        return "–"
+    errors = summary["errors"]
+    text = ", ".join(f"{k}: {v}" for k, v in sorted(errors.items())) if errors else "0"
+    return text + (f" (+{summary['admissions']} admission)" if summary["admissions"] else "")
+
+
+def level_table(levels: list[dict[str, Any]]) -> str:
+    """Return the after/before/ratio table, one column group per concurrency level."""
+    head = ["metric"]
+    for level in levels:
+        head += [f"{level['callers']} callers: after", "before", "after÷before"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, key, pattern, _ in ROWS:
+        cells = [label]
+        for level in levels:
+            after, before = level.get("after") or {}, level.get("before") or {}
+            cells += [_fmt(after.get(key), pattern), _fmt(before.get(key), pattern)]
+            cells.append("" if key in ("cpu", "jobs_measured") else _ratio(after.get(key), before.get(key)))
+        lines.append("| " + " | ".join(cells) + " |")
+    cells = ["errors by status"]
+    for level in levels:
+        cells += [_errors(level.get("after")), _errors(level.get("before")), ""]
+    lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def engine_table(engine: dict[str, Any] | None, levels: list[dict[str, Any]]) -> str:
+    """Return the raw engine's throughput per batch size and the served efficiency per level."""
+    if not engine:
+        return "(engine limit not measured)"
+    lines = ["| in-process engine | chars/s | segments/s | audio s/s |", "|---|---|---|---|"]
+    for row in engine["rows"]:
+        sorted_note = ", length-sorted" if row["batch"] > 1 else ""
+        lines.append(
+            f"| batch {row['batch']}{sorted_note} | {row['chars_per_s']:.1f} | {row['segments_per_s']:.2f} "
+            f"| {row['audio_s_per_s']:.1f} |"
+        )
+    lines.append("")
+    lines.append(f"Engine limit: batch {engine['best_batch']}, {engine['best_chars_per_s']:.1f} chars/s.")
+    for level in levels:
+        after = level.get("after")
+        if after:
+            lines.append(
+                f"- {level['callers']} callers: served {after['chars_per_s']:.1f} chars/s = "
+                f"engine efficiency {after['chars_per_s'] / engine['best_chars_per_s']:.2f}"
+            )
+    return "\n".join(lines)
+
+
+def _level(levels: list[dict[str, Any]], callers: int) -> dict[str, Any]:
+    return next((lv for lv in levels if lv["callers"] == callers), {})
+
+
+def targets(levels: list[dict[str, Any]], engine: dict[str, Any] | None) -> list[tuple[str, str, bool | None]]:
+    """Return (target, measured, met) for each of the issue's targets; met is None when not measurable."""
+    found: list[tuple[str, str, bool | None]] = []
+
+    def check(name: str, after: float | None, limit: float | None, *, at_least: bool, unit: str = "") -> None:
+        if after is None or limit is None:
+            found.append((name, "not measured", None))
+            return
+        met = after >= limit if at_least else after <= limit
+        found.append((name, f"{after:.3g}{unit} vs {'≥' if at_least else '≤'} {limit:.3g}{unit}", met))
+
+    l50, l10, l1 = _level(levels, 50), _level(levels, 10), _level(levels, 1)
+    a50, b50 = l50.get("after") or {}, l50.get("before") or {}
+    check("50 callers: jobs/s ≥ 3× baseline", a50.get("jobs_per_s"),
+          3 * b50["jobs_per_s"] if b50 else None, at_least=True)  # fmt: skip
+    check("50 callers: p99 first audio ≤ 0.1× baseline p99 latency", a50.get("first_audio_p99"),
+          0.1 * b50["latency_p99"] if b50.get("latency_p99") else None, at_least=False, unit=" s")  # fmt: skip
+    efficiency = a50["chars_per_s"] / engine["best_chars_per_s"] if a50 and engine else None
+    check("50 callers: engine efficiency ≥ 0.8", efficiency, 0.8, at_least=True)
+    if a50:
+        errors = sum(a50["errors"].values())
+        found.append(("50 callers: zero errors (admission answers aside)", f"{errors} errors", errors == 0))
+    else:
+        found.append(("50 callers: zero errors (admission answers aside)", "not measured", None))
+    a10 = l10.get("after") or {}
+    no_stall = 1 - a10["stall_share"] if a10.get("stall_share") is not None else None
+    check("10 callers: ≥ 99% of jobs without a stall", no_stall, 0.99, at_least=True)
+    a1, b1 = l1.get("after") or {}, l1.get("before") or {}
+    check("1 caller: p99 to done ≤ 1.3× baseline", a1.get("latency_p99"),
+          1.3 * b1["latency_p99"] if b1.get("latency_p99") else None, at_least=False, unit=" s")  # fmt: skip
+    return found
+
+
+def targets_table(rows: list[tuple[str, str, bool | None]]) -> str:
+    """Return the targets as a markdown table."""
+    marks = {True: "met", False: "NOT met", None: "n/a"}
+    lines = ["| target | measured | |", "|---|---|---|"]
+    lines += [f"| {name} | {measured} | {marks[met]} |" for name, measured, met in rows]
+    return "\n".join(lines)
