@@ -13,7 +13,9 @@ from core.errors import TooManyRequests, Unauthorized
 from core.metrics import ADMISSION_REJECTIONS
 
 #: Routes open to anyone: probes and scrapes must work without a key.
-OPEN_ENDPOINTS = frozenset({"health.healthz", "health.readyz", "metrics.metrics", "openapi.openapi", "web.index", "web.static"})
+OPEN_ENDPOINTS = frozenset(
+    {"health.healthz", "health.readyz", "metrics.metrics", "openapi.openapi", "web.index", "web.static"}
+)
 #: Routes that start work, and so spend quota.
 SUBMITTING_ENDPOINTS = frozenset({"jobs.create_job", "speech.speech"})
 
