@@ -94,7 +94,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class names it so)
+    def log_message(self, format: str, *args: Any) -> None:
         """Stay quiet: a log line per request would cost the benchmark CPU."""
 
 

@@ -24,8 +24,8 @@ from workers.pool.handle import ModelHost
 from workers.pool.pool import ModelPool
 
 CALLERS = 16
-PER_CALLER = 3  # segments each caller submits per round
-PAIRS = 2  # rounds of (on, off), in alternating order
+PER_CALLER = 2  # segments each caller submits per round
+PAIRS = 3  # rounds of (on, off), in alternating order
 SHORTEST, LONGEST = 8, 70
 
 
@@ -52,13 +52,15 @@ class Round:
         return self.audio_s / self.wall_s
 
 
-def run_round(pool: ModelPool, spec: ModelSpec, texts: list[str], *, batching: bool, pair: int) -> Round:
-    """Let CALLERS threads each synthesise PER_CALLER segments, one after another, through a fresh batcher."""
+def run_round(
+    pool: ModelPool, spec: ModelSpec, texts: list[str], *, batching: bool, pair: int, per_caller: int = PER_CALLER
+) -> Round:
+    """Let CALLERS threads each synthesise ``per_caller`` segments, one after another, through a fresh batcher."""
     settings = load_settings()
     sizes: list[int] = []
     lock = threading.Lock()
 
-    def observe(_model: str, size: int, _seconds: float) -> None:
+    def observe(_model: str, size: int, *_: object) -> None:
         with lock:
             sizes.append(size)
 
@@ -72,10 +74,10 @@ def run_round(pool: ModelPool, spec: ModelSpec, texts: list[str], *, batching: b
 
     def caller(i: int) -> float:
         audio = 0.0
-        for k in range(PER_CALLER):
-            text = texts[((pair * CALLERS + i) * PER_CALLER + k) % len(texts)]
+        for k in range(per_caller):
+            text = texts[((pair * CALLERS + i) * per_caller + k) % len(texts)]
             request = SynthesisRequest(text=text, voice="default", seed=100 * i + k)
-            wave, rate = batcher.submit(spec, request).result(timeout=600)
+            wave, rate = batcher.submit(spec, request).result(timeout=300)
             audio += len(wave) / rate
         return audio
 
@@ -83,13 +85,13 @@ def run_round(pool: ModelPool, spec: ModelSpec, texts: list[str], *, batching: b
     audio = in_threads(CALLERS, caller)
     wall = time.perf_counter() - started
     batcher.close()
-    return Round(batching, CALLERS * PER_CALLER, sum(audio), wall, batcher.mean_batch_size(), max(sizes))
+    return Round(batching, CALLERS * per_caller, sum(audio), wall, batcher.mean_batch_size(), max(sizes))
 
 
 def throughput(pool: ModelPool, spec: ModelSpec) -> list[str]:
     """Alternate batching on and off (on-off, off-on, …) and tabulate each round and the medians."""
     texts = corpus()
-    run_round(pool, spec, texts, batching=True, pair=PAIRS)  # warm-up, not counted
+    run_round(pool, spec, texts, batching=True, pair=PAIRS, per_caller=1)  # warm-up, not counted
     rounds: list[tuple[int, Round]] = []
     for pair in range(PAIRS):
         for batching in (True, False) if pair % 2 == 0 else (False, True):

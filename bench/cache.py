@@ -27,6 +27,7 @@ import numpy as np
 import redis
 import requests
 
+from cache.workers import WorkerRegistry
 from tests.support.servers import ROOT, ApiProcess, RedisServer, WorkerProcess
 
 T = TypeVar("T")
@@ -36,6 +37,7 @@ STORY = ROOT / "bench" / "story_zh.txt"
 MODEL = "chattts-tiny"
 #: Torch threads per model host. One, not two: on 2 shared cores a second OpenMP thread that loses its core
 #: stalls every one of the tiny model's many small ops (NOTES-batch-cache-stream.md has the figures).
+HEARTBEAT_S = 1.0
 TORCH_THREADS = int(os.environ.get("BENCH_TORCH_THREADS", "1"))
 
 
@@ -120,6 +122,10 @@ class Stack:
             raise RuntimeError(f"segment {index} answered {response.status_code}: {response.text[:300]}")
         return response.content
 
+    def workers(self) -> list[dict[str, Any]]:
+        """Return the live workers' heartbeats."""
+        return WorkerRegistry(self.redis, ttl_s=3 * HEARTBEAT_S).alive()
+
     def backlog(self) -> int:
         """Count segment tasks queued or held unacknowledged by the worker (0: the worker is idle)."""
         return sum(int(self.redis.llen(queue)) for queue in ("realtime", "batch")) + int(self.redis.hlen("unacked"))
@@ -174,8 +180,9 @@ def running_stack(name: str, **env: str) -> Iterator[Stack]:
             "TTS_TINY_MODEL_DIR": str(model_dir),
             "TTS_DEVICE": "cpu",
             "TTS_TORCH_THREADS": str(TORCH_THREADS),
-            "TTS_HEARTBEAT_S": "1",
+            "TTS_HEARTBEAT_S": str(HEARTBEAT_S),
             "TTS_LOG_LEVEL": "INFO",
+            "TTS_METRICS_PORT": "0",  # the default port may be another worker's on a shared machine
             **env,
         }
         worker = WorkerProcess(settings, logs["worker"])
@@ -354,7 +361,8 @@ def main() -> None:
     header = [
         "## bench-cache: sentence cache over HTTP (tiny ChatTTS, CPU, one worker)",
         "",
-        f"{os.cpu_count()} CPU cores, torch threads per model host {TORCH_THREADS}; ran {time.perf_counter() - started:.0f}s.",
+        f"{os.cpu_count()} CPU cores, torch threads per model host {TORCH_THREADS}; "
+        f"ran {time.perf_counter() - started:.0f}s.",
         "",
     ]
     write_result("cache", "\n".join(header + lines))

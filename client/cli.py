@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -142,10 +143,8 @@ class BookState:
         for path in [*self.folder.glob("seg-*.pcm"), *self.folder.glob("seg-*.tmp"), self.file]:
             path.unlink(missing_ok=True)
         self.data = {}
-        try:
+        with contextlib.suppress(OSError):  # absent, or it holds files that are not ours
             self.folder.rmdir()
-        except OSError:
-            pass  # absent, or it holds files that are not ours
 
 
 def _fingerprint(request: dict[str, Any]) -> str:

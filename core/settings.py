@@ -79,7 +79,7 @@ class Settings(BaseSettings):
     )
     model_idle_s: float = Field(600.0, gt=0, description="Unpinned models idle this long are unloaded.")
     torch_threads: int = Field(0, ge=0, description="CPU threads per model process for torch; 0 keeps torch's default.")
-    metrics_port: int = Field(9100, ge=0, le=65535, description="Worker's Prometheus port; 0 turns it off.")
+    metrics_port: int = Field(9310, ge=0, le=65535, description="Worker's Prometheus port; 0 turns it off.")
     log_format: str = Field("text", pattern="^(text|json)$", description="Log lines as text or JSON.")
     heartbeat_s: float = Field(5.0, gt=0, description="How often a worker announces itself in Redis.")
 

@@ -44,7 +44,7 @@ rm -rf "$PROMETHEUS_MULTIPROC_DIR" && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
 
 PROMETHEUS_MULTIPROC_DIR= "$PY" -m workers.launch &
 pids+=($!)
-"$VENV/bin/gunicorn" --bind "$API_HOST:$API_PORT" --workers "$API_WORKERS" --worker-class gthread \
+"$VENV/bin/gunicorn" --access-logformat '%(h)s "%(r)s" %(s)s %(M)sms' --bind "$API_HOST:$API_PORT" --workers "$API_WORKERS" --worker-class gthread \
   --threads 32 --timeout 120 --graceful-timeout 10 --access-logfile - 'api:create_app()' &
 pids+=($!)
 
@@ -52,6 +52,12 @@ echo "==> waiting for the API and the worker"
 ready=""
 for _ in $(seq 240); do
   if ready=$(curl -fsS "http://$API_HOST:$API_PORT/readyz" 2>/dev/null); then break; fi
+  for pid in "${pids[@]}"; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "a process of the service exited during start-up; see the log above" >&2
+      exit 1
+    fi
+  done
   sleep 0.5
 done
 if [ -z "$ready" ]; then

@@ -75,8 +75,9 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 @pytest.fixture
 def page_url(app: Flask) -> Iterator[str]:
-    """Serve the API with the web page over real HTTP."""
-    app.register_blueprint(web.bp)
+    """Serve the API, with the web page, over real HTTP."""
+    if web.bp.name not in app.blueprints:  # create_app may register the page already
+        app.register_blueprint(web.bp)
     with serving(app) as base_url:
         yield f"{base_url}/"
 

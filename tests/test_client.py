@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
@@ -51,12 +52,12 @@ class RecordingSession(requests.Session):
         self.segments_fetched = 0
         self.interrupt_after = interrupt_after
 
-    def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
-        path = str(url).split("://", 1)[1].split("/", 1)[1].split("?")[0]
+    def request(self, method: str, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:
+        path = urlsplit(str(url)).path
         is_segment = "/segments/" in path
         if is_segment and self.interrupt_after is not None and self.segments_fetched >= self.interrupt_after:
             raise KeyboardInterrupt
-        self.calls.append((str(method), "/" + path))
+        self.calls.append((method, path))
         response = super().request(method, url, *args, **kwargs)
         if is_segment and response.status_code == 200:
             self.segments_fetched += 1

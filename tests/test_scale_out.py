@@ -22,11 +22,11 @@ from workers.launch import worker_environments
 
 
 def test_each_launched_worker_is_pinned_to_its_own_device_and_metrics_port() -> None:
-    envs = worker_environments(["0", "1", "2"], fake=False, base_port=9100)
+    envs = worker_environments(["0", "1", "2"], fake=False, base_port=9310)
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "1", "2"]
     assert {e["TTS_DEVICE"] for e in envs} == {"cuda:0"}
-    assert [e["TTS_METRICS_PORT"] for e in envs] == ["9100", "9101", "9102"]
-    assert worker_environments([], fake=False, base_port=9100)[0]["TTS_DEVICE"] in ("cpu", os.environ.get("TTS_DEVICE"))
+    assert [e["TTS_METRICS_PORT"] for e in envs] == ["9310", "9311", "9312"]
+    assert worker_environments([], fake=False, base_port=9310)[0]["TTS_DEVICE"] in ("cpu", os.environ.get("TTS_DEVICE"))
 
 
 @pytest.fixture

@@ -28,8 +28,12 @@ def main() -> None:
 
     runtime = build_runtime(settings, hostname=node, enqueue=celery_enqueue(app))
     if settings.metrics_port:
-        start_http_server(settings.metrics_port)
-        log.info("worker metrics on :%d/metrics", settings.metrics_port)
+        try:
+            start_http_server(settings.metrics_port)
+            log.info("worker metrics on :%d/metrics", settings.metrics_port)
+        except OSError as e:
+            # Serving beats observing: keep working, and say how to fix it.
+            log.error("worker metrics off: port %d: %s; set TTS_METRICS_PORT to a free port", settings.metrics_port, e)
     attach(app, runtime)
 
     @worker_ready.connect(weak=False)  # type: ignore[untyped-decorator]

@@ -6,6 +6,7 @@ import logging
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ log = logging.getLogger(__name__)
 RunBatch = Callable[[ModelSpec, list[SynthesisRequest]], tuple[list[Waveform], int]]
 #: Called after each engine call with (model name, batch size, characters, seconds).
 BatchObserver = Callable[[str, int, int, float], None]
+#: Requests remembered as having been in a failed batch (oldest forgotten first).
+_MAX_SUSPECTS = 4096
 
 
 @dataclass
@@ -49,6 +52,8 @@ class Batcher:
         self._queues: dict[str, queue.SimpleQueue[_Pending | None]] = {}
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
+        # Requests whose batch failed: their retries run alone, so one poison input cannot fail its neighbours again.
+        self._suspects: OrderedDict[SynthesisRequest, None] = OrderedDict()
         self.batches = 0
         self.items = 0
 
@@ -99,14 +104,23 @@ class Batcher:
             if items is None:
                 return
             items.sort(key=lambda p: p.submitted)
-            groups = plan_batches(
-                items, length=lambda p: len(p.request.text), max_batch=self.max_batch, max_ratio=self.max_ratio
+            with self._lock:
+                suspect = [p.request in self._suspects for p in items]
+            groups = [[p] for p, s in zip(items, suspect, strict=True) if s] + plan_batches(
+                [p for p, s in zip(items, suspect, strict=True) if not s],
+                length=lambda p: len(p.request.text),
+                max_batch=self.max_batch,
+                max_ratio=self.max_ratio,
             )
+            groups.sort(key=lambda g: min(p.submitted for p in g))
             # Run the group holding the oldest segment; the rest wait for the next round.
             self._run(groups[0])
             backlog = [p for g in groups[1:] for p in g]
 
     def _run(self, group: list[_Pending]) -> None:
+        group = [p for p in group if p.future.set_running_or_notify_cancel()]  # drop what callers gave up on
+        if not group:
+            return
         spec = group[0].spec
         started = time.perf_counter()
         try:
@@ -114,9 +128,13 @@ class Batcher:
             if len(waves) != len(group):
                 raise RuntimeError(f"engine returned {len(waves)} waveforms for {len(group)} segments")
         except Exception as e:  # every waiting caller learns of the failure; none hangs
+            self._suspect([p.request for p in group])
             for pending in group:
                 pending.future.set_exception(e)
             return
+        with self._lock:
+            for pending in group:
+                self._suspects.pop(pending.request, None)
         elapsed = time.perf_counter() - started
         self.batches += 1
         self.items += len(group)
@@ -124,6 +142,13 @@ class Batcher:
             self._observe(spec.name, len(group), sum(len(p.request.text) for p in group), elapsed)
         for pending, wave in zip(group, waves, strict=True):
             pending.future.set_result((wave, rate))
+
+    def _suspect(self, requests: list[SynthesisRequest]) -> None:
+        with self._lock:
+            for request in requests:
+                self._suspects[request] = None
+            while len(self._suspects) > _MAX_SUSPECTS:
+                self._suspects.popitem(last=False)
 
     def mean_batch_size(self) -> float:
         """Return the mean number of segments per engine call so far."""

@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     devices = [str(i) for i in range(args.fake_devices)] if fake else (
         args.devices.split(",") if args.devices else visible_gpus()
     )  # fmt: skip
-    base_port = int(os.environ.get(BASE_METRICS_PORT_ENV, "9100"))
+    base_port = int(os.environ.get(BASE_METRICS_PORT_ENV, "9310"))
     children = [
         subprocess.Popen([sys.executable, "-m", "workers"], env={**os.environ, **env})
         for env in worker_environments(devices, fake=fake, base_port=base_port)

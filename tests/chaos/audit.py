@@ -6,6 +6,7 @@ import json
 import os
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,10 +49,16 @@ class Audit:
             out.write(json.dumps(self.row()) + "\n")
 
 
-def sse_segments(client: FlaskClient, job_id: str, last_event_id: int | None = None) -> tuple[list[int], str]:
+def sse_segments(
+    client: FlaskClient, job_id: str, last_event_id: int | None = None, *, headers: Mapping[str, str] | None = None
+) -> tuple[list[int], str]:
     """Read the job's event stream (resuming after ``last_event_id``); return segment ids and the final event."""
-    headers = {} if last_event_id is None else {"Last-Event-ID": str(last_event_id)}
-    response = client.get(f"/v1/jobs/{job_id}/events", headers=headers)
+    sent = dict(headers or {})
+    if last_event_id is not None:
+        sent["Last-Event-ID"] = str(last_event_id)
+    response = client.get(f"/v1/jobs/{job_id}/events", headers=sent)
+    if response.status_code != 200:
+        return [], f"HTTP {response.status_code}"
     ids, final = [], ""
     for block in response.get_data(as_text=True).split("\n\n"):
         lines = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line and not line.startswith(":"))
@@ -62,7 +69,9 @@ def sse_segments(client: FlaskClient, job_id: str, last_event_id: int | None = N
     return ids, final
 
 
-def audit_job(audit: Audit, client: FlaskClient, client_redis: redis.Redis, job_id: str) -> None:
+def audit_job(
+    audit: Audit, client: FlaskClient, client_redis: redis.Redis, job_id: str, headers: Mapping[str, str]
+) -> None:
     """Check one accepted job and add what it came to into ``audit``."""
     record = {k.decode(): v.decode() for k, v in client_redis.hgetall(keys.job(job_id)).items()}
     status = record.get("status")
@@ -88,11 +97,11 @@ def audit_job(audit: Audit, client: FlaskClient, client_redis: redis.Redis, job_
         gaps.append(f"audio hash holds {stored}, not 0..{total - 1}")
     if sorted(events) != list(range(total)):
         gaps.append(f"segment events for {sorted(events)}, not 0..{total - 1}")
-    whole, final = sse_segments(client, job_id)
+    whole, final = sse_segments(client, job_id, headers=headers)
     if whole != list(range(total)) or final != "done":
         gaps.append(f"SSE gave {whole} then {final!r}")
     resume_after = (sum(map(ord, job_id)) % total) - 1  # a fixed, job-dependent k in -1..N-2
-    resumed, final = sse_segments(client, job_id, resume_after if resume_after >= 0 else None)
+    resumed, final = sse_segments(client, job_id, resume_after if resume_after >= 0 else None, headers=headers)
     if resumed != list(range(resume_after + 1, total)) or final != "done":
         gaps.append(f"SSE resumed after {resume_after} gave {resumed} then {final!r}")
     if gaps:
@@ -102,9 +111,16 @@ def audit_job(audit: Audit, client: FlaskClient, client_redis: redis.Redis, job_
         audit.done += 1
 
 
-def audit_jobs(scenario: str, client: FlaskClient, client_redis: redis.Redis, job_ids: list[str]) -> Audit:
-    """Check every accepted job of a scenario."""
+def audit_jobs(
+    scenario: str,
+    client: FlaskClient,
+    client_redis: redis.Redis,
+    job_ids: list[str],
+    *,
+    headers: Mapping[str, str] | None = None,
+) -> Audit:
+    """Check every accepted job of a scenario (``headers`` carry an API key where the API wants one)."""
     audit = Audit(scenario, accepted=len(job_ids))
     for job_id in job_ids:
-        audit_job(audit, client, client_redis, job_id)
+        audit_job(audit, client, client_redis, job_id, headers or {})
     return audit

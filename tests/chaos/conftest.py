@@ -24,9 +24,9 @@ def make_stack(tmp_path: Path) -> Iterator[MakeStack]:
     """Return a factory of fresh stacks (Redis, workers, API app); every one is closed after the test."""
     stacks: list[Stack] = []
 
-    def make(**api: Any) -> Stack:
+    def make(*, worker_env: dict[str, str] | None = None, **api: Any) -> Stack:
         try:
-            stack = Stack(tmp_path / f"stack-{len(stacks)}", **api)
+            stack = Stack(tmp_path / f"stack-{len(stacks)}", worker_env=worker_env, **api)
         except RuntimeError as e:
             if IN_CI or "redis-server" not in str(e):
                 raise

@@ -54,10 +54,18 @@ def conclude(audit: Audit, *, poisoned: frozenset[str] = frozenset()) -> None:
     assert audit.done + audit.failed == audit.accepted
 
 
-def run_to_end(stack: Stack, scenario: str, job_ids: list[str], started: float, timeout: float = RECOVERY_S) -> Audit:
+def run_to_end(
+    stack: Stack,
+    scenario: str,
+    job_ids: list[str],
+    started: float,
+    *,
+    timeout: float = RECOVERY_S,
+    headers: dict[str, str] | None = None,
+) -> Audit:
     """Wait for every job to end, then audit them all."""
     stack.wait_terminal(job_ids, timeout)
-    audit = audit_jobs(scenario, stack.client(), stack.redis, job_ids)
+    audit = audit_jobs(scenario, stack.client(), stack.redis, job_ids, headers=headers)
     audit.seconds = time.monotonic() - started
     return audit
 
@@ -169,7 +177,8 @@ def test_a_burst_of_ten_times_capacity_gets_only_202_429_or_503_and_every_accept
     submit_s = time.monotonic() - started
     codes = Counter(code for code, _, _ in answers)
     job_ids = [job_id for code, job_id, _ in answers if code == 202]
-    audit = run_to_end(stack, "f. burst of 300 jobs (10x capacity)", job_ids, started, timeout=120)
+    audit = run_to_end(stack, "f. burst of 300 jobs (10x capacity)", job_ids, started, timeout=120,
+                       headers={"X-API-Key": api_keys[0]})  # fmt: skip
     audit.notes = f"answers {dict(sorted(codes.items()))} in {submit_s:.1f} s"
     assert set(codes) <= {202, 429, 503}, codes
     assert codes[429] > 0, "the quota never refused anything"
@@ -179,14 +188,17 @@ def test_a_burst_of_ten_times_capacity_gets_only_202_429_or_503_and_every_accept
 
 def _poison_scenario(make_stack: MakeStack, scenario: str, marker: str, *, bound_s: float) -> None:
     """Submit one poisoned job among normal ones on the faulty model; it alone fails, in bounded time."""
-    stack = make_stack()
+    # The reconciler must not take a segment queued behind a hung call for a stalled one: its copies
+    # would count as attempts and fail healthy jobs. So here the stall exceeds the longest legitimate
+    # wait (one hung call ahead, then its own: twice the time limit).
+    stack = make_stack(worker_env={"TTS_RECONCILE_STALL_S": str(2 * TIME_LIMIT_S + 1)})
     stack.start_worker()
     bodies = workload(model="faulty", first_seed=2000)
     bodies[0] = {**bodies[0], "text": f"Poison begins now. {LONG} says {marker} here. {LONG} ends it."}
     started = time.monotonic()
     job_ids = submit(stack, bodies)
     poison = job_ids[0]
-    audit = run_to_end(stack, scenario, job_ids, started, timeout=bound_s + 60)
+    audit = run_to_end(stack, scenario, job_ids, started, timeout=bound_s + 30)
     record = stack.record(poison)
     failed_at = float(record.get("finished_at", "inf")) - float(record["created_at"])
     attempts = stack.attempts(poison)

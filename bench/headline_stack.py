@@ -97,8 +97,11 @@ class BaselineProcess:
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "bench.baseline_server", *self.args],
-                cwd=ROOT, env=self.env, stdout=log, stderr=log,
-            )  # fmt: skip
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=log,
+            )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -24,7 +24,7 @@ def summarize(run: LevelRun) -> dict[str, Any]:
     window = run.window_end - run.window_start
     measured = [r for r in run.results if run.window_start <= r.submitted <= run.window_end]
     ok = [r for r in measured if r.ok]
-    finished_inside = [r for r in run.results if r.ok and r.done is not None and run.window_start <= r.done <= run.window_end]
+    inside = [r for r in run.results if r.ok and r.done is not None and run.window_start <= r.done <= run.window_end]
     latency = [r.done - r.submitted for r in ok if r.done is not None]
     first_audio = [r.first_audio - r.submitted for r in ok if r.first_audio is not None]
     stalls = [r.stall_s() for r in ok]
@@ -36,9 +36,9 @@ def summarize(run: LevelRun) -> dict[str, Any]:
         "window_s": round(window, 2),
         "jobs_measured": len(measured),
         "jobs_ok": len(ok),
-        "jobs_per_s": len(finished_inside) / window,
-        "chars_per_s": sum(r.chars for r in finished_inside) / window,
-        "audio_s_per_s": sum(sum(d for _, d in r.segments) for r in finished_inside) / window,
+        "jobs_per_s": len(inside) / window,
+        "chars_per_s": sum(r.chars for r in inside) / window,
+        "audio_s_per_s": sum(sum(d for _, d in r.segments) for r in inside) / window,
         "mean_segments": sum(len(r.segments) for r in ok) / len(ok) if ok else None,
         "latency_p50": percentile(latency, 50),
         "latency_p90": percentile(latency, 90),

@@ -105,10 +105,16 @@ def targets(levels: list[dict[str, Any]], engine: dict[str, Any] | None) -> list
 
     l50, l10, l1 = _level(levels, 50), _level(levels, 10), _level(levels, 1)
     a50, b50 = l50.get("after") or {}, l50.get("before") or {}
-    check("50 callers: jobs/s ≥ 3× baseline", a50.get("jobs_per_s"),
-          3 * b50["jobs_per_s"] if b50 else None, at_least=True)  # fmt: skip
-    check("50 callers: p99 first audio ≤ 0.1× baseline p99 latency", a50.get("first_audio_p99"),
-          0.1 * b50["latency_p99"] if b50.get("latency_p99") else None, at_least=False, unit=" s")  # fmt: skip
+    check(
+        "50 callers: jobs/s ≥ 3× baseline", a50.get("jobs_per_s"), 3 * b50["jobs_per_s"] if b50 else None, at_least=True
+    )
+    check(
+        "50 callers: p99 first audio ≤ 0.1× baseline p99 latency",
+        a50.get("first_audio_p99"),
+        0.1 * b50["latency_p99"] if b50.get("latency_p99") else None,
+        at_least=False,
+        unit=" s",
+    )
     efficiency = a50["chars_per_s"] / engine["best_chars_per_s"] if a50 and engine else None
     check("50 callers: engine efficiency ≥ 0.8", efficiency, 0.8, at_least=True)
     if a50:
@@ -120,8 +126,13 @@ def targets(levels: list[dict[str, Any]], engine: dict[str, Any] | None) -> list
     no_stall = 1 - a10["stall_share"] if a10.get("stall_share") is not None else None
     check("10 callers: ≥ 99% of jobs without a stall", no_stall, 0.99, at_least=True)
     a1, b1 = l1.get("after") or {}, l1.get("before") or {}
-    check("1 caller: p99 to done ≤ 1.3× baseline", a1.get("latency_p99"),
-          1.3 * b1["latency_p99"] if b1.get("latency_p99") else None, at_least=False, unit=" s")  # fmt: skip
+    check(
+        "1 caller: p99 to done ≤ 1.3× baseline",
+        a1.get("latency_p99"),
+        1.3 * b1["latency_p99"] if b1.get("latency_p99") else None,
+        at_least=False,
+        unit=" s",
+    )
     return found
 
 

@@ -1,0 +1,334 @@
+"""The headline benchmark: the task-queue service against the synchronous server it replaces, same engine, one run.
+
+``python -m bench.headline [--model chattts-tiny] [--levels 1,10,50] [--duration S] [--quick]``
+
+1. Measures the raw engine in-process (batch 1, then length-sorted batches): the machine's limit.
+2. Starts the service (Redis, one worker, the API under gunicorn) and the synchronous baseline server.
+3. At each concurrency level, drives each with closed-loop callers that follow every job as a listener
+   would, service first, then baseline.
+4. Writes results.json, a markdown table and a chart into bench/results/<time>/, and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from bench import chart
+from bench import headline_report as report
+from bench.engine_limit import read_corpus, service_segments
+from bench.headline_cpu import meter_window
+from bench.headline_stack import BaselineProcess, ServiceStack, bench_models_file
+from bench.headline_stats import summarize
+from bench.loadgen import BaselineClient, Client, ServedClient, run_closed_loop
+from tests.support.servers import ROOT
+
+RESULTS = ROOT / "bench" / "results"
+#: Worker heartbeat period during the run: the per-level mean batch size is read from it.
+HEARTBEAT_S = 1.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How long each part runs."""
+
+    window_s: float
+    warmup_s: float
+    drain_s: float
+    engine_batches: str
+    engine_pool: int
+    engine_batch1_s: float
+    cache_window_s: float
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    """Return the durations for a full run (about 8 minutes on 2 cores) or a quick one (about 2)."""
+    quick = Plan(8, 2, 120, "1,8,16", 32, 5, 0)
+    full = Plan(30, 4, 240, "1,8,16,32", 64, 15, 12)
+    plan = quick if args.quick else full
+    if args.duration:
+        plan = replace(plan, window_s=args.duration, cache_window_s=min(plan.cache_window_s, args.duration))
+    return plan
+
+
+def prepare_model(model: str) -> dict[str, str]:
+    """Build the tiny model if it is the one asked for and missing; refuse a real model without weights."""
+    from core.settings import load_settings
+
+    settings = load_settings()
+    if model == "chattts-tiny":
+        from workers.engines.chattts_tiny import build_tiny_model, is_complete
+
+        tiny = settings.tiny_model_dir
+        if not is_complete(tiny):
+            print(f"building the tiny ChatTTS in {tiny}")
+            build_tiny_model(tiny)
+        return {"TTS_TINY_MODEL_DIR": str(tiny)}
+    if model == "chattts" and not settings.chattts_weights_dir.is_dir():
+        from workers.engines.chattts import where_weights_go
+
+        sys.exit(f"no ChatTTS weights: {where_weights_go(settings.chattts_weights_dir)}")
+    return {}
+
+
+def measure_engine(env: dict[str, str], plan: Plan, args: argparse.Namespace, out: Path) -> dict[str, Any] | None:
+    """Run bench.engine_limit in its own process and return its numbers."""
+    path = out / "engine.json"
+    command = [
+        sys.executable,
+        "-m",
+        "bench.engine_limit",
+        "--model",
+        args.model,
+        "--json",
+        str(path),
+        "--batches",
+        plan.engine_batches,
+        "--pool",
+        str(plan.engine_pool),
+        "--batch1-seconds",
+        str(plan.engine_batch1_s),
+        "--torch-threads",
+        str(args.torch_threads),
+        "--device",
+        args.device,
+    ]
+    started = time.monotonic()
+    with (out / "engine.log").open("ab") as log:
+        done = subprocess.run(command, cwd=ROOT, env={**os.environ, **env}, stdout=log, stderr=log, check=False)
+    if done.returncode != 0:
+        print(f"engine limit failed (exit {done.returncode}); see {out / 'engine.log'}", file=sys.stderr)
+        return None
+    result: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    print(
+        f"engine limit: batch 1 {result['batch1_chars_per_s']:.1f} chars/s, best batch {result['best_batch']} "
+        f"{result['best_chars_per_s']:.1f} chars/s ({time.monotonic() - started:.0f}s)"
+    )
+    return result
+
+
+def run_level(
+    client: Client, texts: list[tuple[str, int]], callers: int, plan: Plan, *, window_s: float, seed: int
+) -> dict[str, Any]:
+    """Drive one level and return its summary with the CPU use of its window."""
+    start = time.monotonic()
+    cpu = meter_window(start + plan.warmup_s, start + plan.warmup_s + window_s)
+    run = run_closed_loop(
+        client, texts, callers=callers, warmup_s=plan.warmup_s, window_s=window_s, drain_s=plan.drain_s, seed=seed
+    )
+    summary = summarize(run)
+    summary["cpu"] = dict(cpu)
+    summary["wall_s"] = round(time.monotonic() - start, 1)
+    return summary
+
+
+class BatchCounter:
+    """Per-level mean batch size from the worker's cumulative mean and the segments we know it ran."""
+
+    def __init__(self, stack: ServiceStack, heartbeat_s: float) -> None:
+        self.stack = stack
+        self.heartbeat_s = heartbeat_s
+        self.items = 1.0  # the worker's start-up synthesis of "ready"
+        self.batches = 1.0
+
+    def after_level(self, segments: int) -> float | None:
+        """Return the mean batch size of the ``segments`` the level just ran."""
+        time.sleep(2.5 * self.heartbeat_s)  # let a heartbeat written after the last batch land
+        mean = self.stack.heartbeat().get("mean_batch_size")
+        if not mean or not segments:
+            return None
+        items = self.items + segments
+        batches = items / float(mean)
+        level = segments / (batches - self.batches) if batches > self.batches else None
+        self.items, self.batches = items, batches
+        return level
+
+
+def progress(side: str, summary: dict[str, Any]) -> None:
+    """Print one line per measured level."""
+
+    def f(key: str) -> str:
+        value = summary.get(key)
+        return "–" if value is None else f"{value:.2f}"
+
+    print(
+        f"  {side:<7} {summary['callers']:>3} callers: {summary['jobs_per_s']:.2f} jobs/s, "
+        f"{summary['chars_per_s']:.0f} chars/s, p50/p99 done {f('latency_p50')}/{f('latency_p99')} s, "
+        f"p99 first audio {f('first_audio_p99')} s, errors {summary['errors'] or 0}, "
+        f"cpu {summary['cpu'] or '–'} ({summary['wall_s']}s)",
+        flush=True,
+    )
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Read the command line."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.headline", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="chattts-tiny", help="registry model (chattts needs its weights)")
+    parser.add_argument("--levels", default="1,10,50", help="concurrent callers per level")
+    parser.add_argument("--duration", type=float, help="measured seconds per level (default 30, quick 8)")
+    parser.add_argument("--quick", action="store_true", help="a ~2-minute smoke run")
+    parser.add_argument("--torch-threads", type=int, default=2, help="torch CPU threads, worker and baseline alike")
+    parser.add_argument("--device", default=None, help="cpu for the tiny model, auto otherwise")
+    parser.add_argument("--api-threads", type=int, default=32, help="gunicorn threads per API process")
+    parser.add_argument("--skip-baseline", action="store_true")
+    parser.add_argument("--skip-engine", action="store_true")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    args.device = args.device or ("cpu" if args.model == "chattts-tiny" else "auto")
+    return args
+
+
+def service_env(args: argparse.Namespace, out: Path) -> dict[str, str]:
+    """Return the environment the worker, the API, the baseline and the engine measurement share."""
+    env = {
+        "TTS_MODELS_FILE": str(bench_models_file(out)),
+        "TTS_DEFAULT_MODEL": args.model,
+        "TTS_DEVICE": args.device,
+        "TTS_TORCH_THREADS": str(args.torch_threads),
+        "TTS_HEARTBEAT_S": str(HEARTBEAT_S),
+        "TTS_LOG_LEVEL": "INFO",
+    }
+    os.environ.update(env)  # this process reads the same settings (registry, segment caps)
+    env.update(prepare_model(args.model))
+    os.environ.update(env)
+    return env
+
+
+def corpus_texts(model: str) -> list[tuple[str, int]]:
+    """Return each corpus text with the characters the service will synthesise of it."""
+    from core.registry import load_registry
+    from core.settings import load_settings
+
+    language = load_registry(load_settings()).get(model).language
+    return [(t, sum(map(len, service_segments(t, language=language)))) for t in read_corpus()]
+
+
+def drive(args: argparse.Namespace, plan: Plan, env: dict[str, str], out: Path) -> tuple[list[dict[str, Any]], Any]:
+    """Start both servers and run every level against each; return the levels and the cache-on line."""
+    texts = corpus_texts(args.model)
+    levels = [int(x) for x in args.levels.split(",")]
+    stack = ServiceStack(env, out, api_processes=2, api_threads=args.api_threads)
+    baseline = None
+    if not args.skip_baseline:
+        baseline = BaselineProcess(
+            env, out / "baseline.log", model=args.model, torch_threads=args.torch_threads, device=args.device
+        )
+    results: list[dict[str, Any]] = []
+    cache_line = None
+    try:
+        stack.start()
+        if baseline:
+            baseline.start()
+        counter = BatchCounter(stack, HEARTBEAT_S)
+        served = ServedClient(stack.api.url, model=args.model)
+        for n, callers in enumerate(levels):
+            level: dict[str, Any] = {"callers": callers}
+            stack.wait_idle()
+            after = level["after"] = run_level(served, texts, callers, plan, window_s=plan.window_s, seed=n)
+            after["mean_batch_size"] = counter.after_level(after["segments_total"])
+            progress("after", after)
+            if baseline:
+                baseline.wait_idle()
+                client = BaselineClient(baseline.url)
+                before = level["before"] = run_level(client, texts, callers, plan, window_s=plan.window_s, seed=n)
+                before["mean_batch_size"] = 1.0
+                progress("before", before)
+            results.append(level)
+        if plan.cache_window_s:
+            stack.wait_idle()
+            cached = ServedClient(stack.api.url, model=args.model, cache=True, fixed_seed=1)
+            cache_line = run_level(cached, texts, 10, plan, window_s=plan.cache_window_s, seed=99)
+            progress("cache", cache_line)
+    finally:
+        if baseline:
+            baseline.stop()
+        stack.stop()
+        shutil.rmtree(out / "redis", ignore_errors=True)
+    return results, cache_line
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the whole benchmark and print the table."""
+    args = parse_args(argv)
+    plan = make_plan(args)
+    out = args.out / time.strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    env = service_env(args, out)
+    print(
+        f"headline benchmark: {args.model}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}, "
+        f"levels {args.levels}, {plan.window_s:g}s per level; results in {out}",
+        flush=True,
+    )
+    started = time.monotonic()
+    engine = None if args.skip_engine else measure_engine(env, plan, args, out)
+    results, cache_line = drive(args, plan, env, out)
+    meta = {"args": args, "plan": plan, "elapsed": time.monotonic() - started}
+    document = write_results(out, meta, results, engine, cache_line)
+    print()
+    print(document)
+    return 0
+
+
+def write_results(
+    out: Path,
+    meta: dict[str, Any],
+    results: list[dict[str, Any]],
+    engine: dict[str, Any] | None,
+    cache_line: dict[str, Any] | None,
+) -> str:
+    """Write results.json, headline.md and headline.png; return the markdown."""
+    args, plan, elapsed = meta["args"], meta["plan"], meta["elapsed"]
+    title = (
+        f"{args.model} on {os.cpu_count()} CPUs, torch threads {args.torch_threads}, "
+        f"{plan.window_s:g}s per level, {time.strftime('%Y-%m-%d %H:%M')}"
+    )
+    rows = report.targets(results, engine)
+    parts = [
+        f"## Headline benchmark: {title}",
+        "",
+        report.level_table(results),
+        "",
+        report.engine_table(engine, results),
+        "",
+        report.targets_table(rows),
+    ]
+    if cache_line:
+        hit = cache_line["cached_segments"] / max(1, cache_line["segments_total"])
+        parts += [
+            "",
+            f"Cache on (10 callers, one seed, {cache_line['window_s']:g}s): "
+            f"{cache_line['jobs_per_s']:.2f} jobs/s, p50 first audio {cache_line['first_audio_p50']:.2f} s, "
+            f"{hit:.0%} of segments from the cache.",
+        ]
+    parts += ["", f"Whole run: {elapsed:.0f}s. Files: {out}"]
+    document = "\n".join(parts)
+    (out / "headline.md").write_text(document + "\n", encoding="utf-8")
+    record = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "plan": asdict(plan),
+        "levels": results,
+        "engine": engine,
+        "cache_line": cache_line,
+        "targets": rows,
+        "elapsed_s": elapsed,
+    }
+    (out / "results.json").write_text(json.dumps(record, indent=1, default=str), encoding="utf-8")
+    if results:
+        chart.draw(results, out / "headline.png", title=title)
+        shutil.copy(out / "headline.png", out.parent / "headline.png")
+    shutil.copy(out / "headline.md", out.parent / "headline.md")
+    return document
+
+
+if __name__ == "__main__":
+    sys.exit(main())

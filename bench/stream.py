@@ -1,0 +1,149 @@
+"""Benchmark time to first audio: a one-sentence text versus a ~3,000-character story, over HTTP.
+
+Run with ``python -m bench.stream`` (``make bench-stream``); the table goes to ``bench/results/stream.md``.
+Each job is submitted with ``cache: false`` and its own seed, then followed two ways at once: the events
+endpoint (first ``segment`` event, then that segment's bytes) and the growing audio stream (first audio byte
+after the WAV header). Short and long jobs alternate; a long job is canceled once its first audio arrived,
+and the next job waits until the worker is idle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from contextlib import closing
+from typing import Any
+
+import requests
+
+from bench.cache import STORY, TORCH_THREADS, Stack, median, running_stack, sse_events, write_result
+from cache import keys
+
+SHORT = "灯塔的光穿过了雾，照亮了回家的路。"
+REPS = 4
+WAV_HEADER = 44
+KINDS = ("short", "long")
+
+
+def first_audio(stack: Stack, text: str, seed: int) -> dict[str, float]:
+    """Submit one uncached job and time its first audio through both endpoints; cancel what is left."""
+    marks: dict[str, float] = {}
+    errors: list[BaseException] = []
+    with requests.Session() as session:
+        started = time.perf_counter()
+        job = stack.submit(session, text=text, seed=seed, cache=False, format="wav")
+        marks["accepted"] = time.perf_counter() - started
+        job_id = job["id"]
+
+        def by_events() -> None:
+            with requests.Session() as own, closing(sse_events(own, f"{stack.url}/v1/jobs/{job_id}/events")) as events:
+                for name, data in events:
+                    if name == "segment":
+                        marks["event"] = time.perf_counter() - started
+                        audio = own.get(f"{stack.url}{data['url']}", timeout=60)
+                        audio.raise_for_status()
+                        marks["event_bytes"] = time.perf_counter() - started
+                        return
+                    raise RuntimeError(f"job {job_id} ended {name} before any segment: {data}")
+
+        def by_stream() -> None:
+            with requests.Session() as own:
+                url = f"{stack.url}/v1/jobs/{job_id}/audio"
+                with own.get(url, stream=True, timeout=60) as response:
+                    response.raise_for_status()
+                    received = 0
+                    for chunk in response.iter_content(chunk_size=None):
+                        received += len(chunk)
+                        if received > WAV_HEADER:
+                            marks["stream"] = time.perf_counter() - started
+                            return
+
+        def guarded(work: Any) -> None:
+            try:
+                work()
+            except BaseException as e:  # re-raised in the calling thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=guarded, args=(w,)) for w in (by_events, by_stream)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+        final = stack.job(session, job_id)
+        if final["status"] not in ("done", "failed", "canceled"):
+            session.delete(f"{stack.url}/v1/jobs/{job_id}", timeout=30).raise_for_status()
+    meta = json.loads(stack.redis.hget(keys.segment_meta(job_id), "0") or "{}")
+    marks["pickup"] = (final["started_at"] or final["created_at"]) - final["created_at"]
+    marks["synth0"] = float(meta.get("synth_s", float("nan")))
+    marks["segments"] = final["segments_total"]
+    marks["done_at_first"] = final["segments_done"]
+    stack.wait_idle()
+    return marks
+
+
+def main() -> None:
+    """Alternate short and long jobs, time their first audio, and write the table."""
+    started = time.perf_counter()
+    story = STORY.read_text(encoding="utf-8").strip()
+    texts = {"short": SHORT, "long": story}
+    samples: dict[str, list[dict[str, float]]] = {kind: [] for kind in KINDS}
+    with running_stack("stream") as stack:
+        first_audio(stack, SHORT, seed=1)  # warm-up, not counted
+        for rep in range(REPS):
+            for kind in KINDS if rep % 2 == 0 else KINDS[::-1]:
+                marks = first_audio(stack, texts[kind], seed=10 * rep + KINDS.index(kind) + 2)
+                samples[kind].append(marks)
+                print(
+                    f"  {kind:5} rep {rep + 1}: event {marks['event']:.2f}s, stream {marks['stream']:.2f}s, "
+                    f"segment 0 synthesised in {marks['synth0']:.2f}s",
+                    flush=True,
+                )
+        batch = [w.get("mean_batch_size") for w in stack.workers()]
+
+    def med(kind: str, name: str) -> float:
+        return median([m[name] for m in samples[kind]])
+
+    def every(kind: str) -> str:
+        return ", ".join(f"{m['event']:.2f}" for m in samples[kind])
+
+    columns = [
+        ("accepted", "202 received"),
+        ("event", "first `segment` event"),
+        ("event_bytes", "…its bytes received"),
+        ("stream", "first audio byte of /audio"),
+        ("pickup", "job created → first task started"),
+        ("synth0", "segment 0: batcher + engine"),
+    ]
+    lines = [
+        "## bench-stream: time to first audio (tiny ChatTTS, CPU, one worker)",
+        "",
+        f"{os.cpu_count()} CPU cores, torch threads per model host {TORCH_THREADS}; ran "
+        f"{time.perf_counter() - started:.0f}s. Uncached jobs (`cache: false`, a seed each), short and long "
+        f"alternating, {REPS} of each; both endpoints followed at once on the same job. Medians, seconds from "
+        "just before `POST /v1/jobs`; the last two columns come from the job record and segment 0's metadata.",
+        "",
+        "| text | characters | segments | " + " | ".join(title for _, title in columns) + " |",
+        "|---|---|---|" + "---|" * len(columns),
+        *(
+            f"| {kind} | {len(texts[kind])} | {samples[kind][0]['segments']:.0f} | "
+            + " | ".join(f"{med(kind, name):.3f}" for name, _ in columns)
+            + " |"
+            for kind in KINDS
+        ),
+        "",
+        f"- long / short, first segment event: **{med('long', 'event') / med('short', 'event'):.2f}×**; "
+        f"its bytes: **{med('long', 'event_bytes') / med('short', 'event_bytes'):.2f}×**; "
+        f"audio stream: **{med('long', 'stream') / med('short', 'stream'):.2f}×** (target ≤ 1.5×)",
+        f"- every sample, seconds to the first `segment` event: short {every('short')}; long {every('long')}",
+        f"- worker's mean batch size over the run (heartbeat): {batch}",
+        "",
+    ]
+    write_result("stream", "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
