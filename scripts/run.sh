@@ -25,6 +25,10 @@ trap cleanup INT TERM EXIT
 
 if [ -z "${REDIS_URL:-}" ]; then
   scripts/ensure_redis_server.sh
+  if redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
+    echo "port $REDIS_PORT already has a Redis (an earlier 'make run'?): stop it, or set TTS_REDIS_PORT or REDIS_URL" >&2
+    exit 1
+  fi
   # AOF with fsync every second loses at most ~1 s of jobs on a crash;
   # noeviction because the broker's queues and the job records must never be evicted.
   redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$PWD/$RUN_DIR/redis" \

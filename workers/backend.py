@@ -35,8 +35,13 @@ class PooledBackend:
         self.timeout_s = timeout_s
 
     def synthesize(self, spec: ModelSpec, request: SynthesisRequest) -> tuple[Waveform, int]:
-        """Wait for this segment's share of a batched engine call."""
-        return self.batcher.submit(spec, request).result(timeout=self.timeout_s)
+        """Wait for this segment's share of a batched engine call; give up after one hung call ahead plus its own."""
+        future = self.batcher.submit(spec, request)
+        try:
+            return future.result(timeout=2 * self.timeout_s)
+        except TimeoutError:
+            future.cancel()  # nobody waits for it now: the batcher drops it instead of running it
+            raise
 
     def loaded_models(self) -> list[str]:
         """Return the names of the models whose hosts are running."""
