@@ -46,7 +46,7 @@ fi
 export PROMETHEUS_MULTIPROC_DIR="$PWD/$RUN_DIR/prometheus"
 rm -rf "$PROMETHEUS_MULTIPROC_DIR" && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
 
-PROMETHEUS_MULTIPROC_DIR= "$PY" -m workers.launch &
+env -u PROMETHEUS_MULTIPROC_DIR "$PY" -m workers.launch &
 pids+=($!)
 "$VENV/bin/gunicorn" --access-logformat '%(h)s "%(r)s" %(s)s %(M)sms' --bind "$API_HOST:$API_PORT" --workers "$API_WORKERS" --worker-class gthread \
   --threads 32 --timeout 120 --graceful-timeout 10 --access-logfile - 'api:create_app()' &
@@ -68,7 +68,7 @@ if [ -z "$ready" ]; then
   echo "the service did not become ready within 2 minutes; see the logs above" >&2
   exit 1
 fi
-default=$(curl -fsS "http://$API_HOST:$API_PORT/v1/models" | "$PY" -c 'import json,sys; m=json.load(sys.stdin); d=[x for x in m["data"] if x["id"]==m["default"]][0]; print(f"{d[\"id\"]} (engine {d[\"engine\"]})")')
+default=$(curl -fsS "http://$API_HOST:$API_PORT/v1/models" | "$PY" -c 'import json,sys; m=json.load(sys.stdin); d=[x for x in m["data"] if x["id"]==m["default"]][0]; print(d["id"] + " (engine " + d["engine"] + ")")')
 cat <<MSG
 
 ==> ready: serving model $default at http://$API_HOST:$API_PORT
