@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -116,16 +117,24 @@ def measure_engine(env: dict[str, str], plan: Plan, args: argparse.Namespace, ou
 
 
 def run_level(
-    client: Client, texts: list[tuple[str, int]], callers: int, plan: Plan, *, window_s: float, seed: int
+    client: Client,
+    texts: list[tuple[str, int]],
+    callers: int,
+    plan: Plan,
+    *,
+    window_s: float,
+    seed: int,
+    probe: Callable[[], int] | None = None,
 ) -> dict[str, Any]:
-    """Drive one level and return its summary with the CPU use of its window."""
+    """Drive one level and return its summary with the CPU use (and queue length) of its window."""
     start = time.monotonic()
-    cpu = meter_window(start + plan.warmup_s, start + plan.warmup_s + window_s)
+    meter = meter_window(start + plan.warmup_s, start + plan.warmup_s + window_s, probe=probe)
     run = run_closed_loop(
         client, texts, callers=callers, warmup_s=plan.warmup_s, window_s=window_s, drain_s=plan.drain_s, seed=seed
     )
     summary = summarize(run)
-    summary["cpu"] = dict(cpu)
+    summary["queue"] = {k: meter.pop(k) for k in ("queue_mean", "queue_max") if k in meter} or None
+    summary["cpu"] = dict(meter)
     summary["wall_s"] = round(time.monotonic() - start, 1)
     return summary
 
@@ -180,6 +189,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--torch-threads", type=int, default=2, help="torch CPU threads, worker and baseline alike")
     parser.add_argument("--device", default=None, help="cpu for the tiny model, auto otherwise")
     parser.add_argument("--api-threads", type=int, default=32, help="gunicorn threads per API process")
+    parser.add_argument(
+        "--service-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra environment for the service, e.g. TTS_WORKER_CONCURRENCY=64 (repeatable)",
+    )
     parser.add_argument("--skip-baseline", action="store_true")
     parser.add_argument("--skip-engine", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -198,6 +214,9 @@ def service_env(args: argparse.Namespace, out: Path) -> dict[str, str]:
         "TTS_HEARTBEAT_S": str(HEARTBEAT_S),
         "TTS_LOG_LEVEL": "INFO",
     }
+    for pair in args.service_env:
+        name, _, value = pair.partition("=")
+        env[name] = value
     os.environ.update(env)  # this process reads the same settings (registry, segment caps)
     env.update(prepare_model(args.model))
     os.environ.update(env)
@@ -234,7 +253,9 @@ def drive(args: argparse.Namespace, plan: Plan, env: dict[str, str], out: Path) 
         for n, callers in enumerate(levels):
             level: dict[str, Any] = {"callers": callers}
             stack.wait_idle()
-            after = level["after"] = run_level(served, texts, callers, plan, window_s=plan.window_s, seed=n)
+            after = level["after"] = run_level(
+                served, texts, callers, plan, window_s=plan.window_s, seed=n, probe=stack.queued
+            )
             after["mean_batch_size"] = counter.after_level(after["segments_total"])
             progress("after", after)
             if baseline:

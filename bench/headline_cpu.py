@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,15 +74,30 @@ def usage(first: Snapshot, last: Snapshot) -> dict[str, float]:
     }
 
 
-def meter_window(start: float, end: float) -> dict[str, float]:
-    """Start a thread that snapshots at monotonic times ``start`` and ``end``; the dict fills in at the end."""
+def meter_window(
+    start: float, end: float, *, probe: Callable[[], int] | None = None, every_s: float = 0.5
+) -> dict[str, float]:
+    """Start a thread that measures CPU use between monotonic times ``start`` and ``end``.
+
+    With ``probe`` (say, the broker queue's length) it is also sampled every ``every_s`` seconds; the
+    returned dict fills in when the window ends.
+    """
     found: dict[str, float] = {}
 
     def watch() -> None:
         time.sleep(max(0.0, start - time.monotonic()))
         first = snapshot()
-        time.sleep(max(0.0, end - time.monotonic()))
+        samples: list[int] = []
+        while time.monotonic() < end:
+            if probe is not None:
+                # A failed probe must not stop the CPU measurement.
+                with contextlib.suppress(Exception):
+                    samples.append(probe())
+            time.sleep(max(0.0, min(every_s, end - time.monotonic())))
         found.update(usage(first, snapshot()))
+        if samples:
+            found["queue_mean"] = round(sum(samples) / len(samples), 1)
+            found["queue_max"] = max(samples)
 
     threading.Thread(target=watch, daemon=True, name="cpu-meter").start()
     return found

@@ -16,6 +16,7 @@ ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("jobs with a playback stall", "stall_share", "{:.1%}", False),
     ("p99 total stall (s)", "stall_p99_s", "{:.2f}", False),
     ("mean batch size", "mean_batch_size", "{:.2f}", True),
+    ("segments queued in the broker (mean / max)", "queue", "", False),
     ("jobs measured", "jobs_measured", "{}", True),
     ("CPU busy % (ours / others)", "cpu", "", False),
 )
@@ -24,10 +25,12 @@ ROWS: tuple[tuple[str, str, str, bool], ...] = (
 def _fmt(value: Any, pattern: str) -> str:
     if value is None:
         return "–"
-    if isinstance(value, dict):  # the CPU meter
-        if not value:
-            return "–"
-        return f"{value['busy_pct']:.0f} ({value['ours_pct']:.0f} / {value['others_pct']:.0f})"
+    if isinstance(value, dict):
+        if "queue_mean" in value:
+            return f"{value['queue_mean']:.1f} / {value['queue_max']}"
+        if "busy_pct" in value:
+            return f"{value['busy_pct']:.0f} ({value['ours_pct']:.0f} / {value['others_pct']:.0f})"
+        return "–"
     return pattern.format(value)
 
 
@@ -56,7 +59,7 @@ def level_table(levels: list[dict[str, Any]]) -> str:
         for level in levels:
             after, before = level.get("after") or {}, level.get("before") or {}
             cells += [_fmt(after.get(key), pattern), _fmt(before.get(key), pattern)]
-            cells.append("" if key in ("cpu", "jobs_measured") else _ratio(after.get(key), before.get(key)))
+            cells.append("" if key in ("cpu", "queue", "jobs_measured") else _ratio(after.get(key), before.get(key)))
         lines.append("| " + " | ".join(cells) + " |")
     cells = ["errors by status"]
     for level in levels:

@@ -60,11 +60,16 @@ class ServiceStack:
                 return found
         return {}
 
+    def queued(self) -> int:
+        """Return how many segment tasks wait in the broker's queues."""
+        assert self.client is not None
+        return sum(int(self.client.llen(q)) for q in ("realtime", "batch"))
+
     def wait_idle(self, timeout_s: float = 60) -> None:
         """Wait until no segment task is queued, so one level's leftovers do not load the next."""
         assert self.client is not None
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and any(self.client.llen(q) for q in ("realtime", "batch")):
+        while time.monotonic() < deadline and self.queued():
             time.sleep(0.2)
 
     def stop(self) -> None:

@@ -1,9 +1,10 @@
 """Benchmark time to first audio: a one-sentence text versus a ~3,000-character story, over HTTP.
 
 Run with ``python -m bench.stream`` (``make bench-stream``); the table goes to ``bench/results/stream.md``.
+Three texts: one short sentence, one sentence as long as the story's first segment, and the story.
 Each job is submitted with ``cache: false`` and its own seed, then followed two ways at once: the events
 endpoint (first ``segment`` event, then that segment's bytes) and the growing audio stream (first audio byte
-after the WAV header). Short and long jobs alternate; a long job is canceled once its first audio arrived,
+after the WAV header). The texts take turns; a long job is canceled once its first audio arrived,
 and the next job waits until the worker is idle.
 """
 
@@ -104,6 +105,7 @@ def main() -> None:
                     f"segment 0 synthesised in {marks['synth0']:.2f}s",
                     flush=True,
                 )
+        time.sleep(2)  # let the heartbeat catch up with the last batch
         batch = [w.get("mean_batch_size") for w in stack.workers()]
 
     def med(kind: str, name: str) -> float:
@@ -124,8 +126,8 @@ def main() -> None:
         "## bench-stream: time to first audio (tiny ChatTTS, CPU, one worker)",
         "",
         f"{os.cpu_count()} CPU cores, torch threads per model host {TORCH_THREADS}; ran "
-        f"{time.perf_counter() - started:.0f}s. Uncached jobs (`cache: false`, a seed each), short and long "
-        f"alternating, {REPS} of each; both endpoints followed at once on the same job. Medians, seconds from "
+        f"{time.perf_counter() - started:.0f}s. Uncached jobs (`cache: false`, a seed each), the three texts in "
+        f"rotating order, {REPS} of each; both endpoints followed at once on the same job. Medians, seconds from "
         "just before `POST /v1/jobs`; the last two columns come from the job record and segment 0's metadata.",
         "",
         "| text | characters | segments | segment 0 chars | " + " | ".join(title for _, title in columns) + " |",
@@ -141,7 +143,7 @@ def main() -> None:
         f"its bytes: **{med('long', 'event_bytes') / med('short', 'event_bytes'):.2f}×**; "
         f"audio stream: **{med('long', 'stream') / med('short', 'stream'):.2f}×** (target ≤ 1.5×)",
         f"- long / first-sized, first segment event: **{med('long', 'event') / med('first-sized', 'event'):.2f}×** "
-        "(what the story's other 35 segments add to its first audio)",
+        f"(what the story's other {samples['long'][0]['segments'] - 1:.0f} segments add to its first audio)",
         *(f"- every sample, seconds to the first `segment` event, {kind}: {every(kind)}" for kind in KINDS),
         f"- worker's mean batch size over the run (heartbeat): {batch}",
         "",

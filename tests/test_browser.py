@@ -29,11 +29,14 @@ FLAGS = (
     "--disable-sync",
     "--no-first-run",
 )
+# Four segments: enough that the last one must wait until the first has played (two are fetched ahead).
 STORY = (
     "The old lighthouse stood alone on the cliff. "
-    "Every night its beam swept across the dark water, warning ships away from the rocks. "
-    "The keeper climbed the stairs at dusk and came down again at dawn."
+    "Every night its beam swept across the dark water, warning ships away from the rocks below. "
+    "The keeper climbed the stairs at dusk and came down again at dawn. "
+    "One winter a storm broke the great lamp, and the keeper worked all night by candlelight to mend it."
 )
+LOOKAHEAD = 2
 
 
 def _unavailable(reason: str) -> None:
@@ -114,15 +117,23 @@ def test_play_fetches_and_plays_the_segments_in_order_as_they_are_made(
 
     playback = _wait_for(
         browser,
-        "const p = window.ttsPlayback; return (p.error || p.ended || p.played.length >= 2) && p",
+        "const p = window.ttsPlayback;"
+        "return (p.error || p.ended || (p.played.length >= 2 && p.fetched.length >= 4)) && p",
         timeout=30,
     )
     assert playback["error"] is None
     assert playback["jobId"]
     assert len(playback["fetched"]) >= 2
+    assert playback["fetched"] == [0, 1, 2, 3]
     assert len(playback["played"]) >= 2
     assert playback["fetched"] == sorted(playback["fetched"])
     assert playback["played"] == list(range(len(playback["played"])))
+    # No segment is fetched more than LOOKAHEAD ahead of the one playing.
+    for position, entry in enumerate(playback["log"]):
+        kind, index = entry.split()
+        if kind == "fetched":
+            played_before = sum(e.startswith("played") for e in playback["log"][:position])
+            assert played_before >= int(index) - LOOKAHEAD, playback["log"]
     status = browser.find_element(By.ID, "status").text
     assert "fetched" in status
     assert "played" in status

@@ -10,8 +10,9 @@ const $ = (id) => document.getElementById(id);
 let models = new Map();
 let current = null;
 
-// What happened, for people debugging and for tests: indices fetched and played, and whether all played.
-window.ttsPlayback = { fetched: [], played: [], ended: false, jobId: null, error: null };
+// What happened, for people debugging and for tests: indices fetched and played (and both in the order
+// they happened, in log), and whether all played.
+window.ttsPlayback = { fetched: [], played: [], log: [], ended: false, jobId: null, error: null };
 
 class ApiError extends Error {
   constructor(status, code, message) {
@@ -73,7 +74,7 @@ class Playback {
     this.made = 0;
     this.audioSeconds = 0;
     this.waiters = [];
-    this.state = { fetched: [], played: [], ended: false, jobId: job.id, error: null };
+    this.state = { fetched: [], played: [], log: [], ended: false, jobId: job.id, error: null };
     window.ttsPlayback = this.state;
     $("made").max = $("heard").max = this.total;
     this.events = this.follow();
@@ -107,6 +108,7 @@ class Playback {
         if (this.stopped) return;
         const data = await this.fetchSegment(index);
         this.state.fetched.push(index);
+        this.state.log.push(`fetched ${index}`);
         const buffer = await this.context.decodeAudioData(data);
         this.schedule(buffer, index);
         this.show();
@@ -142,6 +144,7 @@ class Playback {
     source.onended = () => {
       if (this.stopped) return;
       this.state.played.push(index);
+      this.state.log.push(`played ${index}`);
       if (index === this.total - 1) this.finish();
       this.show();
       this.waiters = this.waiters.filter((waiter) => !waiter());
@@ -214,7 +217,7 @@ async function play() {
     await current.run();
   } catch (error) {
     context.close();
-    window.ttsPlayback = { fetched: [], played: [], ended: false, jobId: null, error: error.message };
+    window.ttsPlayback = { fetched: [], played: [], log: [], ended: false, jobId: null, error: error.message };
     setStatus(`Could not start: ${error.message}`, true);
   }
 }

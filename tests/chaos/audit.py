@@ -33,13 +33,13 @@ class Audit:
     duplicated: int = 0  # segment events beyond the first per index
     seconds: float = 0.0
     notes: str = ""
-    failed_ids: set[str] = field(default_factory=set)
+    failures: dict[str, str] = field(default_factory=dict)  # job id → the reason it failed with
     problems: list[str] = field(default_factory=list)
 
     def row(self) -> dict[str, Any]:
         """Return the scenario's result row, as `make chaos` tabulates it."""
         found = asdict(self)
-        del found["failed_ids"], found["problems"]
+        del found["failures"], found["problems"]
         return {**found, "seconds": round(self.seconds, 1), "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
     def record(self) -> None:
@@ -77,7 +77,7 @@ def audit_job(
     status = record.get("status")
     if status == "failed" and record.get("error"):
         audit.failed += 1
-        audit.failed_ids.add(job_id)
+        audit.failures[job_id] = record["error"]
         return
     if status != "done":
         audit.lost += 1

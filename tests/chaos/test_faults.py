@@ -46,11 +46,12 @@ def submit(stack: Stack, bodies: list[dict[str, Any]]) -> list[str]:
     return [view["id"] for view in stack.submit_all(bodies)]
 
 
-def conclude(audit: Audit, *, poisoned: frozenset[str] = frozenset()) -> None:
+def conclude(audit: Audit, stack: Stack, *, poisoned: frozenset[str] = frozenset()) -> None:
     """Record the scenario's row, then insist on nothing lost, nothing repeated, and only poison failing."""
     audit.record()
-    assert not audit.problems, "\n".join(audit.problems)
-    assert audit.failed_ids == poisoned, f"failed: {audit.failed_ids}, poisoned: {poisoned}"
+    logs = f"\n(stack and worker logs in {stack.workdir})"
+    assert not audit.problems, "\n".join(audit.problems) + logs
+    assert set(audit.failures) == poisoned, f"failed: {audit.failures}, poisoned: {set(poisoned)}{logs}"
     assert audit.done + audit.failed == audit.accepted
 
 
@@ -63,10 +64,11 @@ def run_to_end(
     timeout: float = RECOVERY_S,
     headers: dict[str, str] | None = None,
 ) -> Audit:
-    """Wait for every job to end, then audit them all."""
+    """Wait for every job to end (the row's seconds run from ``started`` until then), then audit them all."""
     stack.wait_terminal(job_ids, timeout)
+    seconds = time.monotonic() - started
     audit = audit_jobs(scenario, stack.client(), stack.redis, job_ids, headers=headers)
-    audit.seconds = time.monotonic() - started
+    audit.seconds = seconds
     return audit
 
 
@@ -81,7 +83,7 @@ def test_a_worker_killed_mid_batch_loses_nothing(make_stack: MakeStack) -> None:
     stack.start_worker()
     audit = run_to_end(stack, "a. worker SIGKILL mid-batch", job_ids, started)
     audit.notes = f"killed at {written} written, {attempted - written} in flight"
-    conclude(audit)
+    conclude(audit, stack)
 
 
 def test_a_model_host_killed_mid_batch_is_restarted_and_loses_nothing(make_stack: MakeStack) -> None:
@@ -98,7 +100,7 @@ def test_a_model_host_killed_mid_batch_is_restarted_and_loses_nothing(make_stack
     assert restarted != host
     audit.notes = f"killed at {written} written, {attempted - written} in flight; worker survived"
     assert worker.process is not None and worker.process.poll() is None, "the worker died with its model host"
-    conclude(audit)
+    conclude(audit, stack)
 
 
 def test_a_worker_stopped_during_work_hands_its_segments_over(make_stack: MakeStack) -> None:
@@ -115,7 +117,7 @@ def test_a_worker_stopped_during_work_hands_its_segments_over(make_stack: MakeSt
     audit = run_to_end(stack, "c. worker SIGTERM (rolling restart)", job_ids, started)
     assert old.process is not None and old.process.returncode == 0, old.log_tail()
     audit.notes = f"stopped at {written} written, {attempted - written} in flight; drained in {drained_s:.1f} s"
-    conclude(audit)
+    conclude(audit, stack)
 
 
 def test_redis_killed_and_restarted_from_its_aof_loses_nothing(make_stack: MakeStack) -> None:
@@ -133,7 +135,7 @@ def test_redis_killed_and_restarted_from_its_aof_loses_nothing(make_stack: MakeS
     audit = run_to_end(stack, "d. Redis SIGKILL + restart (AOF)", job_ids, started)
     audit.notes = f"killed at {written} written, {attempted - written} in flight; down 2 s"
     assert worker.process is not None and worker.process.poll() is None, "the worker died with Redis"
-    conclude(audit)
+    conclude(audit, stack)
 
 
 def test_jobs_written_but_never_enqueued_are_finished_by_the_reconciler(make_stack: MakeStack) -> None:
@@ -146,7 +148,7 @@ def test_jobs_written_but_never_enqueued_are_finished_by_the_reconciler(make_sta
     ]
     audit = run_to_end(stack, "e. API died between write and enqueue", job_ids, started)
     audit.notes = "found by the reconciler (stall 4 s)"
-    conclude(audit)
+    conclude(audit, stack)
 
 
 def test_a_burst_of_ten_times_capacity_gets_only_202_429_or_503_and_every_accepted_job_ends(
@@ -183,7 +185,7 @@ def test_a_burst_of_ten_times_capacity_gets_only_202_429_or_503_and_every_accept
     assert set(codes) <= {202, 429, 503}, codes
     assert codes[429] > 0, "the quota never refused anything"
     assert all(retry for code, _, retry in answers if code != 202), "a refusal without Retry-After"
-    conclude(audit)
+    conclude(audit, stack)
 
 
 def _poison_scenario(make_stack: MakeStack, scenario: str, marker: str, *, bound_s: float) -> None:
@@ -207,7 +209,7 @@ def _poison_scenario(make_stack: MakeStack, scenario: str, marker: str, *, bound
     audit.notes = f"poison failed after {failed_at:.0f} s, attempts {attempts}: {record.get('error', '')[:60]}"
     assert failed_at <= bound_s, f"the poison job took {failed_at:.0f} s to fail (bound {bound_s:.0f} s)"
     assert max(attempts.values()) <= MAX_ATTEMPTS + 1, attempts
-    conclude(audit, poisoned=frozenset({poison}))
+    conclude(audit, stack, poisoned=frozenset({poison}))
 
 
 def test_an_engine_that_hangs_on_one_input_fails_that_job_in_bounded_time_and_no_other(make_stack: MakeStack) -> None:

@@ -26,6 +26,10 @@ class HostCrashed(SynthesisError):
     """Raised when a model host died or stopped answering during a call."""
 
 
+class HostHung(HostCrashed):
+    """Raised when a model host did not answer within the call's time limit (and was killed for it)."""
+
+
 class ModelHost:
     """One running subprocess holding one loaded model; calls are serialised."""
 
@@ -86,7 +90,7 @@ class ModelHost:
         try:
             if not self._conn.poll(timeout_s):
                 self.kill()
-                raise HostCrashed(f"model {self.spec.name} did not answer within {timeout_s:.0f}s ({what}); killed it")
+                raise HostHung(f"model {self.spec.name} did not answer within {timeout_s:.0f}s ({what}); killed it")
             reply: tuple[Any, ...] = self._conn.recv()
         except (EOFError, OSError) as e:
             code = self.process.exitcode

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -45,6 +46,8 @@ def memory_report() -> dict[str, float]:
 def host_main(conn: Connection, spec: ModelSpec, device: str, log_level: str, torch_threads: int = 0) -> None:
     """Load the engine, say ready, then answer ('synth', requests) messages until told to stop."""
     setup_logging(log_level)
+    # Ctrl-C reaches the whole process group; the worker decides when a host stops (or its pipe closes).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if torch_threads and spec.engine == "chattts":
         import torch
 

@@ -12,7 +12,7 @@ from typing import Any
 from core.metrics import MODEL_EVICTIONS, MODEL_LOAD_SECONDS, MODEL_LOADS
 from core.registry import ModelSpec
 from workers.engines.base import SynthesisRequest, Waveform
-from workers.pool.handle import HostCrashed, ModelHost
+from workers.pool.handle import HostCrashed, HostHung, ModelHost
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,9 @@ class ModelPool:
                 self._forget(spec.name, host)
                 self.counts["crashes"] += 1
                 log.warning("model %s: %s (attempt %d)", spec.name, e, attempt)
-                if attempt == 2:
+                # A died host may have been killed for reasons of its own (another process's OOM): try again.
+                # A hung call is not repeated: its callers have already waited the whole limit for it.
+                if attempt == 2 or isinstance(e, HostHung):
                     raise
         raise AssertionError("unreachable")
 
