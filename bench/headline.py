@@ -35,6 +35,8 @@ from tests.support.servers import ROOT
 RESULTS = ROOT / "bench" / "results"
 #: Worker heartbeat period during the run: the per-level mean batch size is read from it.
 HEARTBEAT_S = 1.0
+#: Above this share of the CPUs used by processes not ours, the results carry a warning.
+CONTENDED_PCT = 10.0
 
 
 @dataclass(frozen=True)
@@ -330,6 +332,15 @@ def write_results(
             f"Cache on (10 callers, one seed, {cache_line['window_s']:g}s): "
             f"{cache_line['jobs_per_s']:.2f} jobs/s, p50 first audio {cache_line['first_audio_p50']:.2f} s, "
             f"{hit:.0%} of segments from the cache.",
+        ]
+    others = [
+        side["cpu"].get("others_pct", 0.0) for lv in results for side in (lv.get("after"), lv.get("before")) if side
+    ]
+    if others and max(others) > CONTENDED_PCT:
+        parts += [
+            "",
+            f"WARNING: other processes used up to {max(others):.0f}% of the CPUs during the measured windows "
+            "(row 'CPU busy'); every number above is lower than this machine gives when quiet.",
         ]
     parts += ["", f"Whole run: {elapsed:.0f}s. Files: {out}"]
     document = "\n".join(parts)
