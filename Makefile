@@ -37,6 +37,7 @@ tiny-model: install  ## Build the tiny random-weight ChatTTS into models/chattts
 
 test: install-dev  ## Run the whole test suite against a Redis and workers it starts itself.
 	scripts/ensure_redis_server.sh
+	scripts/ensure_chromium.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 chaos: install-dev  ## Run the fault-injection scenarios and print the table (zero lost jobs expected).

@@ -19,7 +19,7 @@ def create_app(test_config: Mapping[str, Any] | None = None, *, services: Servic
     settings = load_settings(**(test_config or {}))
     if not logging.getLogger().handlers:
         setup_logging(settings.log_level, fmt=settings.log_format)
-    app = Flask(__name__)
+    app = Flask(__name__, static_folder=None)  # the web blueprint serves api/static
     # Werkzeug checks Content-Length against this before a view reads the body.
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.json.ensure_ascii = False  # type: ignore[attr-defined]

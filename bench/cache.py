@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,7 +139,7 @@ class Stack:
             time.sleep(0.05)
 
 
-def sse_events(session: requests.Session, url: str) -> Iterator[tuple[str, dict[str, Any]]]:
+def sse_events(session: requests.Session, url: str) -> Generator[tuple[str, dict[str, Any]], None, None]:
     """Yield (event name, data) from a server-sent event stream as each event arrives."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     with session.get(url, stream=True, timeout=120) as response:
@@ -235,9 +235,11 @@ def hits_versus_misses(stack: Stack) -> list[str]:
     for round_no in range(ROUNDS):
         for kind in ("miss", "hit"):
             seeds = [HIT_SEED] * CALLERS if kind == "hit" else [1000 * (round_no + 1) + i for i in range(CALLERS)]
-            results = in_threads(
-                CALLERS, lambda i, seeds=seeds: first_segment_latency(stack, {"text": SENTENCE, "seed": seeds[i]})
-            )
+
+            def caller(i: int, seeds: list[int] = seeds) -> tuple[float, dict[str, Any]]:
+                return first_segment_latency(stack, {"text": SENTENCE, "seed": seeds[i]})
+
+            results = in_threads(CALLERS, caller)
             latencies[kind] += [elapsed for elapsed, _ in results]
             served_from_cache[kind] += sum(job["cached_segments"] == job["segments_total"] for _, job in results)
             stack.wait_idle()

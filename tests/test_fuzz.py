@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
+from flask import Flask
+from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import (
     content_type_conformance,
     not_a_server_error,
     response_schema_conformance,
     status_code_conformance,
 )
-from flask import Flask
-from hypothesis import HealthCheck, given, settings
 
 from api import create_app
 from api.openapi import DOCUMENT
