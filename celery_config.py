@@ -11,6 +11,24 @@ QUEUES = ("realtime", "batch")
 
 SYNTHESIZE_TASK = "tts.synthesize_segment"
 
+# kombu's Redis transport keeps one list per queue and priority step, and a worker
+# pops them step by step: every queue at step 0, then every queue at step 3, ...
+PRIORITY_STEPS = (0, 3, 6, 9)
+PRIORITY_SEP = "\x06\x16"  # kombu's default separator, named here so queue depths can be read
+# A job's first segment is what its listener waits for now, so it goes ahead of other
+# jobs' later segments; realtime stays ahead of batch at both levels.
+_PRIORITIES = {("realtime", True): 0, ("realtime", False): 3, ("batch", True): 6, ("batch", False): 9}
+
+
+def task_priority(lane: str, index: int) -> int:
+    """Return the Redis priority of a segment task (lower is served first)."""
+    return _PRIORITIES[(lane, index == 0)]
+
+
+def queue_keys(lane: str) -> list[str]:
+    """Return the Redis lists that hold a lane's waiting tasks, one per priority step."""
+    return [lane if step == 0 else f"{lane}{PRIORITY_SEP}{step}" for step in PRIORITY_STEPS]
+
 
 def celery_settings(settings: Settings) -> dict[str, Any]:
     """Return Celery's lowercase settings for this deployment."""
@@ -23,6 +41,8 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
         "health_check_interval": 25,
         # Consume queues in the order given to -Q: realtime first.
         "queue_order_strategy": "priority",
+        "priority_steps": list(PRIORITY_STEPS),
+        "sep": PRIORITY_SEP,
     }
     return {
         "broker_url": settings.redis_url,

@@ -9,7 +9,7 @@ import redis
 from cache.breaker import CircuitBreaker
 from cache.stats import Stats
 from cache.workers import WorkerRegistry
-from celery_config import QUEUES
+from celery_config import QUEUES, queue_keys
 from core.errors import ServiceUnavailable
 from core.metrics import ADMISSION_REJECTIONS
 from core.settings import Settings
@@ -35,7 +35,11 @@ class Admission:
             return 0.0
         # Workers take realtime first, so a batch segment also waits behind all realtime work.
         lanes = QUEUES[: QUEUES.index(lane) + 1]
-        depth = sum(int(self.redis.llen(self.queues[name])) for name in lanes)
+        pipe = self.redis.pipeline(transaction=False)
+        for name in lanes:
+            for key in queue_keys(self.queues[name]):
+                pipe.llen(key)
+        depth = sum(int(n) for n in pipe.execute())
         return depth * recent.chars_per_segment / speed
 
     def admit(self, lane: str) -> None:

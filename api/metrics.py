@@ -10,7 +10,7 @@ from flask import Blueprint, Flask, Response, g, request
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest, multiprocess
 
 from api.services import services
-from celery_config import QUEUES
+from celery_config import QUEUES, queue_keys
 from core.metrics import HTTP_REQUESTS, HTTP_SECONDS, QUEUE_DEPTH
 
 bp = Blueprint("metrics", __name__)
@@ -33,7 +33,7 @@ def _update_queue_depth() -> None:
     client = services().redis
     try:
         for lane in QUEUES:
-            QUEUE_DEPTH.labels(lane).set(client.llen(lane))
+            QUEUE_DEPTH.labels(lane).set(sum(int(client.llen(key)) for key in queue_keys(lane)))
     except redis.RedisError:
         pass  # the scrape still reports everything else
 

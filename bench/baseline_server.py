@@ -15,6 +15,7 @@ import json
 import logging
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -38,6 +39,8 @@ class BaselineServer(ThreadingHTTPServer):
         self.lock = threading.Lock()
         self.pending = 0
         self.pending_lock = threading.Lock()
+        self.calls = 0
+        self.busy_s = 0.0
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -51,7 +54,9 @@ class Handler(BaseHTTPRequestHandler):
         if self.path != "/healthz":
             self._send(404, b"not found", "text/plain")
             return
-        self._send(200, json.dumps({"pending": self.server.pending}).encode(), "application/json")
+        server = self.server
+        state = {"pending": server.pending, "calls": server.calls, "busy_s": server.busy_s}
+        self._send(200, json.dumps(state).encode(), "application/json")
 
     def do_POST(self) -> None:
         """Synthesise the whole text in one engine call and answer with the WAV."""
@@ -73,7 +78,10 @@ class Handler(BaseHTTPRequestHandler):
             server.pending += 1
         try:
             with server.lock:
+                started = time.perf_counter()
                 wave = engine.synthesize([request])[0]
+                server.busy_s += time.perf_counter() - started
+                server.calls += 1
         except Exception as e:  # the caller learns why; the server keeps serving
             log.exception("synthesis failed")
             self._send(500, f"{type(e).__name__}: {e}".encode(), "text/plain")
@@ -104,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="chattts-tiny")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8100)
-    parser.add_argument("--torch-threads", type=int, default=2)
+    parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

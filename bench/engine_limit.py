@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,8,16,32", help="batch sizes to try (1 is always measured)")
     parser.add_argument("--pool", type=int, default=64, help="segments every batch size runs through")
     parser.add_argument("--batch1-seconds", type=float, default=15.0, help="time given to batch 1")
-    parser.add_argument("--torch-threads", type=int, default=2)
+    parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args(argv)

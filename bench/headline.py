@@ -127,18 +127,37 @@ def run_level(
     window_s: float,
     seed: int,
     probe: Callable[[], int] | None = None,
+    counters: Callable[[], dict[str, float]] | None = None,
 ) -> dict[str, Any]:
-    """Drive one level and return its summary with the CPU use (and queue length) of its window."""
+    """Drive one level and return its summary with the CPU use (and the worker's view) of its window."""
     start = time.monotonic()
-    meter = meter_window(start + plan.warmup_s, start + plan.warmup_s + window_s, probe=probe)
+    meter = meter_window(start + plan.warmup_s, start + plan.warmup_s + window_s, probe=probe, counters=counters)
     run = run_closed_loop(
         client, texts, callers=callers, warmup_s=plan.warmup_s, window_s=window_s, drain_s=plan.drain_s, seed=seed
     )
     summary = summarize(run)
     summary["queue"] = {k: meter.pop(k) for k in ("queue_mean", "queue_max") if k in meter} or None
+    summary.update(worker_view(meter.pop("counters", {}), window_s))
     summary["cpu"] = dict(meter)
     summary["wall_s"] = round(time.monotonic() - start, 1)
     return summary
+
+
+def worker_view(delta: dict[str, float], window_s: float) -> dict[str, Any]:
+    """Return the worker's batch size, engine busy share and queue wait over the window, from its metrics."""
+
+    def mean(name: str) -> float | None:
+        count = delta.get(f"{name}_count", 0.0)
+        return delta[f"{name}_sum"] / count if count else None
+
+    if not delta:
+        return {}
+    return {
+        "mean_batch_size": mean("tts_batch_size"),
+        "engine_busy": delta.get("tts_synthesis_seconds_sum", 0.0) / window_s,
+        "queue_wait_mean_s": mean("tts_queue_wait_seconds"),
+        "first_segment_mean_s": mean("tts_time_to_first_segment_seconds"),
+    }
 
 
 class BatchCounter:
@@ -188,7 +207,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--levels", default="1,10,50", help="concurrent callers per level")
     parser.add_argument("--duration", type=float, help="measured seconds per level (default 30, quick 8)")
     parser.add_argument("--quick", action="store_true", help="a ~2-minute smoke run")
-    parser.add_argument("--torch-threads", type=int, default=2, help="torch CPU threads, worker and baseline alike")
+    parser.add_argument(
+        "--torch-threads", type=int, default=1, help="torch CPU threads, worker and baseline alike (see NOTES)"
+    )
     parser.add_argument("--device", default=None, help="cpu for the tiny model, auto otherwise")
     parser.add_argument("--api-threads", type=int, default=32, help="gunicorn threads per API process")
     parser.add_argument(
@@ -256,15 +277,25 @@ def drive(args: argparse.Namespace, plan: Plan, env: dict[str, str], out: Path) 
             level: dict[str, Any] = {"callers": callers}
             stack.wait_idle()
             after = level["after"] = run_level(
-                served, texts, callers, plan, window_s=plan.window_s, seed=n, probe=stack.queued
+                served,
+                texts,
+                callers,
+                plan,
+                window_s=plan.window_s,
+                seed=n,
+                probe=stack.queued,
+                counters=stack.worker_totals,
             )
-            after["mean_batch_size"] = counter.after_level(after["segments_total"])
+            from_heartbeat = counter.after_level(after["segments_total"])
+            if after.get("mean_batch_size") is None:
+                after["mean_batch_size"] = from_heartbeat
             progress("after", after)
             if baseline:
                 baseline.wait_idle()
                 client = BaselineClient(baseline.url)
-                before = level["before"] = run_level(client, texts, callers, plan, window_s=plan.window_s, seed=n)
-                before["mean_batch_size"] = 1.0
+                before = level["before"] = run_level(
+                    client, texts, callers, plan, window_s=plan.window_s, seed=n, counters=baseline.totals
+                )
                 progress("before", before)
             results.append(level)
         if plan.cache_window_s:

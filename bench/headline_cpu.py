@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -75,18 +76,30 @@ def usage(first: Snapshot, last: Snapshot) -> dict[str, float]:
 
 
 def meter_window(
-    start: float, end: float, *, probe: Callable[[], int] | None = None, every_s: float = 0.5
-) -> dict[str, float]:
+    start: float,
+    end: float,
+    *,
+    probe: Callable[[], int] | None = None,
+    counters: Callable[[], dict[str, float]] | None = None,
+    every_s: float = 0.5,
+) -> dict[str, Any]:
     """Start a thread that measures CPU use between monotonic times ``start`` and ``end``.
 
-    With ``probe`` (say, the broker queue's length) it is also sampled every ``every_s`` seconds; the
-    returned dict fills in when the window ends.
+    With ``probe`` (say, the broker queue's length) it is also sampled every ``every_s`` seconds; with
+    ``counters`` (say, the worker's Prometheus totals) their growth over the window is kept under
+    "counters". The returned dict fills in when the window ends.
     """
-    found: dict[str, float] = {}
+    found: dict[str, Any] = {}
+
+    def totals() -> dict[str, float]:
+        try:
+            return counters() if counters is not None else {}
+        except Exception:  # a failed scrape must not stop the CPU measurement
+            return {}
 
     def watch() -> None:
         time.sleep(max(0.0, start - time.monotonic()))
-        first = snapshot()
+        first, first_totals = snapshot(), totals()
         samples: list[int] = []
         while time.monotonic() < end:
             if probe is not None:
@@ -95,6 +108,9 @@ def meter_window(
                     samples.append(probe())
             time.sleep(max(0.0, min(every_s, end - time.monotonic())))
         found.update(usage(first, snapshot()))
+        last_totals = totals()
+        if first_totals and last_totals:
+            found["counters"] = {k: v - first_totals.get(k, 0.0) for k, v in last_totals.items()}
         if samples:
             found["queue_mean"] = round(sum(samples) / len(samples), 1)
             found["queue_max"] = max(samples)

@@ -16,6 +16,8 @@ ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("jobs with a playback stall", "stall_share", "{:.1%}", False),
     ("p99 total stall (s)", "stall_p99_s", "{:.2f}", False),
     ("mean batch size", "mean_batch_size", "{:.2f}", True),
+    ("engine busy (batches ending in the window ÷ window)", "engine_busy", "{:.0%}", True),
+    ("mean wait, submit→segment task starts (s)", "queue_wait_mean_s", "{:.2f}", False),
     ("segments queued in the broker (mean / max)", "queue", "", False),
     ("jobs measured", "jobs_measured", "{}", True),
     ("CPU busy % (ours / others)", "cpu", "", False),
@@ -59,7 +61,8 @@ def level_table(levels: list[dict[str, Any]]) -> str:
         for level in levels:
             after, before = level.get("after") or {}, level.get("before") or {}
             cells += [_fmt(after.get(key), pattern), _fmt(before.get(key), pattern)]
-            cells.append("" if key in ("cpu", "queue", "jobs_measured") else _ratio(after.get(key), before.get(key)))
+            plain = key in ("cpu", "queue", "jobs_measured", "engine_busy", "queue_wait_mean_s")
+            cells.append("" if plain else _ratio(after.get(key), before.get(key)))
         lines.append("| " + " | ".join(cells) + " |")
     cells = ["errors by status"]
     for level in levels:

@@ -37,7 +37,8 @@ class ServiceStack:
     def __init__(self, env: dict[str, str], workdir: Path, *, api_processes: int, api_threads: int) -> None:
         self.workdir = workdir
         self.redis = RedisServer(workdir / "redis")
-        self.env = {**env, "REDIS_URL": self.redis.url}
+        self.metrics_port = free_port()
+        self.env = {**env, "REDIS_URL": self.redis.url, "TTS_METRICS_PORT": str(self.metrics_port)}
         self.worker = WorkerProcess(self.env, workdir / "worker.log")
         self.api = ApiProcess(self.env, workdir / "api.log", processes=api_processes, threads=api_threads)
         self.client: redis.Redis | None = None
@@ -59,6 +60,20 @@ class ServiceStack:
                 found: dict[str, Any] = json.loads(value)
                 return found
         return {}
+
+    def worker_totals(self) -> dict[str, float]:
+        """Return the worker's Prometheus counters and histogram sums, summed over their labels."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+        totals: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("tts_") and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                metric = name.split("{", 1)[0]
+                if metric.endswith(("_sum", "_count", "_total")):
+                    totals[metric] = totals.get(metric, 0.0) + float(value)
+        return totals
 
     def queued(self) -> int:
         """Return how many segment tasks wait in the broker's queues."""
@@ -117,6 +132,17 @@ class BaselineProcess:
             except OSError:
                 time.sleep(0.2)
         raise TimeoutError("baseline server did not start")
+
+    def totals(self) -> dict[str, float]:
+        """Return the engine's busy seconds and calls so far, named as the worker's metrics are."""
+        with urllib.request.urlopen(f"{self.url}/healthz", timeout=5) as response:
+            state = json.loads(response.read())
+        calls = float(state["calls"])
+        return {
+            "tts_synthesis_seconds_sum": state["busy_s"],
+            "tts_batch_size_sum": calls,
+            "tts_batch_size_count": calls,
+        }
 
     def wait_idle(self, timeout_s: float = 120) -> None:
         """Wait until the server has no request in hand."""

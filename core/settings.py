@@ -46,7 +46,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(256 * 1024, ge=1024, description="Largest request body accepted.")
     segment_max_chars: int = Field(120, ge=10, description="Segments pack sentences up to this many characters.")
     first_segment_max_chars: int = Field(
-        40, ge=5, description="The first segment is kept this short for fast first audio."
+        24, ge=5, description="The first segment is kept this short (a clause) for fast first audio."
     )
     batch_lane_chars: int = Field(2000, ge=1, description="Jobs longer than this default to the batch lane.")
     enqueue_window_batch: int = Field(

@@ -102,3 +102,21 @@ def test_a_call_that_returns_too_few_waveforms_fails_the_batch() -> None:
     batcher = Batcher(RecordingEngine(short_by=1), max_batch=8, max_wait_s=0.05)
     results = _submit_concurrently(batcher, [(SPEC, f"t{i}") for i in range(4)])
     assert all(isinstance(r, RuntimeError) and "waveforms for" in str(r) for r in results)
+
+
+def test_a_failing_observer_neither_fails_the_batch_nor_stops_the_batcher() -> None:
+    def broken_observer(*_: object) -> None:
+        raise TypeError("observer bug")
+
+    batcher = Batcher(RecordingEngine(), max_batch=4, max_wait_s=0.01, observe=broken_observer)
+    first = _submit_concurrently(batcher, [(SPEC, "one"), (SPEC, "two")])
+    second = _submit_concurrently(batcher, [(SPEC, "three")])
+    assert all(not isinstance(r, Exception) for r in [*first, *second])
+
+
+def test_first_segments_go_ahead_and_realtime_stays_ahead_of_batch() -> None:
+    from celery_config import queue_keys, task_priority
+
+    order = sorted([("batch", 0), ("realtime", 5), ("batch", 3), ("realtime", 0)], key=lambda t: task_priority(*t))
+    assert order == [("realtime", 0), ("realtime", 5), ("batch", 0), ("batch", 3)]
+    assert queue_keys("realtime")[0] == "realtime" and len(queue_keys("realtime")) == 4

@@ -96,7 +96,7 @@ def test_the_page_fills_its_model_and_voice_pickers_from_the_registry(browser: A
     models = _wait_for(
         browser,
         "const s = document.getElementById('model'); return s.value && [...s.options].map(o => o.value)",
-        timeout=10,
+        timeout=30,
     )
     assert "espeak-en" in models
     assert browser.execute_script("return document.getElementById('model').value") == "espeak-en"
@@ -109,7 +109,7 @@ def test_play_fetches_and_plays_the_segments_in_order_as_they_are_made(
     from selenium.webdriver.common.by import By
 
     browser.get(page_url)
-    _wait_for(browser, "return document.getElementById('model').value === 'espeak-en'", timeout=10)
+    _wait_for(browser, "return document.getElementById('model').value === 'espeak-en'", timeout=30)
     text = browser.find_element(By.ID, "text")
     text.clear()
     text.send_keys(STORY)

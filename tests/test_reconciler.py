@@ -62,8 +62,8 @@ def test_a_long_batch_job_enters_the_queue_through_a_window_and_still_finishes(a
     text = "\n\n".join(f"Paragraph number {i} is short." for i in range(12))
     job = served.post("/v1/jobs", json={"text": text, "model": "espeak-en", "priority": "batch",
                                         "cache": False}).get_json()  # fmt: skip
-    assert job["segments_total"] == 12
-    assert _wait(served, job["id"])["segments_done"] == 12
+    assert job["segments_total"] >= 12  # one per paragraph (the first may be cut short)
+    assert _wait(served, job["id"])["segments_done"] == job["segments_total"]
 
 
 def test_a_second_book_gets_its_first_segment_before_the_first_book_ends(served: FlaskClient) -> None:

@@ -138,10 +138,13 @@ class Batcher:
         elapsed = time.perf_counter() - started
         self.batches += 1
         self.items += len(group)
-        if self._observe is not None:
-            self._observe(spec.name, len(group), sum(len(p.request.text) for p in group), elapsed)
         for pending, wave in zip(group, waves, strict=True):
             pending.future.set_result((wave, rate))
+        if self._observe is not None:
+            try:
+                self._observe(spec.name, len(group), sum(len(p.request.text) for p in group), elapsed)
+            except Exception:  # observing must never break serving
+                log.exception("batch observer failed")
 
     def _suspect(self, requests: list[SynthesisRequest]) -> None:
         with self._lock:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from celery import Celery
 
-from celery_config import SYNTHESIZE_TASK, celery_settings
+from celery_config import SYNTHESIZE_TASK, celery_settings, task_priority
 from core.settings import Settings
 
 #: Put segment tasks on a queue: (job id, segment indexes, queue name).
@@ -26,6 +26,12 @@ def celery_enqueue(celery: Celery) -> Enqueue:
     def enqueue(job_id: str, indexes: list[int], queue: str) -> None:
         with celery.producer_or_acquire() as producer:
             for index in indexes:
-                celery.send_task(SYNTHESIZE_TASK, args=[job_id, index], queue=queue, producer=producer)
+                celery.send_task(
+                    SYNTHESIZE_TASK,
+                    args=[job_id, index],
+                    queue=queue,
+                    priority=task_priority(queue, index),
+                    producer=producer,
+                )
 
     return enqueue

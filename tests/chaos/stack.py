@@ -96,16 +96,19 @@ class Stack:
         self.store = JobStore(self.redis, ttl=3600)
         self.workers: list[WorkerProcess] = []
         self._orphans: set[int] = set()
-        self.app: Flask = create_app(
-            {
-                "redis_url": self.redis_server.url,
-                "models_file": models_file,
-                "default_model": "espeak-en",
-                "heartbeat_s": 0.5,
-                "chattts_weights_dir": workdir / "no-chattts",
-                **api,
-            }
-        )
+        config = {
+            "redis_url": self.redis_server.url,
+            "models_file": models_file,
+            "default_model": "espeak-en",
+            "heartbeat_s": 0.5,
+            "chattts_weights_dir": workdir / "no-chattts",
+            **api,
+        }
+        try:
+            self.app: Flask = create_app(config)
+        except Exception:
+            self.redis_server.stop()  # the fixture never sees a stack that failed to build
+            raise
 
     def client(self) -> FlaskClient:
         """Return a test client of the API (one per thread)."""
