@@ -28,6 +28,7 @@ import redis
 import requests
 
 from cache.workers import WorkerRegistry
+from celery_config import QUEUES, queue_keys
 from tests.support.servers import ROOT, ApiProcess, RedisServer, WorkerProcess
 
 T = TypeVar("T")
@@ -128,7 +129,8 @@ class Stack:
 
     def backlog(self) -> int:
         """Count segment tasks queued or held unacknowledged by the worker (0: the worker is idle)."""
-        return sum(int(self.redis.llen(queue)) for queue in ("realtime", "batch")) + int(self.redis.hlen("unacked"))
+        queued = sum(int(self.redis.llen(key)) for lane in QUEUES for key in queue_keys(lane))
+        return queued + int(self.redis.hlen("unacked"))
 
     def wait_idle(self, timeout: float = 120) -> None:
         """Wait until no segment task is queued or running."""

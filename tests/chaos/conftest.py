@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -9,8 +10,8 @@ from typing import Any
 import pytest
 
 from tests.chaos.stack import Stack
-from tests.conftest import IN_CI
 
+IN_CI = os.environ.get("CI") == "true"
 MakeStack = Callable[..., Stack]
 
 
