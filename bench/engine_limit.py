@@ -55,12 +55,16 @@ def service_segments(text: str, *, language: str) -> list[str]:
 
 
 def segment_pool(texts: list[str], size: int, *, language: str, seed: int) -> list[str]:
-    """Draw whole texts at random and return the first ``size`` segments the service would make of them."""
-    rng = random.Random(seed)
-    pool: list[str] = []
-    while len(pool) < size:
-        pool += service_segments(rng.choice(texts), language=language)
-    return pool[:size]
+    """Return ``size`` segments spread evenly over the lengths the service makes of the corpus, shuffled.
+
+    The load generator draws texts uniformly, so the service sees every text's segments equally often;
+    a systematic sample of that population, sorted by length, has its length distribution.
+    """
+    population = sorted((s for t in texts for s in service_segments(t, language=language)), key=len)
+    step = len(population) / size
+    pool = [population[min(len(population) - 1, int((i + 0.5) * step))] for i in range(size)]
+    random.Random(seed).shuffle(pool)
+    return pool
 
 
 def measure(engine: Any, pool: list[str], *, batch: int, seconds: float, seed: int) -> dict[str, float]:

@@ -217,7 +217,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="extra environment for the service, e.g. TTS_WORKER_CONCURRENCY=64 (repeatable)",
+        help="extra environment for the service, the baseline and the engine measurement alike, "
+        "e.g. TTS_WORKER_CONCURRENCY=64 or OMP_WAIT_POLICY=PASSIVE (repeatable)",
     )
     parser.add_argument("--skip-baseline", action="store_true")
     parser.add_argument("--skip-engine", action="store_true")

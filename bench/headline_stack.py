@@ -31,6 +31,15 @@ def bench_models_file(out_dir: Path) -> Path:
     return path
 
 
+def broker_lists() -> list[str]:
+    """Return the Redis lists that hold waiting segment tasks (one per lane and priority step, if any)."""
+    import celery_config
+
+    lanes = getattr(celery_config, "QUEUES", ("realtime", "batch"))
+    keys_of = getattr(celery_config, "queue_keys", None)
+    return [key for lane in lanes for key in (keys_of(lane) if keys_of else [lane])]
+
+
 class ServiceStack:
     """Redis, one worker and the API under gunicorn, as `make run` starts them."""
 
@@ -76,9 +85,9 @@ class ServiceStack:
         return totals
 
     def queued(self) -> int:
-        """Return how many segment tasks wait in the broker's queues."""
+        """Return how many segment tasks wait in the broker's queues, every priority step included."""
         assert self.client is not None
-        return sum(int(self.client.llen(q)) for q in ("realtime", "batch"))
+        return sum(int(self.client.llen(key)) for key in broker_lists())
 
     def wait_idle(self, timeout_s: float = 60) -> None:
         """Wait until no segment task is queued, so one level's leftovers do not load the next."""

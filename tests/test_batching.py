@@ -120,3 +120,15 @@ def test_first_segments_go_ahead_and_realtime_stays_ahead_of_batch() -> None:
     order = sorted([("batch", 0), ("realtime", 5), ("batch", 3), ("realtime", 0)], key=lambda t: task_priority(*t))
     assert order == [("realtime", 0), ("realtime", 5), ("batch", 0), ("batch", 3)]
     assert queue_keys("realtime")[0] == "realtime" and len(queue_keys("realtime")) == 4
+
+
+def test_an_urgent_segment_rides_in_the_next_engine_call() -> None:
+    engine = RecordingEngine(delay_s=0.2)
+    batcher = Batcher(engine, max_batch=2, max_wait_s=0.0)
+    blocker = batcher.submit(SPEC, SynthesisRequest(text="keeps the engine busy"))
+    time.sleep(0.05)
+    later = [batcher.submit(SPEC, SynthesisRequest(text=f"later segment {i}")) for i in range(4)]
+    first = batcher.submit(SPEC, SynthesisRequest(text="first segment"), urgent=True)
+    for future in (blocker, first, *later):
+        future.result(5)
+    assert "first segment" in engine.calls[1][1], engine.calls

@@ -28,6 +28,7 @@ _MAX_SUSPECTS = 4096
 class _Pending:
     spec: ModelSpec
     request: SynthesisRequest
+    urgent: bool = False
     future: Future[tuple[Waveform, int]] = field(default_factory=Future)
     submitted: float = field(default_factory=time.monotonic)
 
@@ -57,9 +58,11 @@ class Batcher:
         self.batches = 0
         self.items = 0
 
-    def submit(self, spec: ModelSpec, request: SynthesisRequest) -> Future[tuple[Waveform, int]]:
-        """Queue one segment; the future resolves to its waveform and sample rate."""
-        pending = _Pending(spec, request)
+    def submit(
+        self, spec: ModelSpec, request: SynthesisRequest, *, urgent: bool = False
+    ) -> Future[tuple[Waveform, int]]:
+        """Queue one segment (``urgent``: a listener is waiting for it now); resolve to its waveform and rate."""
+        pending = _Pending(spec, request, urgent)
         self._queue_for(spec.name).put(pending)
         return pending.future
 
@@ -103,7 +106,9 @@ class Batcher:
             items = self._collect(inbox, backlog)
             if items is None:
                 return
-            items.sort(key=lambda p: p.submitted)
+            # Urgent segments (a job's first) first, then the oldest: the first group planned holds the
+            # most pressing segment, and plan_batches keeps that group first.
+            items.sort(key=lambda p: (not p.urgent, p.submitted))
             with self._lock:
                 suspect = [p.request in self._suspects for p in items]
             groups = [[p] for p, s in zip(items, suspect, strict=True) if s] + plan_batches(

@@ -82,6 +82,7 @@ class SegmentSynthesizer:
         wave, rate = self.backend.synthesize(
             spec,
             SynthesisRequest(text=text, voice=request.voice, speed=request.speed, seed=request.seed, mode=request.mode),
+            urgent=index == 0,
         )
         synth_s = time.perf_counter() - started
         pcm = to_pcm16(wave)
