@@ -82,11 +82,6 @@ def cached_file(digest: str) -> str:
     return f"{PREFIX}:cache:file:{digest}"
 
 
-def quota(caller: str) -> str:
-    """Return the key of a caller's token bucket."""
-    return f"{PREFIX}:quota:{caller}"
-
-
 def idempotency(caller: str, key: str) -> str:
     """Return the key remembering which job an idempotency key created."""
     return f"{PREFIX}:idem:{caller}:{key}"
