@@ -46,7 +46,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(256 * 1024, ge=1024, description="Largest request body accepted.")
     segment_max_chars: int = Field(120, ge=10, description="Segments pack sentences up to this many characters.")
     first_segment_max_chars: int = Field(
-        24, ge=5, description="The first segment is kept this short (a clause) for fast first audio."
+        24, ge=5, description="The first segment is kept this short (a clause); each next one may be twice as long."
     )
     batch_lane_chars: int = Field(2000, ge=1, description="Jobs longer than this default to the batch lane.")
     enqueue_window_batch: int = Field(
@@ -68,7 +68,9 @@ class Settings(BaseSettings):
         ge=30,
         description="A delivered task not acked this long is delivered again; keep above 3x the time limit.",
     )
-    worker_concurrency: int = Field(16, ge=1, description="Segments one worker holds at once (threads).")
+    worker_concurrency: int = Field(
+        48, ge=1, description="Segments one worker holds at once (threads); 2-4x the batch size lets batches fill."
+    )
     batch_max_size: int = Field(16, ge=1, description="Most segments in one engine call.")
     batch_wait_ms: float = Field(
         10.0, ge=0, description="How long the batcher waits for company after a segment arrives."
@@ -78,7 +80,9 @@ class Settings(BaseSettings):
         8192, ge=64, description="Memory all loaded models may hold (GPU memory on CUDA, resident on CPU)."
     )
     model_idle_s: float = Field(600.0, gt=0, description="Unpinned models idle this long are unloaded.")
-    torch_threads: int = Field(0, ge=0, description="CPU threads per model process for torch; 0 keeps torch's default.")
+    torch_threads: int = Field(
+        0, ge=0, description="CPU threads per model process for torch; 0 keeps torch's default (use 1 on shared CPUs)."
+    )
     metrics_port: int = Field(9310, ge=0, le=65535, description="Worker's Prometheus port; 0 turns it off.")
     log_format: str = Field("text", pattern="^(text|json)$", description="Log lines as text or JSON.")
     heartbeat_s: float = Field(5.0, gt=0, description="How often a worker announces itself in Redis.")

@@ -472,7 +472,16 @@ def test_sentences_are_packed_up_to_the_cap() -> None:
     segments = plan_segments(text, max_chars=50, first_max_chars=20)
     assert all(len(s) <= 50 for s in segments)
     assert all(s.endswith("。") for s in segments)
-    assert len(segments[1]) == 50  # five whole ten-character sentences
+    assert len(segments[1]) == 40  # the ramp: twice the first cap, four whole ten-character sentences
+    assert len(segments[2]) == 50  # then the full cap: five sentences
+
+
+def test_segment_caps_ramp_up_from_the_first() -> None:
+    text = "Word " * 400
+    segments = plan_segments(text, max_chars=120, first_max_chars=24)
+    caps = [24, 48, 96, 120, 120]
+    assert all(len(s) <= cap for s, cap in zip(segments, caps, strict=False))
+    assert len(segments[1]) > 24 and len(segments[2]) > 48
 
 
 def test_first_segment_is_short() -> None:
@@ -522,7 +531,7 @@ def test_english_is_split_at_word_boundaries() -> None:
 
 def test_cjk_without_punctuation_is_cut_hard_at_the_cap() -> None:
     segments = plan_segments("字" * 300, max_chars=120, first_max_chars=40)
-    assert [len(s) for s in segments] == [40, 120, 120, 20]
+    assert [len(s) for s in segments] == [40, 80, 120, 60]  # the cap ramps 40, 80, 120
 
 
 @pytest.mark.parametrize(

@@ -24,8 +24,11 @@ class _Packer:
         self.segments: list[str] = []
 
     def limit(self) -> int:
-        """Return the cap of the segment being filled now."""
-        return self.first_cap if not self.segments else self.cap
+        """Return the cap of the segment being filled now: the first cap, doubling per segment up to the cap.
+
+        The ramp keeps each early segment quick enough to be made while the one before it plays.
+        """
+        return min(self.cap, self.first_cap * 2 ** len(self.segments))
 
     def flush(self, piece: str) -> None:
         """Close a segment if the piece has anything to say."""
