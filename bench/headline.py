@@ -35,6 +35,8 @@ from tests.support.servers import ROOT
 RESULTS = ROOT / "bench" / "results"
 #: Worker heartbeat period during the run: the per-level mean batch size is read from it.
 HEARTBEAT_S = 1.0
+#: Measuring windows shorter than this make a smoke test, not a verdict.
+FULL_WINDOW_S = 20.0
 #: Above this share of the CPUs used by processes not ours, the results carry a warning.
 CONTENDED_PCT = 10.0
 
@@ -54,7 +56,7 @@ class Plan:
 
 def make_plan(args: argparse.Namespace) -> Plan:
     """Return the durations for a full run (about 8 minutes on 2 cores) or a quick one (about 2)."""
-    quick = Plan(8, 2, 120, "1,8,16", 32, 5, 0)
+    quick = Plan(8, 2, 40, "1,8", 32, 5, 0)  # a smoke test: shorter drain, small engine check
     full = Plan(30, 4, 240, "1,8,16,32", 64, 15, 12)
     plan = quick if args.quick else full
     if args.duration:
@@ -372,7 +374,16 @@ def write_results(
         parts += [
             "",
             f"WARNING: other processes used up to {max(others):.0f}% of the CPUs during the measured windows "
-            "(row 'CPU busy'); every number above is lower than this machine gives when quiet.",
+            "(row 'CPU busy'); expect noisier, possibly lower numbers than a quiet machine gives.",
+        ]
+    if plan.window_s < FULL_WINDOW_S:
+        fewest = min(
+            (side["jobs_measured"] for lv in results for side in lv.values() if isinstance(side, dict)), default=0
+        )
+        parts += [
+            "",
+            f"Short run ({plan.window_s:g}s per level, as few as {fewest} jobs in a level): a smoke test; "
+            "judge the targets on a full run.",
         ]
     parts += ["", f"Whole run: {elapsed:.0f}s. Files: {out}"]
     document = "\n".join(parts)

@@ -309,7 +309,7 @@ def run_closed_loop(
     with lock:
         unfinished = sum(1 for t in in_flight.values() if window_start <= t <= window_end)
         stuck = bool(in_flight)
+        finished = list(results)  # taken before cancelling, so a cancelled job is counted once, as unfinished
     if stuck:
         client.abandon_all()
-    with lock:
-        return LevelRun(callers, window_start, window_end, list(results), unfinished)
+    return LevelRun(callers, window_start, window_end, finished, unfinished)
