@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 
 from celery.signals import worker_ready, worker_shutdown
 from prometheus_client import start_http_server
@@ -18,8 +19,8 @@ from workers.runtime import attach, build_runtime
 log = logging.getLogger("workers")
 
 
-def main() -> None:
-    """Build the worker's runtime and run the Celery worker until it is stopped."""
+def main() -> int:
+    """Build the worker's runtime, run the Celery worker until it stops, and return its exit status."""
     settings = load_settings()
     setup_logging(settings.log_level, fmt=settings.log_format)
     node = f"tts-{os.environ.get('CUDA_VISIBLE_DEVICES') or 'cpu'}-{os.getpid()}@{socket.gethostname()}"
@@ -40,8 +41,14 @@ def main() -> None:
     def _ready(**_: object) -> None:
         runtime.start()
 
+    # app.worker_main() drops the worker's exit status (celery's start() and click both swallow it), so take
+    # it from the worker itself: one that stops on an "Unrecoverable error" (celery/kombu can, when the broker
+    # connection drops) must exit non-zero, so that its supervisor (systemd Restart=on-failure) restarts it.
+    exit_status: list[int] = []
+
     @worker_shutdown.connect(weak=False)  # type: ignore[untyped-decorator]
-    def _shutdown(**_: object) -> None:
+    def _shutdown(sender: object = None, **_: object) -> None:
+        exit_status.append(int(getattr(sender, "exitcode", None) or 0))
         runtime.stop()
 
     app.worker_main(
@@ -61,7 +68,8 @@ def main() -> None:
             "--without-mingle",
         ]
     )
+    return exit_status[-1] if exit_status else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

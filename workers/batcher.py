@@ -117,7 +117,8 @@ class Batcher:
                 max_batch=self.max_batch,
                 max_ratio=self.max_ratio,
             )
-            groups.sort(key=lambda g: min(p.submitted for p in g))
+            rank = {id(p): i for i, p in enumerate(items)}  # suspects' solo groups keep the urgent-then-oldest order
+            groups.sort(key=lambda g: min(rank[id(p)] for p in g))
             # Run the group holding the oldest segment; the rest wait for the next round.
             self._run(groups[0])
             backlog = [p for g in groups[1:] for p in g]

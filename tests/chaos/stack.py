@@ -96,6 +96,8 @@ class Stack:
         self.store = JobStore(self.redis, ttl=3600)
         self.workers: list[WorkerProcess] = []
         self._orphans: set[int] = set()
+        self._stopped: set[int] = set()  # pids of workers this stack ended on purpose
+        self.exits: list[tuple[int, int]] = []  # (pid, exit status) of workers that ended on their own
         config = {
             "redis_url": self.redis_server.url,
             "models_file": models_file,
@@ -157,8 +159,20 @@ class Stack:
 
     def kill_worker(self, worker: WorkerProcess, sig: int = signal.SIGKILL) -> None:
         """Signal a worker and wait for it to end; its model hosts are remembered for clean-up."""
+        self._stopped.add(worker.pid)
         self._orphans.update(descendants(worker.pid))
         worker.stop(sig)
+
+    def supervise(self) -> None:
+        """Restart workers that ended on their own with a failure status, as systemd's Restart=on-failure does."""
+        for worker in list(self.workers):
+            code = None if worker.process is None else worker.process.poll()
+            if code is None or worker.pid in self._stopped:
+                continue
+            self._stopped.add(worker.pid)
+            self.exits.append((worker.pid, code))
+            if code != 0:
+                self.start_worker(wait=False)
 
     def submit(self, client: FlaskClient, body: Mapping[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
         """POST one job; return the status code, JSON body and headers."""
@@ -209,11 +223,16 @@ class Stack:
         heartbeat and all, so admission accepts the jobs.
         """
         pid = self.host_pid(worker, model)
+        stall_s = float(self.env["TTS_RECONCILE_STALL_S"])
+        started = time.monotonic()
         os.kill(pid, signal.SIGSTOP)
         try:
             yield
         finally:
             os.kill(pid, signal.SIGCONT)
+        # Past the stall, the reconciler re-enqueues the waiting jobs: the scenario would test that, not its fault.
+        paused_s = time.monotonic() - started
+        assert paused_s < stall_s / 2, f"submitting took {paused_s:.1f} s, too close to the {stall_s:g} s stall"
 
     def kill_host(self, pid: int) -> None:
         """SIGKILL a model host, as the OOM killer would."""
@@ -230,9 +249,10 @@ class Stack:
         raise TimeoutError(f"no segment in flight within {timeout}s: {self.progress(job_ids)}")
 
     def wait_terminal(self, job_ids: list[str], timeout: float) -> float:
-        """Wait until every job has ended (or the time is up); return the seconds waited."""
+        """Wait until every job has ended (or the time is up), supervising the workers; return the seconds waited."""
         started = time.monotonic()
         while time.monotonic() - started < timeout:
+            self.supervise()
             try:
                 pipe = self.redis.pipeline(transaction=False)
                 for job_id in job_ids:
@@ -252,5 +272,7 @@ class Stack:
                 self.kill_worker(worker)
         for pid in self._orphans:
             kill_quietly(pid)
-        self.redis.close()
+        services = self.app.extensions["tts"]
+        for client in (self.redis, services.redis, services.cache.redis):  # else their sockets leak to the GC
+            client.close()
         self.redis_server.stop()
