@@ -42,8 +42,7 @@ test: install-dev  ## Run the whole test suite against a Redis and workers it st
 
 chaos: install-dev  ## Run the fault-injection scenarios and print the table (zero lost jobs expected).
 	scripts/ensure_redis_server.sh
-	$(PY) -m pytest tests/chaos -m chaos -p no:cacheprovider -q
-	$(PY) -m tests.chaos.report
+	$(PY) -m pytest tests/chaos -m chaos -p no:cacheprovider -q; status=$$?; $(PY) -m tests.chaos.report; exit $$status
 
 bench: install-bench  ## The headline benchmark: after vs before at 1, 10 and 50 callers (table + chart).
 	scripts/ensure_redis_server.sh

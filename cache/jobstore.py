@@ -104,6 +104,10 @@ class JobStore:
         value = self.redis.lpop(keys.pending(job_id))
         return None if value is None else int(_raw(value))
 
+    def pending(self, job_id: str) -> list[int]:
+        """Return the segments still waiting to be enqueued."""
+        return [int(_raw(v)) for v in self.redis.lrange(keys.pending(job_id), 0, -1)]
+
     def live_jobs(self) -> list[str]:
         """Return the ids of jobs not known to be finished, oldest first."""
         return [_raw(v).decode() for v in self.redis.zrange(keys.LIVE_JOBS, 0, -1)]

@@ -55,7 +55,10 @@ class Settings(BaseSettings):
     enqueue_window_realtime: int = Field(64, ge=1, description="The same window for realtime-lane jobs.")
     reconcile_interval_s: float = Field(15.0, gt=0, description="How often a worker looks for stalled jobs.")
     reconcile_stall_s: float = Field(
-        300.0, gt=0, description="Re-enqueue a live job's missing segments after this long without progress."
+        900.0,
+        gt=0,
+        description="Re-enqueue a live job's missing segments after this long without progress; keep it above "
+        "2x the task time limit, or a slow segment is counted twice against its attempts.",
     )
     job_deadline_s: float = Field(6 * 3600.0, gt=0, description="A job not done this long after submission fails.")
     max_wait_s: float = Field(30.0, gt=0, description="Longest long-poll a client may ask for with ?wait=.")

@@ -46,7 +46,10 @@ class Reconciler:
                 continue
             if now - float(record["updated_at"]) < self.stall_s:
                 continue
-            missing = self.store.missing_segments(job_id, int(record["segments_total"]))
+            waiting = set(self.store.pending(job_id))  # not lost: the enqueue window feeds them in later
+            missing = [
+                i for i in self.store.missing_segments(job_id, int(record["segments_total"])) if i not in waiting
+            ]
             if not missing:
                 continue
             lane = JobRequest.from_json(record["request"]).priority

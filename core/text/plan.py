@@ -28,7 +28,7 @@ class _Packer:
 
         The ramp keeps each early segment quick enough to be made while the one before it plays.
         """
-        return min(self.cap, self.first_cap * 2 ** len(self.segments))
+        return min(self.cap, self.first_cap << min(len(self.segments), 16))
 
     def flush(self, piece: str) -> None:
         """Close a segment if the piece has anything to say."""
