@@ -76,7 +76,7 @@ def create_job() -> tuple[dict[str, Any], int, dict[str, str]]:
     job_input = parse_job(body, max_chars=svc.settings.max_text_chars)
     idem_key = request.headers.get("Idempotency-Key")
     if idem_key is None:
-        job_id = _submit(job_input)
+        job_id = submit_input(job_input)
     else:
         if not 1 <= len(idem_key) <= 255 or not idem_key.isprintable():
             raise ValidationFailed("Idempotency-Key", "must be 1 to 255 printable characters")
@@ -90,7 +90,7 @@ def create_job() -> tuple[dict[str, Any], int, dict[str, str]]:
             job_id = earlier[1]
         else:
             try:
-                job_id = _submit(job_input)
+                job_id = submit_input(job_input)
             except Exception:
                 keys.release(g.caller, idem_key)
                 raise
@@ -99,7 +99,8 @@ def create_job() -> tuple[dict[str, Any], int, dict[str, str]]:
     return view, 202, {"Location": view["urls"]["self"]}
 
 
-def _submit(job_input: JobInput) -> str:
+def submit_input(job_input: JobInput) -> str:
+    """Submit a checked request with the app's services; return the job id."""
     svc = services()
     return submit_job(
         job_input,

@@ -6,9 +6,9 @@ from typing import Any
 
 from flask import Blueprint, Response, request, stream_with_context
 
+from api.jobs import submit_input
 from api.services import services
 from api.streaming import audio_stream
-from api.submission import submit_job
 from api.validation import JobInput, read_json_object
 from core.audio import media_type
 from core.errors import NotReady, ValidationFailed
@@ -64,15 +64,7 @@ def speech() -> Response:
     svc = services()
     body = read_json_object(request, max_bytes=svc.settings.max_body_bytes)
     job_input = _speech_input(body, max_chars=svc.settings.max_text_chars)
-    job_id = submit_job(
-        job_input,
-        settings=svc.settings,
-        registry=svc.registry,
-        store=svc.store,
-        cache=svc.cache,
-        enqueue=svc.enqueue,
-        admit=svc.admission.admit,
-    )
+    job_id = submit_input(job_input)
     fmt = job_input.format
     if fmt == "flac":  # flac cannot grow by concatenation: wait for the whole file
         data, rate = _whole_file(job_id, fmt)
