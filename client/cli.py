@@ -12,24 +12,14 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-import numpy as np
 import requests
-import soundfile as sf
 
 from client.api import TTSClient, TTSClientError
+from core.audio import encode
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 #: Output formats by file suffix; ``pcm`` is raw 16-bit little-endian mono.
 SUFFIX_FORMATS = {".wav": "wav", ".flac": "flac", ".ogg": "ogg", ".mp3": "mp3", ".opus": "opus", ".pcm": "pcm"}
-# soundfile's (container, subtype) for the formats a book is assembled into.
-_SOUNDFILE = {
-    "wav": ("WAV", "PCM_16"),
-    "flac": ("FLAC", "PCM_16"),
-    "ogg": ("OGG", "VORBIS"),
-    "mp3": ("MP3", "MPEG_LAYER_III"),
-    "opus": ("OGG", "OPUS"),
-}
-_OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
 STATE_NAME = "job.json"
 
 
@@ -89,17 +79,7 @@ def output_format(path: Path, given: str | None) -> str:
 def write_audio(path: Path, pcm: bytes, sample_rate: int, fmt: str) -> None:
     """Encode mono 16-bit PCM as ``fmt`` into ``path``, atomically (a temporary file, then a rename)."""
     temporary = path.with_name(f".{path.name}.tmp")
-    if fmt == "pcm":
-        temporary.write_bytes(pcm)
-    else:
-        samples = np.frombuffer(pcm, dtype="<i2")
-        if fmt == "opus" and sample_rate not in _OPUS_RATES:
-            target = next(r for r in _OPUS_RATES if r >= sample_rate)
-            positions = np.linspace(0, len(samples) - 1, round(len(samples) * target / sample_rate))
-            samples = np.interp(positions, np.arange(len(samples)), samples).round().astype("<i2")
-            sample_rate = target
-        container, subtype = _SOUNDFILE[fmt]
-        sf.write(temporary, samples, sample_rate, format=container, subtype=subtype)
+    temporary.write_bytes(encode(pcm, sample_rate, fmt))
     temporary.replace(path)
 
 
