@@ -13,16 +13,10 @@ SYNTHESIZE_TASK = "tts.synthesize_segment"
 
 # kombu's Redis transport keeps one list per queue and priority step, and a worker
 # pops them step by step: every queue at step 0, then every queue at step 3, ...
+# The deadline scheduler picks a segment's step from its slack when it is enqueued
+# (core.schedule.priority_step); the worker then orders what it holds exactly.
 PRIORITY_STEPS = (0, 3, 6, 9)
 PRIORITY_SEP = "\x06\x16"  # kombu's default separator, named here so queue depths can be read
-# A job's first segment is what its listener waits for now, so it goes ahead of other
-# jobs' later segments; realtime stays ahead of batch at both levels.
-_PRIORITIES = {("realtime", True): 0, ("realtime", False): 3, ("batch", True): 6, ("batch", False): 9}
-
-
-def task_priority(lane: str, index: int) -> int:
-    """Return the Redis priority of a segment task (lower is served first)."""
-    return _PRIORITIES[(lane, index == 0)]
 
 
 def queue_keys(lane: str) -> list[str]:

@@ -3,58 +3,68 @@
 from __future__ import annotations
 
 import math
-
-import redis
+import time
 
 from cache.breaker import CircuitBreaker
+from cache.schedule import ScheduleBook
 from cache.stats import Stats
 from cache.workers import WorkerRegistry
-from celery_config import QUEUES, queue_keys
 from core.errors import ServiceUnavailable
 from core.metrics import ADMISSION_REJECTIONS
 from core.settings import Settings
 
 
 class Admission:
-    """Estimate each lane's wait from queue depth and recent throughput; consult the breaker."""
+    """Estimate when a new job's first segment would start, from the work due before it; consult the breaker."""
 
-    def __init__(self, client: redis.Redis, *, stats: Stats, breaker: CircuitBreaker, workers: WorkerRegistry,
-                 settings: Settings, queues: tuple[str, ...] = QUEUES) -> None:  # fmt: skip
-        self.redis = client
+    def __init__(
+        self,
+        *,
+        stats: Stats,
+        breaker: CircuitBreaker,
+        workers: WorkerRegistry,
+        book: ScheduleBook,
+        settings: Settings,
+    ) -> None:
         self.stats = stats
         self.breaker = breaker
         self.workers = workers
+        self.book = book
+        self.by_deadline = settings.scheduler == "deadline"
         self.limits = {"realtime": settings.admission_realtime_wait_s, "batch": settings.admission_batch_wait_s}
-        self.queues = dict(zip(QUEUES, queues, strict=True))  # lane → the Redis list holding its tasks
 
-    def estimated_wait_s(self, lane: str, *, workers_alive: int) -> float:
-        """Return the seconds a new segment on ``lane`` would wait, or 0 when nothing is known yet."""
+    def estimated_wait_s(self, due: float, *, workers_alive: int) -> float:
+        """Return the seconds before a segment due at ``due`` would start, or 0 when nothing is known yet.
+
+        Workers run the earliest deadline first, so only outstanding segments due no later than
+        this one are ahead of it (with FIFO scheduling, every outstanding segment is).
+        """
         recent = self.stats.window()
         speed = recent.chars_per_busy_second * max(1, workers_alive)
         if speed <= 0:
             return 0.0
-        # Workers take realtime first, so a batch segment also waits behind all realtime work.
-        lanes = QUEUES[: QUEUES.index(lane) + 1]
-        pipe = self.redis.pipeline(transaction=False)
-        for name in lanes:
-            for key in queue_keys(self.queues[name]):
-                pipe.llen(key)
-        depth = sum(int(n) for n in pipe.execute())
-        return depth * recent.chars_per_segment / speed
+        ahead = self.book.due_by(due if self.by_deadline else math.inf)
+        return ahead * recent.chars_per_segment / speed
 
-    def admit(self, lane: str) -> None:
-        """Raise ServiceUnavailable (503, Retry-After) unless a job on ``lane`` can be taken now."""
+    def admit(self, lane: str, due: float | None = None) -> float:
+        """Raise ServiceUnavailable (503, Retry-After) unless a job on ``lane`` can start in time; return its wait.
+
+        ``due`` is the job's first deadline (now when not given). A realtime job is refused when
+        its first segment would wait longer than the lane's limit; a batch job only past the
+        batch limit, and otherwise accepted with the estimate stated.
+        """
         alive = len(self.workers.alive())
         verdict = self.breaker.check(workers_alive=alive)
         if not verdict.allowed:
             ADMISSION_REJECTIONS.labels("breaker").inc()
             raise ServiceUnavailable(f"not accepting jobs: {verdict.reason}", retry_after=verdict.retry_after)
-        wait = self.estimated_wait_s(lane, workers_alive=alive)
+        wait = self.estimated_wait_s(time.time() if due is None else due, workers_alive=alive)
         limit = self.limits[lane]
         if wait > limit:
             ADMISSION_REJECTIONS.labels("overload").inc()
             raise ServiceUnavailable(
-                f"the {lane} lane is {wait:.0f} s deep (limit {limit:g} s); retry later",
+                f"the {lane} lane's first audio would start in about {wait:.0f} s (limit {limit:g} s); retry later",
                 retry_after=min(300, math.ceil(wait - limit) + 1),
                 estimated_wait_s=round(wait, 1),
             )
+        return wait

@@ -44,6 +44,8 @@ def job_view(record: dict[str, str]) -> dict[str, Any]:
         "started_at": float(record["started_at"]) if "started_at" in record else None,
         "finished_at": float(record["finished_at"]) if "finished_at" in record else None,
         "sample_rate": int(record["sample_rate"]) if "sample_rate" in record else None,
+        "first_due_at": float(record["first_due_at"]) if "first_due_at" in record else None,
+        "start_estimate_s": float(record["start_estimate_s"]) if "start_estimate_s" in record else None,
         "urls": {
             "self": url_for("jobs.get_job", job_id=job_id),
             "audio": url_for("jobs.get_audio", job_id=job_id),
@@ -109,6 +111,7 @@ def submit_input(job_input: JobInput) -> str:
         store=svc.store,
         cache=svc.cache,
         enqueue=svc.enqueue,
+        book=svc.book,
         admit=svc.admission.admit,
     )
 
@@ -122,8 +125,10 @@ def get_job(job_id: str) -> dict[str, Any]:
 @bp.delete("/<job_id>")
 def cancel_job(job_id: str) -> dict[str, Any]:
     """Cancel the job; segments not yet made are skipped."""
-    _record(job_id)
-    services().store.cancel(job_id)
+    record = _record(job_id)
+    svc = services()
+    if svc.store.cancel(job_id):
+        svc.book.remove(job_id, range(int(record["segments_total"])))
     return job_view(_record(job_id))
 
 

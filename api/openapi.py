@@ -32,6 +32,12 @@ _JOB = {
         "segments_done": {"type": "integer", "minimum": 0},
         "cached_segments": {"type": "integer", "minimum": 0},
         "progress": {"type": "number"},
+        "first_due_at": {"type": "number", "nullable": True, "description": "When segment 0 is due (epoch seconds)."},
+        "start_estimate_s": {
+            "type": "number",
+            "nullable": True,
+            "description": "Estimated seconds from acceptance until the first segment starts.",
+        },
         "error": {"type": "string"},
         "urls": {"type": "object"},
     },

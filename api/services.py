@@ -10,6 +10,7 @@ from flask import Flask, current_app
 from api.admission import Admission
 from cache.breaker import CircuitBreaker
 from cache.jobstore import JobStore
+from cache.schedule import ScheduleBook
 from cache.sentences import SentenceCache, build_cache
 from cache.stats import Stats
 from cache.workers import WorkerRegistry
@@ -30,6 +31,7 @@ class Services:
     cache: SentenceCache
     admission: Admission
     enqueue: Enqueue
+    book: ScheduleBook
 
 
 def build_services(settings: Settings) -> Services:
@@ -46,6 +48,7 @@ def build_services(settings: Settings) -> Services:
         min_failures=settings.breaker_min_failures,
         cooldown_s=settings.breaker_cooldown_s,
     )
+    book = ScheduleBook(client, default_seconds_per_char=settings.seconds_per_char)
     return Services(
         settings=settings,
         redis=client,
@@ -53,8 +56,9 @@ def build_services(settings: Settings) -> Services:
         registry=load_registry(settings),
         workers=workers,
         cache=build_cache(settings),
-        admission=Admission(client, stats=stats, breaker=breaker, workers=workers, settings=settings),
+        admission=Admission(stats=stats, breaker=breaker, workers=workers, book=book, settings=settings),
         enqueue=celery_enqueue(celery),
+        book=book,
     )
 
 

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from api.validation import JobInput
 from cache.jobstore import JobRequest, JobStore
+from cache.schedule import ScheduleBook
 from cache.sentences import SentenceCache, file_key, segment_keys
 from core.errors import ServiceUnavailable, ValidationFailed
 from core.metrics import CACHE_LOOKUPS, JOBS_SUBMITTED
 from core.registry import Registry
-from core.settings import Settings
+from core.schedule import segment_deadlines
+from core.settings import Settings, deadline_policy
 from core.text import plan_segments
 from workers.celery_app import Enqueue
 
@@ -26,9 +29,14 @@ def submit_job(
     store: JobStore,
     cache: SentenceCache,
     enqueue: Enqueue,
-    admit: Callable[[str], None] | None = None,
+    book: ScheduleBook,
+    admit: Callable[[str, float], float] | None = None,
 ) -> str:
-    """Plan the text, fill what the cache has, write the job and enqueue only the misses; return the id."""
+    """Plan the text, fill what the cache has, write the job and enqueue only the misses; return the id.
+
+    ``admit(lane, first deadline)`` raises ServiceUnavailable when the job cannot start in time,
+    and otherwise returns the estimated seconds until its first segment starts.
+    """
     spec = registry.get(job.model)
     voice = spec.resolve_voice(job.voice)
     texts = plan_segments(
@@ -52,19 +60,41 @@ def submit_job(
     )
     keys = segment_keys(spec, request, texts)
     cached = cache.get_many(keys) if request.cache else [None] * len(texts)
-    hits = {i: (c.pcm, c.sample_rate, {**c.meta, "cached": True}) for i, c in enumerate(cached) if c is not None}
+    accepted_at = time.time()
+    hits = {
+        i: (c.pcm, c.sample_rate, {**c.meta, "cached": True, "finished_at": round(accepted_at, 4)})
+        for i, c in enumerate(cached)
+        if c is not None
+    }
     misses = [i for i, c in enumerate(cached) if c is None]
     if request.cache:
         CACHE_LOOKUPS.labels("hit").inc(len(hits))
         CACHE_LOOKUPS.labels("miss").inc(len(misses))
 
+    pace = book.seconds_per_char(spec.name)
+    deadlines = segment_deadlines(
+        lane=priority,
+        accepted_at=accepted_at,
+        chars=[len(t) for t in texts],
+        seconds_per_char=pace,
+        policy=deadline_policy(settings),
+        first_audio_at=accepted_at if 0 in hits else None,
+    )
+    start_estimate = 0.0
     if misses and admit is not None:
-        admit(priority)  # raises 503 before anything is written: never 202 for work we cannot do
+        # Raises 503 before anything is written: never 202 for work we cannot do.
+        start_estimate = admit(priority, deadlines[misses[0]])
     # Feed long jobs through a window: a book's segments enter the queue as its earlier ones finish,
     # so a second book (or a short request on the same lane) is not stuck behind the whole first one.
     window = settings.enqueue_window_batch if priority == "batch" else settings.enqueue_window_realtime
     first, later = misses[:window], misses[window:]
-    job_id = store.create(request, texts, cached=len(hits), pending=later)
+    fields = {
+        "created_at": f"{accepted_at:.6f}",
+        "seconds_per_char": f"{pace:.5f}",
+        "first_due_at": f"{deadlines[0]:.3f}",
+        "start_estimate_s": f"{start_estimate:.1f}",
+    }
+    job_id = store.create(request, texts, cached=len(hits), pending=later, fields=fields)
     if hits:
         store.write_segments(job_id, hits)
     if not misses:
@@ -74,9 +104,12 @@ def submit_job(
             store.store_file(job_id, request.format, data)
     else:
         try:
-            enqueue(job_id, first, priority)
+            book.add(job_id, {i: deadlines[i] for i in first})
+            steps_by = [deadlines[i] for i in first] if settings.scheduler == "deadline" else None
+            enqueue(job_id, first, priority, steps_by)
         except Exception as e:
             store.fail(job_id, "could not enqueue the job's segments")
+            book.remove(job_id, first)
             raise ServiceUnavailable("the task queue is unavailable; retry shortly") from e
     JOBS_SUBMITTED.labels(priority).inc()
     log.info(

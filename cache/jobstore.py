@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.typing import EncodableT, FieldT
 
 from cache import keys, scripts
 
@@ -71,27 +72,27 @@ class JobStore:
         job_id: str | None = None,
         cached: int = 0,
         pending: list[int] | None = None,
+        fields: dict[str, str] | None = None,
     ) -> str:
         """Write a new queued job with its segment texts (and segments to enqueue later); return its id."""
         if not texts:
             raise ValueError("a job needs at least one segment")
         job_id = job_id or uuid.uuid4().hex
-        now = f"{time.time():.6f}"
+        now = str((fields or {}).get("created_at") or f"{time.time():.6f}")
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(
-            keys.job(job_id),
-            mapping={
-                "id": job_id,
-                "status": "queued",
-                "request": request.to_json(),
-                "segments_total": len(texts),
-                "segments_done": 0,
-                "cached_segments": cached,
-                "chars_total": sum(len(t) for t in texts),
-                "created_at": now,
-                "updated_at": now,
-            },
-        )
+        record: dict[FieldT, EncodableT] = {
+            "id": job_id,
+            "status": "queued",
+            "request": request.to_json(),
+            "segments_total": len(texts),
+            "segments_done": 0,
+            "cached_segments": cached,
+            "chars_total": sum(len(t) for t in texts),
+            "created_at": now,
+            "updated_at": now,
+        }
+        record.update((fields or {}).items())
+        pipe.hset(keys.job(job_id), mapping=record)
         pipe.rpush(keys.texts(job_id), *texts)
         if pending:
             pipe.rpush(keys.pending(job_id), *pending)

@@ -59,6 +59,10 @@ def all_job_keys(job_id: str) -> list[str]:
 
 #: A sorted set of jobs not yet finished, scored by creation time, for the reconciler.
 LIVE_JOBS = f"{PREFIX}:jobs:live"
+#: A sorted set of segments queued or running ("<job id>:<index>"), scored by their playback deadline.
+DUE = f"{PREFIX}:sched:due"
+#: A hash: model name → measured seconds of audio per character (a moving average).
+PACE = f"{PREFIX}:sched:pace"
 #: Held by the one worker reconciling at a time.
 RECONCILER_LOCK = f"{PREFIX}:reconciler:lock"
 

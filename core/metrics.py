@@ -34,6 +34,14 @@ QUEUE_WAIT = Histogram("tts_queue_wait_seconds", "From job submission to the sta
                        buckets=LATENCY_BUCKETS)  # fmt: skip
 TIME_TO_FIRST_SEGMENT = Histogram("tts_time_to_first_segment_seconds", "From job submission to segment 0 written.",
                                   buckets=LATENCY_BUCKETS)  # fmt: skip
+SEGMENT_LATENESS = Histogram("tts_segment_lateness_seconds",
+                             "Segment written minus its playback deadline (negative: early), by lane.", ["lane"],
+                             buckets=(-60, -30, -10, -5, -2, -1, -0.5, -0.1, 0, 0.1, 0.5, 1, 2, 5, 10, 30,
+                                      60))  # fmt: skip
+JOB_STALLS = Histogram("tts_job_stalls", "Playback stalls per finished job (a listener starting at first audio).",
+                       ["lane"], buckets=(0, 1, 2, 3, 5, 10, 20))  # fmt: skip
+JOB_STALL_SECONDS = Histogram("tts_job_stall_seconds", "Total seconds a listener would have waited, per job.",
+                              ["lane"], buckets=(0, 0.1, 0.5, 1, 2, 5, 10, 30, 60))  # fmt: skip
 SEGMENTS = Counter("tts_segments_total", "Segment tasks by outcome (written, duplicate, skipped, gave_up).",
                    ["outcome"])  # fmt: skip
 SEGMENT_RETRIES = Counter("tts_segment_retries_total", "Segment attempts that failed and were retried.")

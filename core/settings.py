@@ -7,6 +7,8 @@ from pathlib import Path
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from core.schedule import DeadlinePolicy
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -72,13 +74,39 @@ class Settings(BaseSettings):
         description="A delivered task not acked this long is delivered again; keep above 3x the time limit.",
     )
     worker_concurrency: int = Field(
-        48, ge=1, description="Segments one worker holds at once (threads); 2-4x the batch size lets batches fill."
+        128,
+        ge=1,
+        description="Segments one worker holds at once (threads): the window its deadline scheduler orders; "
+        "several times the batch size lets batches fill.",
     )
     batch_max_size: int = Field(16, ge=1, description="Most segments in one engine call.")
     batch_wait_ms: float = Field(
         10.0, ge=0, description="How long the batcher waits for company after a segment arrives."
     )
     batch_max_ratio: float = Field(1.5, ge=1.0, description="Longest/shortest text length allowed in one batch.")
+    scheduler: str = Field(
+        "deadline",
+        pattern="^(deadline|fifo)$",
+        description="Order of work: `deadline` (earliest playback deadline first) or `fifo` (arrival order).",
+    )
+    batch_hold_ms: float = Field(
+        150.0, ge=0, description="How long a batch may wait to fill while its most urgent segment still has slack."
+    )
+    batch_horizon_s: float = Field(
+        30.0, ge=0, description="A batch only takes segments due within this many seconds of its most urgent one."
+    )
+    deadline_first_audio_s: float = Field(
+        1.0, ge=0, description="Expected first-audio time of a realtime job: its listener's start until known."
+    )
+    deadline_batch_delay_s: float = Field(
+        60.0, ge=0, description="A batch-lane job's first segment is due this long after acceptance."
+    )
+    deadline_batch_stretch: float = Field(
+        2.0, ge=1.0, description="Batch-lane deadlines assume a listener this many times slower than real time."
+    )
+    seconds_per_char: float = Field(
+        0.2, gt=0, description="Audio seconds per character assumed for a model until its own pace is measured."
+    )
     model_budget_mb: int = Field(
         8192, ge=64, description="Memory all loaded models may hold (GPU memory on CUDA, resident on CPU)."
     )
@@ -109,6 +137,15 @@ class Settings(BaseSettings):
     api_host: str = Field("127.0.0.1", description="Address the API binds to.")
     api_port: int = Field(8000, ge=1, le=65535, description="Port the API listens on.")
     log_level: str = Field("INFO", description="Python logging level.")
+
+
+def deadline_policy(settings: Settings) -> DeadlinePolicy:
+    """Return the deadline policy the settings describe."""
+    return DeadlinePolicy(
+        first_audio_s=settings.deadline_first_audio_s,
+        batch_delay_s=settings.deadline_batch_delay_s,
+        batch_stretch=settings.deadline_batch_stretch,
+    )
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -11,6 +11,7 @@ import redis
 from api import create_app
 from api.admission import Admission
 from cache.breaker import CircuitBreaker
+from cache.schedule import ScheduleBook
 from cache.stats import Stats
 from cache.workers import WorkerRegistry
 from core.errors import ServiceUnavailable
@@ -66,27 +67,53 @@ def test_the_breaker_state_is_shared_by_every_replica(redis_client: redis.Redis)
     assert not _breaker(redis_client, cooldown_s=30).check(workers_alive=1).allowed
 
 
-def test_admission_refuses_a_lane_whose_estimated_wait_is_over_its_limit(queues: redis.Redis) -> None:
-    workers = WorkerRegistry(queues, ttl_s=5)
+@pytest.fixture
+def book(redis_client: redis.Redis) -> Iterator[ScheduleBook]:
+    """Return a schedule book on keys of its own, emptied before and after."""
+    found = ScheduleBook(redis_client, default_seconds_per_char=0.2, due_key="test:due", pace_key="test:pace")
+    redis_client.delete("test:due", "test:pace")
+    yield found
+    redis_client.delete("test:due", "test:pace")
+
+
+def _admission(client: redis.Redis, book: ScheduleBook, **settings: object) -> tuple[Admission, Stats, int]:
+    workers = WorkerRegistry(client, ttl_s=5)
     workers.beat("w1", {})
     alive = len(workers.alive())  # the session's real worker may be alive too: capacity scales with workers
-    settings = load_settings(admission_realtime_wait_s=10 / alive, admission_batch_wait_s=200 / alive)
-    stats = Stats(queues)
-    admission = Admission(queues, stats=stats, breaker=_breaker(queues), workers=workers, settings=settings,
-                          queues=QUEUES)  # fmt: skip
-    admission.admit("realtime")  # nothing known yet: admit
+    stats = Stats(client)
+    admission = Admission(stats=stats, breaker=_breaker(client), workers=workers, book=book,
+                          settings=load_settings(**settings))  # fmt: skip
+    return admission, stats, alive
+
+
+def test_admission_counts_only_the_work_due_before_the_new_job_and_refuses_past_the_limit(
+    queues: redis.Redis, book: ScheduleBook
+) -> None:
+    admission, stats, alive = _admission(queues, book, admission_realtime_wait_s=10.0, admission_batch_wait_s=10_000)
+    now = time.time()
+    assert admission.admit("realtime", now) == 0.0, "nothing known yet: admit"
     stats.record(chars=200, busy_s=2.0, segments=10)  # 100 chars/s, 20 chars per segment
-    queues.rpush(QUEUES[0], *["x"] * 40)  # 40 segments = 800 chars = 8 s
-    assert admission.estimated_wait_s("realtime", workers_alive=alive) == pytest.approx(8.0 / alive)
-    admission.admit("realtime")
-    queues.rpush(QUEUES[1], *["x"] * 500)
-    admission.admit("batch")  # 540 segments → 108 s: under 200
-    queues.rpush(QUEUES[0], *["x"] * 20)
+    book.add("old", {i: now - 1 for i in range(40 * alive)})  # 40 segments per worker due already: 8 s
+    book.add("book", {i: now + 600 + i for i in range(500)})  # a book's later segments: not ahead of a due one
+    assert admission.estimated_wait_s(now, workers_alive=alive) == pytest.approx(8.0)
+    admission.admit("realtime", now)
+    book.add("newer", {i: now - 0.5 for i in range(20 * alive)})  # 20 more per worker: 12 s
     with pytest.raises(ServiceUnavailable) as refused:
-        admission.admit("realtime")
+        admission.admit("realtime", now)
     assert refused.value.retry_after >= 1
     assert "realtime" in refused.value.message
-    workers.remove("w1")
+    estimate = admission.admit("batch", now + 3600)  # a batch job is accepted with its start estimate
+    assert estimate == pytest.approx((60 * alive + 500) * 20 / (100 * alive))
+    WorkerRegistry(queues, ttl_s=5).remove("w1")
+
+
+def test_with_fifo_scheduling_every_outstanding_segment_is_ahead(queues: redis.Redis, book: ScheduleBook) -> None:
+    admission, stats, alive = _admission(queues, book, scheduler="fifo")
+    stats.record(chars=200, busy_s=2.0, segments=10)
+    now = time.time()
+    book.add("later", {i: now + 600 for i in range(30)})
+    assert admission.estimated_wait_s(now, workers_alive=alive) == pytest.approx(6.0 / alive)
+    WorkerRegistry(queues, ttl_s=5).remove("w1")
 
 
 def test_with_no_worker_alive_the_api_answers_503_with_retry_after(settings_env: dict[str, str]) -> None:

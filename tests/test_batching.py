@@ -7,34 +7,44 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import pytest
 
 from core.registry import ModelSpec
-from workers.batcher import Batcher
-from workers.batching import plan_batches
+from core.schedule import priority_step
+from workers.batcher import Batcher, _Pending, compatible
 from workers.engines.base import SynthesisRequest, Waveform
 
 SPEC = ModelSpec(name="m", engine="espeak")
 OTHER = ModelSpec(name="other", engine="espeak")
 
 
-def test_groups_hold_similar_lengths_and_respect_the_batch_size() -> None:
-    lengths = [5, 100, 6, 7, 98, 50, 8, 9, 10, 11, 12, 13]
-    groups = plan_batches(lengths, length=lambda n: n, max_batch=4, max_ratio=1.5, slack=0)
-    assert sorted(n for g in groups for n in g) == sorted(lengths)
-    for group in groups:
-        assert len(group) <= 4
-        assert max(group) <= 1.5 * min(group)
+def test_texts_of_similar_length_are_compatible_and_very_different_ones_are_not() -> None:
+    assert compatible(20, 30, max_ratio=1.5)
+    assert compatible(3, 10, max_ratio=1.5), "very short texts are not split for a handful of characters"
+    assert not compatible(24, 120, max_ratio=1.5)
 
 
-def test_the_group_with_the_oldest_item_comes_first() -> None:
-    groups = plan_batches([100, 5, 6, 101], length=lambda n: n, max_batch=8, slack=0)
-    assert groups == [[100, 101], [5, 6]]
+def _pending(text: str, deadline: float) -> _Pending:
+    return _Pending(SPEC, SynthesisRequest(text=text), deadline)
 
 
-def test_a_batch_size_below_one_is_refused() -> None:
-    with pytest.raises(ValueError, match="max_batch"):
-        plan_batches([1], length=lambda n: n, max_batch=0)
+def test_a_batch_is_the_earliest_deadline_and_the_similar_lengths_due_soonest_after_it() -> None:
+    batcher = Batcher(RecordingEngine(), max_batch=3, max_wait_s=0.0, horizon_s=100)
+    items = [
+        _pending("x" * 100, 5.0),  # long: not with a short head
+        _pending("x" * 20, 9.0),
+        _pending("x" * 22, 1.0),  # the head
+        _pending("x" * 21, 3.0),
+        _pending("x" * 19, 4.0),
+        _pending("x" * 20, 500.0),  # beyond the horizon
+    ]
+    group = batcher.choose(items)
+    assert [p.deadline for p in group] == [1.0, 3.0, 4.0]
+
+
+def test_a_batch_takes_no_segment_due_beyond_the_horizon() -> None:
+    batcher = Batcher(RecordingEngine(), max_batch=8, max_wait_s=0.0, horizon_s=10)
+    group = batcher.choose([_pending("abc", 0.0), _pending("abd", 9.0), _pending("abe", 11.0)])
+    assert [p.deadline for p in group] == [0.0, 9.0]
 
 
 class RecordingEngine:
@@ -114,21 +124,74 @@ def test_a_failing_observer_neither_fails_the_batch_nor_stops_the_batcher() -> N
     assert all(not isinstance(r, Exception) for r in [*first, *second])
 
 
-def test_first_segments_go_ahead_and_realtime_stays_ahead_of_batch() -> None:
-    from celery_config import queue_keys, task_priority
+def test_segments_enter_the_broker_at_the_step_their_slack_earns() -> None:
+    from celery_config import queue_keys
 
-    order = sorted([("batch", 0), ("realtime", 5), ("batch", 3), ("realtime", 0)], key=lambda t: task_priority(*t))
-    assert order == [("realtime", 0), ("realtime", 5), ("batch", 0), ("batch", 3)]
+    now = 1000.0
+    assert [priority_step(now + slack, now) for slack in (-5, 0.5, 5, 30, 600)] == [0, 0, 3, 6, 9]
     assert queue_keys("realtime")[0] == "realtime" and len(queue_keys("realtime")) == 4
 
 
-def test_an_urgent_segment_rides_in_the_next_engine_call() -> None:
+def test_a_due_first_segment_overtakes_queued_later_segments_of_other_jobs() -> None:
     engine = RecordingEngine(delay_s=0.2)
     batcher = Batcher(engine, max_batch=2, max_wait_s=0.0)
-    blocker = batcher.submit(SPEC, SynthesisRequest(text="keeps the engine busy"))
+    now = time.time()
+    blocker = batcher.submit(SPEC, SynthesisRequest(text="keeps the engine busy"), deadline=now)
     time.sleep(0.05)
-    later = [batcher.submit(SPEC, SynthesisRequest(text=f"later segment {i}")) for i in range(4)]
-    first = batcher.submit(SPEC, SynthesisRequest(text="first segment"), urgent=True)
+    later = [batcher.submit(SPEC, SynthesisRequest(text=f"later segment {i}"), deadline=now + 10 + i) for i in range(4)]
+    first = batcher.submit(SPEC, SynthesisRequest(text="first segment"), deadline=time.time())
     for future in (blocker, first, *later):
         future.result(5)
     assert "first segment" in engine.calls[1][1], engine.calls
+
+
+def test_with_no_deadlines_segments_run_in_arrival_order() -> None:
+    engine = RecordingEngine(delay_s=0.1)
+    batcher = Batcher(engine, max_batch=1, max_wait_s=0.0)
+    futures = []
+    for i in range(4):
+        futures.append(batcher.submit(SPEC, SynthesisRequest(text=f"segment {i}")))
+        time.sleep(0.01)
+    for future in futures:
+        future.result(5)
+    assert [texts for _, texts in engine.calls] == [[f"segment {i}"] for i in range(4)]
+
+
+def test_a_slack_segment_is_not_starved_by_a_flood_of_due_ones() -> None:
+    """Due segments arrive five times faster than the engine works; the slack one still runs, in deadline order."""
+    engine = RecordingEngine(delay_s=0.02)
+    batcher = Batcher(engine, max_batch=1, max_wait_s=0.0)
+    stop = threading.Event()
+
+    def flood() -> None:
+        while not stop.is_set():
+            now = time.time()
+            batcher.submit(SPEC, SynthesisRequest(text=f"{now:.6f}"), deadline=now)  # due the moment it arrives
+            time.sleep(0.004)
+
+    threading.Thread(target=flood, daemon=True).start()
+    time.sleep(0.1)
+    deadline = time.time() + 0.3
+    batcher.submit(SPEC, SynthesisRequest(text="slack"), deadline=deadline).result(10)
+    assert not stop.is_set(), "it ran while the flood went on"
+    time.sleep(0.1)
+    stop.set()
+    order = [texts[0] for _, texts in engine.calls]
+    position = order.index("slack")
+    assert all(float(t) <= deadline for t in order[:position]), "only work due earlier went first"
+    assert len(order) > position + 1 and all(float(t) >= deadline - 0.01 for t in order[position + 1 :])
+
+
+def test_a_segment_with_slack_waits_for_company_and_a_due_one_does_not() -> None:
+    engine = RecordingEngine(delay_s=0.01)
+    batcher = Batcher(engine, max_batch=4, max_wait_s=0.0, hold_s=0.3)
+    now = time.time()
+    first = batcher.submit(SPEC, SynthesisRequest(text="slack one"), deadline=now + 30)
+    time.sleep(0.1)
+    second = batcher.submit(SPEC, SynthesisRequest(text="slack two"), deadline=now + 31)
+    first.result(5), second.result(5)
+    assert engine.calls[0][1] == ["slack one", "slack two"], "the slack segment held for a fuller batch"
+    started = time.monotonic()
+    batcher.submit(SPEC, SynthesisRequest(text="due now")).result(5)
+    assert time.monotonic() - started < 0.25, "a due segment does not wait for the hold"
+    assert batcher.holds >= 1

@@ -13,8 +13,10 @@ from workers.pool.pool import ModelPool
 class SynthesisBackend(Protocol):
     """Anything that turns a segment request into a waveform for a model."""
 
-    def synthesize(self, spec: ModelSpec, request: SynthesisRequest, *, urgent: bool = False) -> tuple[Waveform, int]:
-        """Return the waveform and its sample rate (``urgent``: someone is waiting for it now)."""
+    def synthesize(
+        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: float | None = None
+    ) -> tuple[Waveform, int]:
+        """Return the waveform and its sample rate; ``deadline``: when a listener needs it (epoch seconds)."""
         ...
 
     def loaded_models(self) -> list[str]:
@@ -34,9 +36,11 @@ class PooledBackend:
         self.pool = pool
         self.timeout_s = timeout_s
 
-    def synthesize(self, spec: ModelSpec, request: SynthesisRequest, *, urgent: bool = False) -> tuple[Waveform, int]:
+    def synthesize(
+        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: float | None = None
+    ) -> tuple[Waveform, int]:
         """Wait for this segment's share of a batched engine call; give up after one hung call ahead plus its own."""
-        future = self.batcher.submit(spec, request, urgent=urgent)
+        future = self.batcher.submit(spec, request, deadline=deadline)
         try:
             return future.result(timeout=2 * self.timeout_s)
         except TimeoutError:

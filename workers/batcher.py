@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -12,7 +13,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from core.registry import ModelSpec
-from workers.batching import plan_batches
 from workers.engines.base import SynthesisRequest, Waveform
 
 log = logging.getLogger(__name__)
@@ -28,13 +28,27 @@ _MAX_SUSPECTS = 4096
 class _Pending:
     spec: ModelSpec
     request: SynthesisRequest
-    urgent: bool = False
+    #: When the listener needs it (epoch seconds); its arrival time when no deadline was given (FIFO).
+    deadline: float
     future: Future[tuple[Waveform, int]] = field(default_factory=Future)
     submitted: float = field(default_factory=time.monotonic)
 
 
+def compatible(a: int, b: int, *, max_ratio: float, slack: int = 8) -> bool:
+    """Say whether texts of lengths ``a`` and ``b`` pad acceptably in one batch."""
+    return max(a, b) <= max_ratio * min(a, b) + slack
+
+
 class Batcher:
-    """One dispatcher thread per model turns concurrent submissions into batched engine calls."""
+    """One dispatcher thread per model turns concurrent submissions into batched engine calls.
+
+    Each round the dispatcher runs the segment with the earliest deadline, together with
+    the segments of similar length (``max_ratio``) that are due soonest after it, up to
+    ``max_batch`` and at most ``horizon_s`` later than it. When that batch is not full,
+    nothing else is waiting and its most urgent segment still has slack, it waits up to
+    ``hold_s`` for company. Deadlines never move, so every segment becomes the earliest one
+    in the end: nothing starves.
+    """
 
     def __init__(
         self,
@@ -43,26 +57,34 @@ class Batcher:
         max_batch: int,
         max_wait_s: float,
         max_ratio: float = 1.5,
+        hold_s: float = 0.0,
+        horizon_s: float = math.inf,
         observe: BatchObserver | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._run_batch = run_batch
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self.max_ratio = max_ratio
+        self.hold_s = hold_s
+        self.horizon_s = horizon_s
         self._observe = observe
+        self._clock = clock
         self._queues: dict[str, queue.SimpleQueue[_Pending | None]] = {}
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         # Requests whose batch failed: their retries run alone, so one poison input cannot fail its neighbours again.
         self._suspects: OrderedDict[SynthesisRequest, None] = OrderedDict()
+        self._batch_s: dict[str, float] = {}  # per model: a moving average of one engine call's seconds
         self.batches = 0
         self.items = 0
+        self.holds = 0
 
     def submit(
-        self, spec: ModelSpec, request: SynthesisRequest, *, urgent: bool = False
+        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: float | None = None
     ) -> Future[tuple[Waveform, int]]:
-        """Queue one segment (``urgent``: a listener is waiting for it now); resolve to its waveform and rate."""
-        pending = _Pending(spec, request, urgent)
+        """Queue one segment due at ``deadline`` (epoch seconds; none: now); resolve to its waveform and rate."""
+        pending = _Pending(spec, request, self._clock() if deadline is None else deadline)
         self._queue_for(spec.name).put(pending)
         return pending.future
 
@@ -86,19 +108,41 @@ class Batcher:
             if first is None:
                 return None
             items.append(first)
-        deadline = time.monotonic() + (0.0 if backlog else self.max_wait_s)
-        limit = 4 * self.max_batch  # look a little further than one batch, to group by length
-        while len(items) < limit:
-            remaining = deadline - time.monotonic()
+        if not self._gather(inbox, items, 0.0 if backlog else self.max_wait_s):
+            inbox.put(None)  # stop after this round
+        return items
+
+    def _gather(self, inbox: queue.SimpleQueue[_Pending | None], items: list[_Pending], wait_s: float) -> bool:
+        """Add arrivals to ``items`` for up to ``wait_s`` (then what is already queued); False if told to stop."""
+        until = time.monotonic() + wait_s
+        while True:
+            remaining = until - time.monotonic()
             try:
                 nxt = inbox.get(timeout=remaining) if remaining > 0 else inbox.get_nowait()
             except queue.Empty:
-                break
+                return True
             if nxt is None:
-                inbox.put(None)  # stop after this round
-                break
+                return False
             items.append(nxt)
-        return items
+            if remaining > 0 and len(items) >= self.max_batch:
+                until = 0.0  # a full batch is here: take what else is queued, wait no longer
+
+    def choose(self, items: list[_Pending]) -> list[_Pending]:
+        """Return the next batch: the earliest deadline and the similar-length segments due soonest after it."""
+        items.sort(key=lambda p: (p.deadline, p.submitted))
+        head = items[0]
+        with self._lock:
+            suspect = {id(p) for p in items if p.request in self._suspects}
+        if id(head) in suspect:
+            return [head]
+        size = len(head.request.text)
+        group = [head]
+        for p in items[1:]:
+            if len(group) >= self.max_batch or p.deadline > head.deadline + self.horizon_s:
+                break
+            if id(p) not in suspect and compatible(size, len(p.request.text), max_ratio=self.max_ratio):
+                group.append(p)
+        return group
 
     def _dispatch(self, inbox: queue.SimpleQueue[_Pending | None]) -> None:
         backlog: list[_Pending] = []
@@ -106,22 +150,25 @@ class Batcher:
             items = self._collect(inbox, backlog)
             if items is None:
                 return
-            # Urgent segments (a job's first) first, then the oldest: the first group planned holds the
-            # most pressing segment, and plan_batches keeps that group first.
-            items.sort(key=lambda p: (not p.urgent, p.submitted))
-            with self._lock:
-                suspect = [p.request in self._suspects for p in items]
-            groups = [[p] for p, s in zip(items, suspect, strict=True) if s] + plan_batches(
-                [p for p, s in zip(items, suspect, strict=True) if not s],
-                length=lambda p: len(p.request.text),
-                max_batch=self.max_batch,
-                max_ratio=self.max_ratio,
-            )
-            rank = {id(p): i for i, p in enumerate(items)}  # suspects' solo groups keep the urgent-then-oldest order
-            groups.sort(key=lambda g: min(rank[id(p)] for p in g))
-            # Run the group holding the oldest segment; the rest wait for the next round.
-            self._run(groups[0])
-            backlog = [p for g in groups[1:] for p in g]
+            group = self.choose(items)
+            if self._should_hold(group, items) and not self._hold(inbox, items):
+                inbox.put(None)
+            if len(items) > len(group):
+                group = self.choose(items)
+            self._run(group)
+            chosen = {id(p) for p in group}
+            backlog = [p for p in items if id(p) not in chosen]
+
+    def _should_hold(self, group: list[_Pending], items: list[_Pending]) -> bool:
+        """Hold for company only when the batch is not full, all waiting work is in it, and it has slack."""
+        if self.hold_s <= 0 or len(group) >= self.max_batch or len(items) > len(group):
+            return False
+        expected = self._batch_s.get(group[0].spec.name, 0.0)
+        return group[0].deadline - self._clock() > expected + self.hold_s
+
+    def _hold(self, inbox: queue.SimpleQueue[_Pending | None], items: list[_Pending]) -> bool:
+        self.holds += 1
+        return self._gather(inbox, items, self.hold_s)
 
     def _run(self, group: list[_Pending]) -> None:
         group = [p for p in group if p.future.set_running_or_notify_cancel()]  # drop what callers gave up on
@@ -142,6 +189,8 @@ class Batcher:
             for pending in group:
                 self._suspects.pop(pending.request, None)
         elapsed = time.perf_counter() - started
+        previous = self._batch_s.get(spec.name)
+        self._batch_s[spec.name] = elapsed if previous is None else 0.8 * previous + 0.2 * elapsed
         self.batches += 1
         self.items += len(group)
         for pending, wave in zip(group, waves, strict=True):

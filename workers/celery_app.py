@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Sequence
+from typing import Protocol
 
 from celery import Celery
 
-from celery_config import SYNTHESIZE_TASK, celery_settings, task_priority
+from celery_config import SYNTHESIZE_TASK, celery_settings
+from core.schedule import priority_step
 from core.settings import Settings
 
-#: Put segment tasks on a queue: (job id, segment indexes, queue name).
-Enqueue = Callable[[str, list[int], str], None]
+
+class Enqueue(Protocol):
+    """Put segment tasks on a lane's queue, each at the broker step its deadline earns (none: step 0)."""
+
+    def __call__(
+        self, job_id: str, indexes: list[int], lane: str, deadlines: Sequence[float] | None = None
+    ) -> None: ...
 
 
 def create_celery(settings: Settings) -> Celery:
@@ -23,14 +31,16 @@ def create_celery(settings: Settings) -> Celery:
 def celery_enqueue(celery: Celery) -> Enqueue:
     """Return an Enqueue that sends one small task per segment, carrying ids only."""
 
-    def enqueue(job_id: str, indexes: list[int], queue: str) -> None:
+    def enqueue(job_id: str, indexes: list[int], lane: str, deadlines: Sequence[float] | None = None) -> None:
+        now = time.time()
+        steps = [0] * len(indexes) if deadlines is None else [priority_step(d, now) for d in deadlines]
         with celery.producer_or_acquire() as producer:
-            for index in indexes:
+            for index, step in zip(indexes, steps, strict=True):
                 celery.send_task(
                     SYNTHESIZE_TASK,
                     args=[job_id, index],
-                    queue=queue,
-                    priority=task_priority(queue, index),
+                    queue=lane,
+                    priority=step,
                     producer=producer,
                 )
 

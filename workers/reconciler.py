@@ -16,6 +16,7 @@ import redis
 
 from cache import keys
 from cache.jobstore import TERMINAL, JobRequest, JobStore
+from cache.schedule import ScheduleBook
 from workers.celery_app import Enqueue
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,7 @@ class Reconciler:
     enqueue: Enqueue
     stall_s: float
     deadline_s: float
+    book: ScheduleBook | None = None
 
     def reconcile(self, now: float | None = None) -> dict[str, int]:
         """Re-enqueue stalled jobs' missing segments and fail jobs past their deadline; return counts."""
@@ -54,12 +56,28 @@ class Reconciler:
                 continue
             lane = JobRequest.from_json(record["request"]).priority
             self.store.touch(job_id)
+            if self.book is not None:
+                self.book.add(job_id, dict.fromkeys(missing, now))  # overdue: due now
             self.enqueue(job_id, missing, lane)
             log.warning("job %s stalled: re-enqueued %d segments", job_id, len(missing),
                         extra={"job_id": job_id, "segments": len(missing)})  # fmt: skip
             counts["requeued_jobs"] += 1
             counts["requeued_segments"] += len(missing)
+        counts["unscheduled"] = self.prune_schedule(now)
         return counts
+
+    def prune_schedule(self, now: float) -> int:
+        """Forget overdue schedule entries of segments already written or of jobs that ended; return how many."""
+        if self.book is None:
+            return 0
+        gone: dict[str, list[int]] = {}
+        for job_id, index in self.book.overdue_since(now - self.stall_s / 10):
+            record = self.store.get(job_id)
+            if record is None or record["status"] in TERMINAL or self.store.has_segment(job_id, index):
+                gone.setdefault(job_id, []).append(index)
+        for job_id, indexes in gone.items():
+            self.book.remove(job_id, indexes)
+        return sum(len(i) for i in gone.values())
 
     def run_once(self, *, holder: str, interval_s: float) -> dict[str, int] | None:
         """Reconcile if no other worker holds the lock this interval; return counts, or None if skipped."""

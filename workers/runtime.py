@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import threading
 import time
@@ -13,12 +14,13 @@ import redis
 from celery import Celery
 
 from cache.jobstore import JobStore
+from cache.schedule import ScheduleBook
 from cache.sentences import build_cache
 from cache.stats import Stats
 from cache.workers import WorkerRegistry
 from core.metrics import BATCH_SIZE, GPU_MEMORY, MODEL_MEMORY, MODELS_RESIDENT, SYNTHESIS_SECONDS
 from core.registry import Registry, load_registry
-from core.settings import Settings
+from core.settings import Settings, deadline_policy
 from workers.backend import PooledBackend
 from workers.batcher import Batcher, BatchObserver
 from workers.celery_app import Enqueue
@@ -117,6 +119,8 @@ def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> Wor
     client = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
     store = JobStore(client, ttl=settings.job_ttl_s)
     stats = Stats(client)
+    book = ScheduleBook(client, default_seconds_per_char=settings.seconds_per_char)
+    deadlines = settings.scheduler == "deadline"
     registry = load_registry(settings)
     # "auto" is resolved inside each model host: the worker itself never imports torch.
     device = settings.device
@@ -131,6 +135,8 @@ def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> Wor
         max_batch=settings.batch_max_size,
         max_wait_s=settings.batch_wait_ms / 1000,
         max_ratio=settings.batch_max_ratio,
+        hold_s=settings.batch_hold_ms / 1000 if deadlines else 0.0,
+        horizon_s=settings.batch_horizon_s if deadlines else math.inf,
         observe=batch_observer(stats),
     )
     backend = PooledBackend(batcher=batcher, pool=pool, timeout_s=settings.task_time_limit_s)
@@ -143,7 +149,11 @@ def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> Wor
         backend=backend,
         heartbeats=WorkerRegistry(client, ttl_s=3 * settings.heartbeat_s),
         reconciler=Reconciler(
-            store=store, enqueue=enqueue, stall_s=settings.reconcile_stall_s, deadline_s=settings.job_deadline_s
+            store=store,
+            enqueue=enqueue,
+            stall_s=settings.reconcile_stall_s,
+            deadline_s=settings.job_deadline_s,
+            book=book,
         ),
         synthesizer=SegmentSynthesizer(
             stats=stats,
@@ -154,6 +164,9 @@ def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> Wor
             backend=backend,
             max_attempts=settings.segment_max_attempts,
             worker=hostname,
+            book=book,
+            policy=deadline_policy(settings),
+            use_deadlines=deadlines,
         ),
     )
 

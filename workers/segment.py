@@ -7,18 +7,23 @@ import logging
 import time
 
 from cache.jobstore import TERMINAL, JobStore
+from cache.schedule import ScheduleBook
 from cache.sentences import CachedSegment, SentenceCache, segment_keys
 from cache.stats import Stats
 from core.audio import to_pcm16
 from core.metrics import (
     AUDIO_SECONDS,
     CACHE_BYTES_STORED,
+    JOB_STALL_SECONDS,
+    JOB_STALLS,
     QUEUE_WAIT,
     REAL_TIME_FACTOR,
+    SEGMENT_LATENESS,
     SEGMENTS,
     TIME_TO_FIRST_SEGMENT,
 )
 from core.registry import Registry
+from core.schedule import DeadlinePolicy, playback_stalls, segment_deadlines
 from workers.backend import SynthesisBackend
 from workers.celery_app import Enqueue
 from workers.engines.base import SynthesisRequest
@@ -49,6 +54,9 @@ class SegmentSynthesizer:
         backend: SynthesisBackend,
         max_attempts: int,
         worker: str,
+        book: ScheduleBook,
+        policy: DeadlinePolicy,
+        use_deadlines: bool = True,
     ) -> None:
         self.store = store
         self.cache = cache
@@ -58,6 +66,9 @@ class SegmentSynthesizer:
         self.backend = backend
         self.max_attempts = max_attempts
         self.worker = worker
+        self.book = book
+        self.policy = policy
+        self.use_deadlines = use_deadlines
 
     def run(self, job_id: str, index: int) -> Outcome:
         """Make segment ``index`` of ``job_id`` unless it exists or its job is over."""
@@ -78,28 +89,42 @@ class SegmentSynthesizer:
         self.store.mark_running(job_id)
         QUEUE_WAIT.observe(max(0.0, time.time() - float(record["created_at"])))
         spec = self.registry.get(request.model)
+        lane = request.priority
+        deadline = self.deadlines(job_id, record, lane)[index]
         started = time.perf_counter()
         wave, rate = self.backend.synthesize(
             spec,
             SynthesisRequest(text=text, voice=request.voice, speed=request.speed, seed=request.seed, mode=request.mode),
-            urgent=index == 0,
+            deadline=deadline if self.use_deadlines else None,
         )
         synth_s = time.perf_counter() - started
         pcm = to_pcm16(wave)
         duration = len(wave) / rate
-        meta = {"duration_s": round(duration, 4), "synth_s": round(synth_s, 4), "worker": self.worker}
+        finished = time.time()
+        meta = {
+            "duration_s": round(duration, 4),
+            "synth_s": round(synth_s, 4),
+            "worker": self.worker,
+            "finished_at": round(finished, 4),
+            "lateness_s": round(finished - deadline, 4),
+        }
         result = self.store.write_segment(job_id, index, pcm, sample_rate=rate, meta={**meta, "attempt": attempt})
         outcome = _OUTCOMES[result]
         SEGMENTS.labels(outcome.value).inc()
         self.stats.record(ok=1)
+        self.book.remove(job_id, [index])
         AUDIO_SECONDS.labels(spec.name).inc(duration)
+        if outcome is Outcome.WRITTEN:
+            SEGMENT_LATENESS.labels(lane).observe(finished - deadline)
+            self.book.observe(spec.name, chars=len(text), audio_s=duration)
         if duration > 0:
             REAL_TIME_FACTOR.labels(spec.name).observe(synth_s / duration)
         if index == 0 and outcome is Outcome.WRITTEN:
             TIME_TO_FIRST_SEGMENT.observe(max(0.0, time.time() - float(record["created_at"])))
         if request.cache:
             key = segment_keys(spec, request, [text])[0]
-            CACHE_BYTES_STORED.inc(self.cache.put(key, CachedSegment(pcm, rate, meta)))
+            kept = {k: meta[k] for k in ("duration_s", "synth_s", "worker")}  # not this job's times
+            CACHE_BYTES_STORED.inc(self.cache.put(key, CachedSegment(pcm, rate, kept)))
         log.info(
             "segment %s/%d %s: %d chars, %.2fs audio in %.2fs",
             job_id,
@@ -118,22 +143,45 @@ class SegmentSynthesizer:
             },
         )
         if result == 2:
-            self._log_job_done(job_id)
+            self._log_job_done(job_id, lane)
         elif outcome is Outcome.WRITTEN:
-            self._feed_next(job_id, request.priority)
+            self._feed_next(job_id, record, lane)
         return outcome
 
-    def _feed_next(self, job_id: str, lane: str) -> None:
+    def deadlines(self, job_id: str, record: dict[str, str], lane: str) -> list[float]:
+        """Return every segment's deadline, with the real durations and first-audio time known so far."""
+        meta = self.store.segment_meta(job_id)
+        first = meta.get(0, {}).get("finished_at")
+        return segment_deadlines(
+            lane=lane,
+            accepted_at=float(record["created_at"]),
+            chars=[len(t) for t in self.store.texts(job_id)],
+            seconds_per_char=float(record.get("seconds_per_char") or self.book.default_seconds_per_char),
+            policy=self.policy,
+            durations={i: float(m["duration_s"]) for i, m in meta.items() if "duration_s" in m},
+            first_audio_at=None if first is None else float(first),
+        )
+
+    def _feed_next(self, job_id: str, record: dict[str, str], lane: str) -> None:
         """Enqueue the job's next waiting segment: each one finished lets one more in."""
         index = self.store.next_pending(job_id)
-        if index is not None:
-            self.enqueue(job_id, [index], lane)
+        if index is None:
+            return
+        deadline = self.deadlines(job_id, record, lane)[index]
+        self.book.add(job_id, {index: deadline})
+        self.enqueue(job_id, [index], lane, [deadline] if self.use_deadlines else None)
 
-    def _log_job_done(self, job_id: str) -> None:
-        """Write the one summary line per finished job, with its timings."""
+    def _log_job_done(self, job_id: str, lane: str) -> None:
+        """Write the one summary line per finished job, with its timings and its listener's stalls."""
         record = self.store.get(job_id) or {}
         meta = self.store.segment_meta(job_id)
         created = float(record.get("created_at", 0))
+        ordered = [meta.get(i, {}) for i in range(int(record.get("segments_total", 0)))]
+        # A cached segment was there at acceptance; one without a time (older meta) counts as on time.
+        arrived = [float(m.get("finished_at", created)) for m in ordered]
+        stalls, stalled_s = playback_stalls(arrived, [float(m.get("duration_s", 0.0)) for m in ordered])
+        JOB_STALLS.labels(lane).observe(stalls)
+        JOB_STALL_SECONDS.labels(lane).observe(stalled_s)
         timings = {
             "job_id": job_id,
             "segments": int(record.get("segments_total", 0)),
@@ -142,6 +190,9 @@ class SegmentSynthesizer:
             "audio_s": round(sum(m.get("duration_s", 0.0) for m in meta.values()), 3),
             "queued_s": round(float(record.get("started_at", created)) - created, 3),
             "total_s": round(float(record.get("finished_at", created)) - created, 3),
+            "first_audio_s": round(arrived[0] - created, 3) if arrived else None,
+            "stalls": stalls,
+            "stalled_s": round(stalled_s, 3),
         }
         log.info("job %s done: %s", job_id, timings, extra=timings)
 

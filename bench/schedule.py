@@ -1,0 +1,155 @@
+"""FIFO against deadline scheduling, same engine, one run (``make bench-schedule``).
+
+``python -m bench.schedule [--levels 10,50] [--duration S] [--quick]``
+
+Two stacks (Redis, one worker, the API) differ only in ``TTS_SCHEDULER``. Both are started first
+and stay up; each level then drives them in turn with the headline benchmark's closed-loop callers
+and listener model, alternating which goes first. The table gives, per level and scheduler, p99
+first audio, the share of jobs with a playback stall, p99 total stall, jobs/s and chars/s, and the
+targets of issue 9: at 50 callers p99 first audio ≤ 0.5x FIFO's with jobs/s within 10%; at 10
+callers no stall in at least 99% of jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.headline import HEARTBEAT_S, corpus_texts, make_plan, progress, run_level, service_env
+from bench.headline_stack import ServiceStack
+from bench.loadgen import ServedClient
+from tests.support.servers import ROOT
+
+RESULTS = ROOT / "bench" / "results"
+SCHEDULERS = ("fifo", "deadline")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Read the command line."""
+    parser = argparse.ArgumentParser(prog="python -m bench.schedule", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--model", default="chattts-tiny")
+    parser.add_argument("--levels", default="10,50")
+    parser.add_argument("--duration", type=float, help="measured seconds per level and scheduler (default 30)")
+    parser.add_argument("--quick", action="store_true", help="8 s per level: a smoke run")
+    parser.add_argument("--torch-threads", type=int, default=1)
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--api-threads", type=int, default=32)
+    parser.add_argument("--service-env", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    args.device = args.device or ("cpu" if args.model == "chattts-tiny" else "auto")
+    return args
+
+
+def _f(value: float | None, spec: str = ".2f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def table(levels: list[dict[str, Any]]) -> str:
+    """Return the markdown comparison, one row per level and scheduler."""
+    lines = [
+        "| callers | scheduler | jobs/s | chars/s | p50 / p99 first audio (s) | jobs with a stall | p99 stall (s) "
+        "| p99 done (s) | mean batch | errors | jobs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for level in levels:
+        for name in SCHEDULERS:
+            s = level[name]
+            lines.append(
+                f"| {level['callers']} | {name} | {s['jobs_per_s']:.2f} | {s['chars_per_s']:.0f} | "
+                f"{_f(s['first_audio_p50'])} / {_f(s['first_audio_p99'])} | {_f(s['stall_share'], '.1%')} | "
+                f"{_f(s['stall_p99_s'])} | {_f(s['latency_p99'])} | {_f(s.get('mean_batch_size'))} | "
+                f"{sum(s['errors'].values()) if s['errors'] else 0} | {s['jobs_measured']} |"
+            )
+    return "\n".join(lines)
+
+
+def verdicts(levels: list[dict[str, Any]]) -> list[str]:
+    """Return one line per target of issue 9."""
+    out = []
+    by = {level["callers"]: level for level in levels}
+    if 50 in by:
+        fifo, edf = by[50]["fifo"], by[50]["deadline"]
+        if fifo["first_audio_p99"] and edf["first_audio_p99"] is not None:
+            ratio = edf["first_audio_p99"] / fifo["first_audio_p99"]
+            out.append(f"- 50 callers, p99 first audio deadline ÷ FIFO: {ratio:.2f}× (target ≤ 0.5×): "
+                       f"{'met' if ratio <= 0.5 else 'NOT met'}")  # fmt: skip
+        jobs = edf["jobs_per_s"] / fifo["jobs_per_s"] if fifo["jobs_per_s"] else 0.0
+        out.append(f"- 50 callers, jobs/s deadline ÷ FIFO: {jobs:.2f}× (target ≥ 0.9×): "
+                   f"{'met' if jobs >= 0.9 else 'NOT met'}")  # fmt: skip
+    if 10 in by:
+        share = by[10]["deadline"]["stall_share"]
+        if share is not None:
+            out.append(f"- 10 callers, jobs without a stall (deadline): {1 - share:.1%} (target ≥ 99%): "
+                       f"{'met' if share <= 0.01 else 'NOT met'}")  # fmt: skip
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start both stacks, drive every level against each, print and write the table."""
+    args = parse_args(argv)
+    args.skip_baseline = args.skip_engine = True
+    plan = make_plan(args)
+    out = args.out / f"schedule-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    env = service_env(args, out)
+    texts = corpus_texts(args.model)
+    print(f"schedule benchmark: {args.model}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}, "
+          f"levels {args.levels}, {plan.window_s:g}s each; results in {out}", flush=True)  # fmt: skip
+    started = time.monotonic()
+    stacks = {}
+    for name in SCHEDULERS:
+        (out / name).mkdir(exist_ok=True)
+        stacks[name] = ServiceStack({**env, "TTS_SCHEDULER": name}, out / name, api_processes=2,
+                                    api_threads=args.api_threads)  # fmt: skip
+    levels: list[dict[str, Any]] = []
+    try:
+        for stack in stacks.values():
+            stack.start()
+        for n, callers in enumerate(int(x) for x in args.levels.split(",")):
+            level: dict[str, Any] = {"callers": callers}
+            order = SCHEDULERS if n % 2 == 0 else SCHEDULERS[::-1]
+            for name in order:
+                stack = stacks[name]
+                for other in stacks.values():
+                    other.wait_idle()
+                summary = run_level(ServedClient(stack.api.url, model=args.model), texts, callers, plan,
+                                    window_s=plan.window_s, seed=n, probe=stack.queued,
+                                    counters=stack.worker_totals)  # fmt: skip
+                level[name] = summary
+                progress(name, summary)
+            levels.append(level)
+    finally:
+        for stack in stacks.values():
+            stack.stop()
+        for name in SCHEDULERS:
+            shutil.rmtree(out / name / "redis", ignore_errors=True)
+    document = "\n".join(
+        [
+            f"## FIFO vs deadline scheduling: {args.model}, {os.cpu_count()} CPUs, torch threads "
+            f"{args.torch_threads}, {plan.window_s:g}s per level, {time.strftime('%Y-%m-%d %H:%M')}",
+            "",
+            table(levels),
+            "",
+            *verdicts(levels),
+            "",
+            f"Whole run: {time.monotonic() - started:.0f}s (heartbeat {HEARTBEAT_S:g}s). Files: {out}",
+        ]
+    )
+    (out / "schedule.md").write_text(document + "\n", encoding="utf-8")
+    (out / "results.json").write_text(json.dumps(levels, indent=1, default=str), encoding="utf-8")
+    shutil.copy(out / "schedule.md", out.parent / "schedule.md")
+    print()
+    print(document)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
