@@ -13,7 +13,7 @@ from cache.sentences import SentenceCache, file_key, segment_keys
 from core.errors import ServiceUnavailable, ValidationFailed
 from core.metrics import CACHE_LOOKUPS, JOBS_SUBMITTED
 from core.registry import Registry
-from core.schedule import segment_deadlines
+from core.schedule import timeline
 from core.settings import Settings, deadline_policy
 from core.text import plan_segments
 from workers.celery_app import Enqueue
@@ -72,14 +72,14 @@ def submit_job(
         CACHE_LOOKUPS.labels("miss").inc(len(misses))
 
     pace = book.seconds_per_char(spec.name)
-    deadlines = segment_deadlines(
+    deadlines = timeline(
         lane=priority,
         accepted_at=accepted_at,
         chars=[len(t) for t in texts],
         seconds_per_char=pace,
         policy=deadline_policy(settings),
         first_audio_at=accepted_at if 0 in hits else None,
-    )
+    ).deadlines()
     start_estimate = 0.0
     if misses and admit is not None:
         # Raises 503 before anything is written: never 202 for work we cannot do.

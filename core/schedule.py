@@ -35,7 +35,30 @@ class DeadlinePolicy:
         return self.batch_stretch if lane == "batch" else 1.0
 
 
-def segment_deadlines(
+@dataclass(frozen=True)
+class Timeline:
+    """A job's deadlines: segment 0 at ``due0``, segment k at the listener's start plus ``offsets[k]``."""
+
+    due0: float
+    #: When the listener starts: segment 0's real arrival once known, else the policy's estimate.
+    start: float
+    #: Seconds of (stretched) playback before each segment: 0 for segment 0.
+    offsets: tuple[float, ...]
+    #: Whether ``start`` is segment 0's real arrival rather than an estimate.
+    start_known: bool = False
+
+    def deadline(self, index: int, start: float | None = None) -> float:
+        """Return segment ``index``'s deadline, with ``start`` (a newer first-audio time) if given."""
+        if index == 0:
+            return self.due0
+        return (self.start if start is None else start) + self.offsets[index]
+
+    def deadlines(self) -> list[float]:
+        """Return every segment's deadline."""
+        return [self.deadline(i) for i in range(len(self.offsets))]
+
+
+def timeline(
     *,
     lane: str,
     accepted_at: float,
@@ -44,8 +67,8 @@ def segment_deadlines(
     policy: DeadlinePolicy,
     durations: Mapping[int, float] | None = None,
     first_audio_at: float | None = None,
-) -> list[float]:
-    """Return the deadline (epoch seconds) of every segment of a job.
+) -> Timeline:
+    """Return a job's timeline.
 
     ``durations`` holds the real durations of finished segments and ``first_audio_at``
     when segment 0 was written; both replace estimates when given.
@@ -54,12 +77,12 @@ def segment_deadlines(
     due0 = accepted_at + policy.delay(lane)
     stretch = policy.stretch(lane)
     start = first_audio_at if first_audio_at is not None else due0 + policy.first_audio_s
-    out: list[float] = []
+    offsets: list[float] = []
     played = 0.0
     for index, n in enumerate(chars):
-        out.append(due0 if index == 0 else start + stretch * played)
+        offsets.append(stretch * played)
         played += durations.get(index, n * seconds_per_char)
-    return out
+    return Timeline(due0=due0, start=start, offsets=tuple(offsets), start_known=first_audio_at is not None)
 
 
 def priority_step(deadline: float, now: float) -> int:

@@ -38,13 +38,13 @@ def test_a_batch_is_the_earliest_deadline_and_the_similar_lengths_due_soonest_af
         _pending("x" * 20, 500.0),  # beyond the horizon
     ]
     group = batcher.choose(items)
-    assert [p.deadline for p in group] == [1.0, 3.0, 4.0]
+    assert [p.due for p in group] == [1.0, 3.0, 4.0]
 
 
 def test_a_batch_takes_no_segment_due_beyond_the_horizon() -> None:
     batcher = Batcher(RecordingEngine(), max_batch=8, max_wait_s=0.0, horizon_s=10)
     group = batcher.choose([_pending("abc", 0.0), _pending("abd", 9.0), _pending("abe", 11.0)])
-    assert [p.deadline for p in group] == [0.0, 9.0]
+    assert [p.due for p in group] == [0.0, 9.0]
 
 
 class RecordingEngine:

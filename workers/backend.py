@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from core.registry import ModelSpec
-from workers.batcher import Batcher
+from workers.batcher import Batcher, Due
 from workers.engines.base import SynthesisRequest, Waveform
 from workers.pool.pool import ModelPool
 
@@ -14,9 +14,9 @@ class SynthesisBackend(Protocol):
     """Anything that turns a segment request into a waveform for a model."""
 
     def synthesize(
-        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: float | None = None
+        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: Due | None = None
     ) -> tuple[Waveform, int]:
-        """Return the waveform and its sample rate; ``deadline``: when a listener needs it (epoch seconds)."""
+        """Return the waveform and its sample rate; ``deadline``: when a listener needs it (see Batcher)."""
         ...
 
     def loaded_models(self) -> list[str]:
@@ -37,7 +37,7 @@ class PooledBackend:
         self.timeout_s = timeout_s
 
     def synthesize(
-        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: float | None = None
+        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: Due | None = None
     ) -> tuple[Waveform, int]:
         """Wait for this segment's share of a batched engine call; give up after one hung call ahead plus its own."""
         future = self.batcher.submit(spec, request, deadline=deadline)

@@ -17,6 +17,8 @@ from workers.engines.base import SynthesisRequest, Waveform
 
 log = logging.getLogger(__name__)
 
+#: A deadline in epoch seconds, or a function returning the current one.
+Due = float | Callable[[], float]
 RunBatch = Callable[[ModelSpec, list[SynthesisRequest]], tuple[list[Waveform], int]]
 #: Called after each engine call with (model name, batch size, characters, seconds).
 BatchObserver = Callable[[str, int, int, float], None]
@@ -28,8 +30,9 @@ _MAX_SUSPECTS = 4096
 class _Pending:
     spec: ModelSpec
     request: SynthesisRequest
-    #: When the listener needs it (epoch seconds); its arrival time when no deadline was given (FIFO).
-    deadline: float
+    #: When the listener needs it (epoch seconds, or a function giving the current estimate, which
+    #: may move as the job's first audio becomes known); its arrival time when none was given (FIFO).
+    due: Due
     future: Future[tuple[Waveform, int]] = field(default_factory=Future)
     submitted: float = field(default_factory=time.monotonic)
 
@@ -81,7 +84,7 @@ class Batcher:
         self.holds = 0
 
     def submit(
-        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: float | None = None
+        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: Due | None = None
     ) -> Future[tuple[Waveform, int]]:
         """Queue one segment due at ``deadline`` (epoch seconds; none: now); resolve to its waveform and rate."""
         pending = _Pending(spec, request, self._clock() if deadline is None else deadline)
@@ -129,20 +132,26 @@ class Batcher:
 
     def choose(self, items: list[_Pending]) -> list[_Pending]:
         """Return the next batch: the earliest deadline and the similar-length segments due soonest after it."""
-        items.sort(key=lambda p: (p.deadline, p.submitted))
+        return self._plan(items)[0]
+
+    def _plan(self, items: list[_Pending]) -> tuple[list[_Pending], float]:
+        """Return the next batch and its most urgent deadline (sorting ``items`` by deadline)."""
+        due = {id(p): p.due() if callable(p.due) else p.due for p in items}
+        items.sort(key=lambda p: (due[id(p)], p.submitted))
         head = items[0]
         with self._lock:
             suspect = {id(p) for p in items if p.request in self._suspects}
+        head_due = due[id(head)]
         if id(head) in suspect:
-            return [head]
+            return [head], head_due
         size = len(head.request.text)
         group = [head]
         for p in items[1:]:
-            if len(group) >= self.max_batch or p.deadline > head.deadline + self.horizon_s:
+            if len(group) >= self.max_batch or due[id(p)] > head_due + self.horizon_s:
                 break
             if id(p) not in suspect and compatible(size, len(p.request.text), max_ratio=self.max_ratio):
                 group.append(p)
-        return group
+        return group, head_due
 
     def _dispatch(self, inbox: queue.SimpleQueue[_Pending | None]) -> None:
         backlog: list[_Pending] = []
@@ -150,21 +159,21 @@ class Batcher:
             items = self._collect(inbox, backlog)
             if items is None:
                 return
-            group = self.choose(items)
-            if self._should_hold(group, items) and not self._hold(inbox, items):
-                inbox.put(None)
-            if len(items) > len(group):
-                group = self.choose(items)
+            group, head_due = self._plan(items)
+            if self._should_hold(group, items, head_due):
+                if not self._hold(inbox, items):
+                    inbox.put(None)  # stop after this round
+                group, _ = self._plan(items)
             self._run(group)
             chosen = {id(p) for p in group}
             backlog = [p for p in items if id(p) not in chosen]
 
-    def _should_hold(self, group: list[_Pending], items: list[_Pending]) -> bool:
+    def _should_hold(self, group: list[_Pending], items: list[_Pending], head_due: float) -> bool:
         """Hold for company only when the batch is not full, all waiting work is in it, and it has slack."""
         if self.hold_s <= 0 or len(group) >= self.max_batch or len(items) > len(group):
             return False
         expected = self._batch_s.get(group[0].spec.name, 0.0)
-        return group[0].deadline - self._clock() > expected + self.hold_s
+        return head_due - self._clock() > expected + self.hold_s
 
     def _hold(self, inbox: queue.SimpleQueue[_Pending | None], items: list[_Pending]) -> bool:
         self.holds += 1

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import enum
 import logging
+import threading
 import time
+from collections import OrderedDict
+from dataclasses import dataclass
 
 from cache.jobstore import TERMINAL, JobStore
 from cache.schedule import ScheduleBook
@@ -23,7 +26,7 @@ from core.metrics import (
     TIME_TO_FIRST_SEGMENT,
 )
 from core.registry import Registry
-from core.schedule import DeadlinePolicy, playback_stalls, segment_deadlines
+from core.schedule import DeadlinePolicy, Timeline, playback_stalls, timeline
 from workers.backend import SynthesisBackend
 from workers.celery_app import Enqueue
 from workers.engines.base import SynthesisRequest
@@ -38,6 +41,39 @@ class Outcome(enum.Enum):
     DUPLICATE = "duplicate"
     SKIPPED = "skipped"
     GAVE_UP = "gave_up"
+
+
+@dataclass
+class JobClock:
+    """When a job's listener starts (its first audio), shared by the job's segments this worker holds."""
+
+    first_audio_at: float | None = None
+
+
+class JobClocks:
+    """The clocks of recent jobs, oldest forgotten first."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self._clocks: OrderedDict[str, JobClock] = OrderedDict()
+        self._lock = threading.Lock()
+        self._limit = limit
+
+    def get(self, job_id: str, plan: Timeline) -> JobClock:
+        """Return the job's clock, made from ``plan`` the first time (its start, when already known)."""
+        with self._lock:
+            clock = self._clocks.get(job_id)
+            if clock is None:
+                clock = self._clocks[job_id] = JobClock()
+                while len(self._clocks) > self._limit:
+                    self._clocks.popitem(last=False)
+            if clock.first_audio_at is None and plan.start_known:
+                clock.first_audio_at = plan.start
+            return clock
+
+    def forget(self, job_id: str) -> None:
+        """Drop a finished job's clock."""
+        with self._lock:
+            self._clocks.pop(job_id, None)
 
 
 class SegmentSynthesizer:
@@ -69,6 +105,7 @@ class SegmentSynthesizer:
         self.book = book
         self.policy = policy
         self.use_deadlines = use_deadlines
+        self._clocks = JobClocks()
 
     def run(self, job_id: str, index: int) -> Outcome:
         """Make segment ``index`` of ``job_id`` unless it exists or its job is over."""
@@ -90,17 +127,25 @@ class SegmentSynthesizer:
         QUEUE_WAIT.observe(max(0.0, time.time() - float(record["created_at"])))
         spec = self.registry.get(request.model)
         lane = request.priority
-        deadline = self.deadlines(job_id, record, lane)[index]
+        plan = self.timeline(job_id, record, lane)
+        clock = self._clocks.get(job_id, plan)
+
+        def due() -> float:  # moves with the job's real first audio, once some worker has written it
+            return plan.deadline(index, clock.first_audio_at)
+
         started = time.perf_counter()
         wave, rate = self.backend.synthesize(
             spec,
             SynthesisRequest(text=text, voice=request.voice, speed=request.speed, seed=request.seed, mode=request.mode),
-            deadline=deadline if self.use_deadlines else None,
+            deadline=(plan.due0 if index == 0 else due) if self.use_deadlines else None,
         )
         synth_s = time.perf_counter() - started
         pcm = to_pcm16(wave)
         duration = len(wave) / rate
         finished = time.time()
+        deadline = due()
+        if index == 0:
+            clock.first_audio_at = finished  # later segments of this job held here are due relative to it
         meta = {
             "duration_s": round(duration, 4),
             "synth_s": round(synth_s, 4),
@@ -143,16 +188,17 @@ class SegmentSynthesizer:
             },
         )
         if result == 2:
+            self._clocks.forget(job_id)
             self._log_job_done(job_id, lane)
         elif outcome is Outcome.WRITTEN:
             self._feed_next(job_id, record, lane)
         return outcome
 
-    def deadlines(self, job_id: str, record: dict[str, str], lane: str) -> list[float]:
-        """Return every segment's deadline, with the real durations and first-audio time known so far."""
+    def timeline(self, job_id: str, record: dict[str, str], lane: str) -> Timeline:
+        """Return the job's deadlines, with the real durations and first-audio time known so far."""
         meta = self.store.segment_meta(job_id)
         first = meta.get(0, {}).get("finished_at")
-        return segment_deadlines(
+        return timeline(
             lane=lane,
             accepted_at=float(record["created_at"]),
             chars=[len(t) for t in self.store.texts(job_id)],
@@ -167,7 +213,7 @@ class SegmentSynthesizer:
         index = self.store.next_pending(job_id)
         if index is None:
             return
-        deadline = self.deadlines(job_id, record, lane)[index]
+        deadline = self.timeline(job_id, record, lane).deadline(index)
         self.book.add(job_id, {index: deadline})
         self.enqueue(job_id, [index], lane, [deadline] if self.use_deadlines else None)
 
