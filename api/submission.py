@@ -78,8 +78,8 @@ def submit_job(
         chars=[len(t) for t in texts],
         seconds_per_char=pace,
         policy=deadline_policy(settings),
-        first_audio_at=accepted_at if 0 in hits else None,
-    ).deadlines()
+        arrivals=dict.fromkeys(hits, accepted_at),
+    ).deadlines(accepted_at)
     start_estimate = 0.0
     if misses and admit is not None:
         # Raises 503 before anything is written: never 202 for work we cannot do.

@@ -1,18 +1,21 @@
 """Playback deadlines: when each segment of a job is needed by its listener (plain functions, no I/O).
 
-A listener needs segment 0 at once and segment k when segments 0..k-1 have finished playing:
-the job's first-audio time plus their durations. Durations are estimated from characters and
-the model's measured seconds of audio per character until the real ones are known.
+A listener needs segment 0 at once and segment k when it has finished playing segment k-1.
+Durations are estimated from characters and the model's measured seconds of audio per
+character until the real ones are known.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 #: Broker priority steps by slack (seconds until due): due now, soon, later, much later.
 SLACK_STEPS: tuple[tuple[float, int], ...] = ((1.0, 0), (10.0, 3), (60.0, 6))
 LAST_STEP = 9
+#: How long a job's later deadlines keep moving with the clock while its first audio is unknown.
+UNSTARTED_LIMIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -35,27 +38,58 @@ class DeadlinePolicy:
         return self.batch_stretch if lane == "batch" else 1.0
 
 
-@dataclass(frozen=True)
 class Timeline:
-    """A job's deadlines: segment 0 at ``due0``, segment k at the listener's start plus ``offsets[k]``."""
+    """When a job's listener needs each segment, updated as segments arrive.
 
-    due0: float
-    #: When the listener starts: segment 0's real arrival once known, else the policy's estimate.
-    start: float
-    #: Seconds of (stretched) playback before each segment: 0 for segment 0.
-    offsets: tuple[float, ...]
-    #: Whether ``start`` is segment 0's real arrival rather than an estimate.
-    start_known: bool = False
+    The listener starts at segment 0's arrival and plays each segment for its duration; a
+    segment that arrives late pauses it (a stall) and it resumes on arrival. Segment 0 is
+    due at ``due0``; segment k is due when the listener finishes segment k-1. Unknown arrivals
+    are assumed on time and unknown durations are estimated, so a stalled job's later
+    deadlines move back with its listener, and late work does not pile up ahead of new work.
+    """
 
-    def deadline(self, index: int, start: float | None = None) -> float:
-        """Return segment ``index``'s deadline, with ``start`` (a newer first-audio time) if given."""
+    def __init__(
+        self, *, due0: float, start_estimate: float, durations: Sequence[float], arrivals: Mapping[int, float]
+    ) -> None:
+        self.due0 = due0
+        self.start_estimate = start_estimate
+        self.durations = list(durations)  # seconds of (stretched) playback per segment
+        self.arrivals = dict(arrivals)  # index → when the segment was written
+
+    def arrived(self, index: int, at: float, duration: float | None = None) -> None:
+        """Record that segment ``index`` was written at ``at`` (with its real, stretched duration)."""
+        self.arrivals[index] = at
+        if duration is not None and index < len(self.durations):
+            self.durations[index] = duration
+
+    def merge(self, newer: Timeline) -> None:
+        """Take arrivals and durations another view of the job knows (segments other workers wrote)."""
+        for index, at in newer.arrivals.items():
+            self.arrivals.setdefault(index, at)
+            self.durations[index] = newer.durations[index]
+
+    def deadline(self, index: int, now: float | None = None) -> float:
+        """Return when the listener needs segment ``index``, as far as is known at ``now``."""
         if index == 0:
             return self.due0
-        return (self.start if start is None else start) + self.offsets[index]
+        start = self.arrivals.get(0)
+        if start is None:
+            # Not started: no earlier than the estimate nor than now, but fixed after a while, in case
+            # segment 0 was written by a worker that did not tell us (deadlines must not float forever).
+            now = time.time() if now is None else now
+            start = min(max(self.start_estimate, now), self.start_estimate + UNSTARTED_LIMIT_S)
+        playing = start  # when the listener starts segment j
+        for j in range(1, index + 1):
+            need = playing + self.durations[j - 1]
+            if j == index:
+                return need
+            arrived = self.arrivals.get(j)
+            playing = need if arrived is None else max(need, arrived)
+        raise AssertionError("unreachable")
 
-    def deadlines(self) -> list[float]:
+    def deadlines(self, now: float | None = None) -> list[float]:
         """Return every segment's deadline."""
-        return [self.deadline(i) for i in range(len(self.offsets))]
+        return [self.deadline(i, now) for i in range(len(self.durations))]
 
 
 def timeline(
@@ -66,23 +100,18 @@ def timeline(
     seconds_per_char: float,
     policy: DeadlinePolicy,
     durations: Mapping[int, float] | None = None,
-    first_audio_at: float | None = None,
+    arrivals: Mapping[int, float] | None = None,
 ) -> Timeline:
-    """Return a job's timeline.
-
-    ``durations`` holds the real durations of finished segments and ``first_audio_at``
-    when segment 0 was written; both replace estimates when given.
-    """
+    """Return a job's timeline: real ``durations`` and ``arrivals`` of written segments replace estimates."""
     durations = durations or {}
-    due0 = accepted_at + policy.delay(lane)
     stretch = policy.stretch(lane)
-    start = first_audio_at if first_audio_at is not None else due0 + policy.first_audio_s
-    offsets: list[float] = []
-    played = 0.0
-    for index, n in enumerate(chars):
-        offsets.append(stretch * played)
-        played += durations.get(index, n * seconds_per_char)
-    return Timeline(due0=due0, start=start, offsets=tuple(offsets), start_known=first_audio_at is not None)
+    due0 = accepted_at + policy.delay(lane)
+    return Timeline(
+        due0=due0,
+        start_estimate=due0 + policy.first_audio_s,
+        durations=[stretch * durations.get(i, n * seconds_per_char) for i, n in enumerate(chars)],
+        arrivals=arrivals or {},
+    )
 
 
 def priority_step(deadline: float, now: float) -> int:

@@ -95,6 +95,12 @@ class Settings(BaseSettings):
     batch_horizon_s: float = Field(
         30.0, ge=0, description="A batch only takes segments due within this many seconds of its most urgent one."
     )
+    deadline_lead: float = Field(
+        2.0,
+        ge=0,
+        description="Start a segment this many engine calls of its length before its deadline "
+        "(one may be running when it becomes due, then its own).",
+    )
     deadline_first_audio_s: float = Field(
         1.0, ge=0, description="Expected first-audio time of a realtime job: its listener's start until known."
     )

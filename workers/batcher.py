@@ -62,6 +62,7 @@ class Batcher:
         max_ratio: float = 1.5,
         hold_s: float = 0.0,
         horizon_s: float = math.inf,
+        lead: float = 0.0,
         observe: BatchObserver | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -71,6 +72,7 @@ class Batcher:
         self.max_ratio = max_ratio
         self.hold_s = hold_s
         self.horizon_s = horizon_s
+        self.lead = lead
         self._observe = observe
         self._clock = clock
         self._queues: dict[str, queue.SimpleQueue[_Pending | None]] = {}
@@ -79,6 +81,7 @@ class Batcher:
         # Requests whose batch failed: their retries run alone, so one poison input cannot fail its neighbours again.
         self._suspects: OrderedDict[SynthesisRequest, None] = OrderedDict()
         self._batch_s: dict[str, float] = {}  # per model: a moving average of one engine call's seconds
+        self._per_char: dict[str, float] = {}  # per model: ... and of its seconds per character of its longest text
         self.batches = 0
         self.items = 0
         self.holds = 0
@@ -136,7 +139,9 @@ class Batcher:
 
     def _plan(self, items: list[_Pending]) -> tuple[list[_Pending], float]:
         """Return the next batch and its most urgent deadline (sorting ``items`` by deadline)."""
-        due = {id(p): p.due() if callable(p.due) else p.due for p in items}
+        per_char = self.lead * self._per_char.get(items[0].spec.name, 0.0)
+        # The latest start: the deadline less the expected time of the engine calls it must wait for.
+        due = {id(p): (p.due() if callable(p.due) else p.due) - per_char * len(p.request.text) for p in items}
         items.sort(key=lambda p: (due[id(p)], p.submitted))
         head = items[0]
         with self._lock:
@@ -200,6 +205,9 @@ class Batcher:
         elapsed = time.perf_counter() - started
         previous = self._batch_s.get(spec.name)
         self._batch_s[spec.name] = elapsed if previous is None else 0.8 * previous + 0.2 * elapsed
+        seen = elapsed / max(1, *(len(p.request.text) for p in group))
+        previous = self._per_char.get(spec.name)
+        self._per_char[spec.name] = seen if previous is None else 0.8 * previous + 0.2 * seen
         self.batches += 1
         self.items += len(group)
         for pending, wave in zip(group, waves, strict=True):

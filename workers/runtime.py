@@ -137,6 +137,7 @@ def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> Wor
         max_ratio=settings.batch_max_ratio,
         hold_s=settings.batch_hold_ms / 1000 if deadlines else 0.0,
         horizon_s=settings.batch_horizon_s if deadlines else math.inf,
+        lead=settings.deadline_lead if deadlines else 0.0,
         observe=batch_observer(stats),
     )
     backend = PooledBackend(batcher=batcher, pool=pool, timeout_s=settings.task_time_limit_s)

@@ -7,7 +7,6 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 
 from cache.jobstore import TERMINAL, JobStore
 from cache.schedule import ScheduleBook
@@ -43,37 +42,30 @@ class Outcome(enum.Enum):
     GAVE_UP = "gave_up"
 
 
-@dataclass
-class JobClock:
-    """When a job's listener starts (its first audio), shared by the job's segments this worker holds."""
-
-    first_audio_at: float | None = None
-
-
-class JobClocks:
-    """The clocks of recent jobs, oldest forgotten first."""
+class Timelines:
+    """The timelines of jobs this worker holds segments of, shared by those segments; oldest forgotten first."""
 
     def __init__(self, limit: int = 10_000) -> None:
-        self._clocks: OrderedDict[str, JobClock] = OrderedDict()
+        self._timelines: OrderedDict[str, Timeline] = OrderedDict()
         self._lock = threading.Lock()
         self._limit = limit
 
-    def get(self, job_id: str, plan: Timeline) -> JobClock:
-        """Return the job's clock, made from ``plan`` the first time (its start, when already known)."""
+    def get(self, job_id: str, fresh: Timeline) -> Timeline:
+        """Return the job's shared timeline, updated with what ``fresh`` (read from the store now) knows."""
         with self._lock:
-            clock = self._clocks.get(job_id)
-            if clock is None:
-                clock = self._clocks[job_id] = JobClock()
-                while len(self._clocks) > self._limit:
-                    self._clocks.popitem(last=False)
-            if clock.first_audio_at is None and plan.start_known:
-                clock.first_audio_at = plan.start
-            return clock
+            found = self._timelines.get(job_id)
+            if found is None:
+                found = self._timelines[job_id] = fresh
+                while len(self._timelines) > self._limit:
+                    self._timelines.popitem(last=False)
+            else:
+                found.merge(fresh)
+            return found
 
     def forget(self, job_id: str) -> None:
-        """Drop a finished job's clock."""
+        """Drop a finished job's timeline."""
         with self._lock:
-            self._clocks.pop(job_id, None)
+            self._timelines.pop(job_id, None)
 
 
 class SegmentSynthesizer:
@@ -105,7 +97,7 @@ class SegmentSynthesizer:
         self.book = book
         self.policy = policy
         self.use_deadlines = use_deadlines
-        self._clocks = JobClocks()
+        self._timelines = Timelines()
 
     def run(self, job_id: str, index: int) -> Outcome:
         """Make segment ``index`` of ``job_id`` unless it exists or its job is over."""
@@ -127,11 +119,10 @@ class SegmentSynthesizer:
         QUEUE_WAIT.observe(max(0.0, time.time() - float(record["created_at"])))
         spec = self.registry.get(request.model)
         lane = request.priority
-        plan = self.timeline(job_id, record, lane)
-        clock = self._clocks.get(job_id, plan)
+        plan = self._timelines.get(job_id, self.timeline(job_id, record, lane))
 
-        def due() -> float:  # moves with the job's real first audio, once some worker has written it
-            return plan.deadline(index, clock.first_audio_at)
+        def due() -> float:  # moves with the job's listener as its earlier segments arrive
+            return plan.deadline(index)
 
         started = time.perf_counter()
         wave, rate = self.backend.synthesize(
@@ -144,8 +135,7 @@ class SegmentSynthesizer:
         duration = len(wave) / rate
         finished = time.time()
         deadline = due()
-        if index == 0:
-            clock.first_audio_at = finished  # later segments of this job held here are due relative to it
+        plan.arrived(index, finished, duration * self.policy.stretch(lane))  # later segments here follow it
         meta = {
             "duration_s": round(duration, 4),
             "synth_s": round(synth_s, 4),
@@ -188,7 +178,7 @@ class SegmentSynthesizer:
             },
         )
         if result == 2:
-            self._clocks.forget(job_id)
+            self._timelines.forget(job_id)
             self._log_job_done(job_id, lane)
         elif outcome is Outcome.WRITTEN:
             self._feed_next(job_id, record, lane)
@@ -197,7 +187,6 @@ class SegmentSynthesizer:
     def timeline(self, job_id: str, record: dict[str, str], lane: str) -> Timeline:
         """Return the job's deadlines, with the real durations and first-audio time known so far."""
         meta = self.store.segment_meta(job_id)
-        first = meta.get(0, {}).get("finished_at")
         return timeline(
             lane=lane,
             accepted_at=float(record["created_at"]),
@@ -205,7 +194,7 @@ class SegmentSynthesizer:
             seconds_per_char=float(record.get("seconds_per_char") or self.book.default_seconds_per_char),
             policy=self.policy,
             durations={i: float(m["duration_s"]) for i, m in meta.items() if "duration_s" in m},
-            first_audio_at=None if first is None else float(first),
+            arrivals={i: float(m["finished_at"]) for i, m in meta.items() if "finished_at" in m},
         )
 
     def _feed_next(self, job_id: str, record: dict[str, str], lane: str) -> None:
