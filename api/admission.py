@@ -31,6 +31,7 @@ class Admission:
         self.workers = workers
         self.book = book
         self.by_deadline = settings.scheduler == "deadline"
+        self.replicas = settings.model_replicas  # busy seconds overlap on a worker's replicas
         self.limits = {"realtime": settings.admission_realtime_wait_s, "batch": settings.admission_batch_wait_s}
 
     def estimated_wait_s(self, due: float, *, workers_alive: int) -> float:
@@ -40,7 +41,7 @@ class Admission:
         this one are ahead of it (with FIFO scheduling, every outstanding segment is).
         """
         recent = self.stats.window()
-        speed = recent.chars_per_busy_second * max(1, workers_alive)
+        speed = recent.chars_per_busy_second * max(1, workers_alive) * self.replicas
         if speed <= 0:
             return 0.0
         ahead = self.book.due_by(due if self.by_deadline else math.inf)

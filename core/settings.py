@@ -79,6 +79,13 @@ class Settings(BaseSettings):
         description="Segments one worker holds at once (threads): the window its deadline scheduler orders; "
         "several times the batch size lets batches fill.",
     )
+    model_replicas: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Host processes per model in each worker, running batches side by side: on CPUs, one per "
+        "core with TTS_TORCH_THREADS=1 uses every core; on a GPU keep 1 (one worker per GPU instead).",
+    )
     batch_max_size: int = Field(16, ge=1, description="Most segments in one engine call.")
     batch_wait_ms: float = Field(
         10.0, ge=0, description="How long the batcher waits for company after a segment arrives."

@@ -57,7 +57,7 @@ class RecordingEngine:
         self.short_by = short_by
         self.lock = threading.Lock()
 
-    def __call__(self, spec: ModelSpec, batch: list[SynthesisRequest]) -> tuple[list[Waveform], int]:
+    def __call__(self, spec: ModelSpec, batch: list[SynthesisRequest], replica: int = 0) -> tuple[list[Waveform], int]:
         with self.lock:
             self.calls.append((spec.name, [r.text for r in batch]))
         time.sleep(self.delay_s)
@@ -195,3 +195,20 @@ def test_a_segment_with_slack_waits_for_company_and_a_due_one_does_not() -> None
     batcher.submit(SPEC, SynthesisRequest(text="due now")).result(5)
     assert time.monotonic() - started < 0.25, "a due segment does not wait for the hold"
     assert batcher.holds >= 1
+
+
+def test_with_two_replicas_two_batches_run_side_by_side() -> None:
+    engine = RecordingEngine(delay_s=0.3)
+    replicas: list[int] = []
+    batcher = Batcher(
+        lambda spec, batch, replica: (replicas.append(replica), engine(spec, batch))[1],
+        max_batch=1,
+        max_wait_s=0.0,
+        replicas=2,
+    )
+    started = time.monotonic()
+    futures = [batcher.submit(SPEC, SynthesisRequest(text=f"segment {i}")) for i in range(4)]
+    for future in futures:
+        future.result(5)
+    assert time.monotonic() - started < 1.0, "four 0.3 s calls on two replicas take two rounds, not four"
+    assert sorted(replicas) == [0, 0, 1, 1]

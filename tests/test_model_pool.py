@@ -104,3 +104,13 @@ def test_a_model_that_cannot_load_raises_a_load_error(pool: ModelPool, tmp_path:
     with pytest.raises(EngineLoadError, match="broken"):
         pool.synthesize(broken, HELLO)
     assert pool.loaded() == []
+
+
+def test_replicas_of_a_model_are_processes_of_their_own_and_unload_together(pool: ModelPool) -> None:
+    pool.synthesize(EN, HELLO, 0)
+    pool.synthesize(EN, HELLO, 1)
+    first, second = pool.host_pid("espeak-en", 0), pool.host_pid("espeak-en", 1)
+    assert first is not None and second is not None and first != second
+    assert sorted(m["replica"] for m in pool.loaded()) == [0, 1]
+    assert pool.unload("espeak-en")
+    assert pool.loaded() == []

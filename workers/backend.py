@@ -49,7 +49,7 @@ class PooledBackend:
 
     def loaded_models(self) -> list[str]:
         """Return the names of the models whose hosts are running."""
-        return [m["model"] for m in self.pool.loaded()]
+        return sorted({m["model"] for m in self.pool.loaded()})
 
     def close(self) -> None:
         """Stop the batcher and every model host."""

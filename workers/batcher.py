@@ -9,7 +9,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from core.registry import ModelSpec
@@ -19,7 +19,8 @@ log = logging.getLogger(__name__)
 
 #: A deadline in epoch seconds, or a function returning the current one.
 Due = float | Callable[[], float]
-RunBatch = Callable[[ModelSpec, list[SynthesisRequest]], tuple[list[Waveform], int]]
+#: Runs one engine call: (model, requests, which of the model's replicas) → waveforms and their rate.
+RunBatch = Callable[[ModelSpec, list[SynthesisRequest], int], tuple[list[Waveform], int]]
 #: Called after each engine call with (model name, batch size, characters, seconds).
 BatchObserver = Callable[[str, int, int, float], None]
 #: Requests remembered as having been in a failed batch (oldest forgotten first).
@@ -63,6 +64,7 @@ class Batcher:
         hold_s: float = 0.0,
         horizon_s: float = math.inf,
         lead: float = 0.0,
+        replicas: int = 1,
         observe: BatchObserver | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -73,6 +75,7 @@ class Batcher:
         self.hold_s = hold_s
         self.horizon_s = horizon_s
         self.lead = lead
+        self.replicas = max(1, replicas)
         self._observe = observe
         self._clock = clock
         self._queues: dict[str, queue.SimpleQueue[_Pending | None]] = {}
@@ -99,7 +102,9 @@ class Batcher:
             found = self._queues.get(name)
             if found is None:
                 found = self._queues[name] = queue.SimpleQueue()
-                thread = threading.Thread(target=self._dispatch, args=(found,), name=f"batcher-{name}", daemon=True)
+                thread = threading.Thread(
+                    target=self._dispatch, args=(found, name), name=f"batcher-{name}", daemon=True
+                )
                 self._threads.append(thread)
                 thread.start()
             return found
@@ -149,29 +154,59 @@ class Batcher:
         head_due = due[id(head)]
         if id(head) in suspect:
             return [head], head_due
-        size = len(head.request.text)
+        low = high = len(head.request.text)  # the group's shortest and longest texts
         group = [head]
         for p in items[1:]:
             if len(group) >= self.max_batch or due[id(p)] > head_due + self.horizon_s:
                 break
-            if id(p) not in suspect and compatible(size, len(p.request.text), max_ratio=self.max_ratio):
+            length = len(p.request.text)
+            if id(p) not in suspect and compatible(min(low, length), max(high, length), max_ratio=self.max_ratio):
                 group.append(p)
+                low, high = min(low, length), max(high, length)
         return group, head_due
 
-    def _dispatch(self, inbox: queue.SimpleQueue[_Pending | None]) -> None:
+    def _dispatch(self, inbox: queue.SimpleQueue[_Pending | None], name: str) -> None:
+        # Each round waits for a free replica of the model, then plans the most urgent batch
+        # from everything waiting at that moment: work is ordered as late as possible.
+        free: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for replica in range(self.replicas):
+            free.put(replica)
+        calls = ThreadPoolExecutor(self.replicas, thread_name_prefix=f"engine-{name}") if self.replicas > 1 else None
         backlog: list[_Pending] = []
         while True:
+            replica = free.get()
             items = self._collect(inbox, backlog)
             if items is None:
+                if calls is not None:
+                    calls.shutdown(wait=True)
                 return
             group, head_due = self._plan(items)
             if self._should_hold(group, items, head_due):
                 if not self._hold(inbox, items):
                     inbox.put(None)  # stop after this round
-                group, _ = self._plan(items)
-            self._run(group)
+                group, head_due = self._plan(items)
+            log.debug(
+                "batch of %d (%d waiting) on replica %d: %d-%d chars, most urgent due in %.2f s",
+                len(group),
+                len(items),
+                replica,
+                min(len(p.request.text) for p in group),
+                max(len(p.request.text) for p in group),
+                head_due - self._clock(),
+            )
             chosen = {id(p) for p in group}
             backlog = [p for p in items if id(p) not in chosen]
+            if calls is None:
+                self._run(group, replica)
+                free.put(replica)
+            else:
+                calls.submit(self._run_then_free, group, replica, free)
+
+    def _run_then_free(self, group: list[_Pending], replica: int, free: queue.SimpleQueue[int]) -> None:
+        try:
+            self._run(group, replica)
+        finally:
+            free.put(replica)
 
     def _should_hold(self, group: list[_Pending], items: list[_Pending], head_due: float) -> bool:
         """Hold for company only when the batch is not full, all waiting work is in it, and it has slack."""
@@ -184,14 +219,14 @@ class Batcher:
         self.holds += 1
         return self._gather(inbox, items, self.hold_s)
 
-    def _run(self, group: list[_Pending]) -> None:
+    def _run(self, group: list[_Pending], replica: int = 0) -> None:
         group = [p for p in group if p.future.set_running_or_notify_cancel()]  # drop what callers gave up on
         if not group:
             return
         spec = group[0].spec
         started = time.perf_counter()
         try:
-            waves, rate = self._run_batch(spec, [p.request for p in group])
+            waves, rate = self._run_batch(spec, [p.request for p in group], replica)
             if len(waves) != len(group):
                 raise RuntimeError(f"engine returned {len(waves)} waveforms for {len(group)} segments")
         except Exception as e:  # every waiting caller learns of the failure; none hangs
@@ -208,8 +243,9 @@ class Batcher:
         seen = elapsed / max(1, *(len(p.request.text) for p in group))
         previous = self._per_char.get(spec.name)
         self._per_char[spec.name] = seen if previous is None else 0.8 * previous + 0.2 * seen
-        self.batches += 1
-        self.items += len(group)
+        with self._lock:
+            self.batches += 1
+            self.items += len(group)
         for pending, wave in zip(group, waves, strict=True):
             pending.future.set_result((wave, rate))
         if self._observe is not None:

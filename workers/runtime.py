@@ -89,7 +89,8 @@ class WorkerRuntime:
                 "worker %s: loading model %r (engine %s, device %s)", self.hostname, spec.name, spec.engine, self.device
             )
             # Straight to the pool: a load is not work, and must not skew the throughput stats.
-            self.backend.pool.synthesize(spec, [SynthesisRequest(text="ready")])
+            for replica in range(self.settings.model_replicas):
+                self.backend.pool.synthesize(spec, [SynthesisRequest(text="ready")], replica)
         log.info("worker %s ready: serving model %r with engine %s", self.hostname, default.name, default.engine)
         self.announce()
         threading.Thread(target=self._beat_forever, name="heartbeat", daemon=True).start()
@@ -138,6 +139,7 @@ def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> Wor
         hold_s=settings.batch_hold_ms / 1000 if deadlines else 0.0,
         horizon_s=settings.batch_horizon_s if deadlines else math.inf,
         lead=settings.deadline_lead if deadlines else 0.0,
+        replicas=settings.model_replicas,
         observe=batch_observer(stats),
     )
     backend = PooledBackend(batcher=batcher, pool=pool, timeout_s=settings.task_time_limit_s)

@@ -19,29 +19,36 @@ log = logging.getLogger(__name__)
 HostFactory = Callable[[ModelSpec], ModelHost]
 
 
+#: A host's key: the model's name and which of its replicas (0 unless a model runs on several hosts).
+HostKey = tuple[str, int]
+
+
 class ModelPool:
-    """Model name → running host; loads on first use, evicts least recently used, never pinned ones."""
+    """(Model, replica) → running host; loads on first use, evicts least recently used, never pinned ones."""
 
     def __init__(self, start_host: HostFactory, *, budget_mb: float, idle_s: float, call_timeout_s: float) -> None:
         self._start_host = start_host
         self.budget_mb = budget_mb
         self.idle_s = idle_s
         self.call_timeout_s = call_timeout_s
-        self._hosts: OrderedDict[str, ModelHost] = OrderedDict()  # least recently used first
-        self._model_locks: dict[str, threading.Lock] = {}
+        self._hosts: OrderedDict[HostKey, ModelHost] = OrderedDict()  # least recently used first
+        self._model_locks: dict[HostKey, threading.Lock] = {}
         self._lock = threading.Lock()
         self.counts: Counter[str] = Counter()
         self.load_seconds: list[float] = []
         self._measured_mb: dict[str, float] = {}  # what each model held when last loaded
 
-    def synthesize(self, spec: ModelSpec, requests: list[SynthesisRequest]) -> tuple[list[Waveform], int]:
-        """Run one batch on the model's host, restarting a crashed host and retrying the batch once."""
+    def synthesize(
+        self, spec: ModelSpec, requests: list[SynthesisRequest], replica: int = 0
+    ) -> tuple[list[Waveform], int]:
+        """Run one batch on a host of the model, restarting a crashed host and retrying the batch once."""
+        key = (spec.name, replica)
         for attempt in (1, 2):
-            host = self._host(spec)
+            host = self._host(spec, key)
             try:
                 return host.synthesize(requests, timeout_s=self.call_timeout_s), host.sample_rate
             except HostCrashed as e:
-                self._forget(spec.name, host)
+                self._forget(key, host)
                 self.counts["crashes"] += 1
                 log.warning("model %s: %s (attempt %d)", spec.name, e, attempt)
                 # A died host may have been killed for reasons of its own (another process's OOM): try again.
@@ -50,17 +57,17 @@ class ModelPool:
                     raise
         raise AssertionError("unreachable")
 
-    def _host(self, spec: ModelSpec) -> ModelHost:
+    def _host(self, spec: ModelSpec, key: HostKey) -> ModelHost:
         with self._lock:
-            model_lock = self._model_locks.setdefault(spec.name, threading.Lock())
+            model_lock = self._model_locks.setdefault(key, threading.Lock())
         with model_lock:
             with self._lock:
-                host = self._hosts.get(spec.name)
+                host = self._hosts.get(key)
                 if host is not None and host.alive():
-                    self._hosts.move_to_end(spec.name)
+                    self._hosts.move_to_end(key)
                     return host
                 if host is not None:  # died since its last call (killed, OOM): start afresh
-                    del self._hosts[spec.name]
+                    del self._hosts[key]
                     self.counts["crashes"] += 1
                     log.warning("model %s host %s had died; restarting it", spec.name, host.pid)
             self._make_room(spec)
@@ -71,7 +78,7 @@ class ModelPool:
             MODEL_LOAD_SECONDS.labels(spec.name).observe(host.load_s)
             self._measured_mb[spec.name] = host.memory_mb
             with self._lock:
-                self._hosts[spec.name] = host
+                self._hosts[key] = host
             return host
 
     def used_mb(self) -> float:
@@ -83,40 +90,41 @@ class ModelPool:
         need = max(spec.memory_mb, self._measured_mb.get(spec.name, 0.0))
         while self.used_mb() + need > self.budget_mb:
             with self._lock:
-                victim = next((h for h in self._hosts.values() if not h.spec.pinned), None)
-                if victim is None:
+                # Never a replica of the model being loaded: that would only trade one copy for another.
+                victim_key = next((k for k, h in self._hosts.items() if not h.spec.pinned and k[0] != spec.name), None)
+                if victim_key is None:
                     log.warning(
-                        "model %s needs %d MiB over the budget; only pinned models are loaded",
+                        "model %s needs %d MiB over the budget; only pinned models (or its replicas) are loaded",
                         spec.name,
                         spec.memory_mb,
                     )
                     return
-                del self._hosts[victim.spec.name]
+                victim = self._hosts.pop(victim_key)
             log.info("evicting model %s (least recently used) to make room for %s", victim.spec.name, spec.name)
             victim.stop()
             self.counts["evictions"] += 1
             MODEL_EVICTIONS.labels(victim.spec.name, "budget").inc()
 
-    def _forget(self, name: str, host: ModelHost) -> None:
+    def _forget(self, key: HostKey, host: ModelHost) -> None:
         with self._lock:
-            if self._hosts.get(name) is host:
-                del self._hosts[name]
+            if self._hosts.get(key) is host:
+                del self._hosts[key]
         host.kill()
 
     def unload(self, name: str) -> bool:
-        """Stop a model's host (ending its process frees all its memory); say whether it was loaded."""
+        """Stop a model's hosts (ending a process frees all its memory); say whether it was loaded."""
         with self._lock:
-            host = self._hosts.pop(name, None)
-        if host is None:
-            return False
-        host.stop()
-        return True
+            hosts = [self._hosts.pop(k) for k in [k for k in self._hosts if k[0] == name]]
+        for host in hosts:
+            host.stop()
+        return bool(hosts)
 
     def reap_idle(self, now: float | None = None) -> list[str]:
         """Unload models idle longer than ``idle_s``, except pinned ones; return their names."""
         now = time.monotonic() if now is None else now
         with self._lock:
-            idle = [n for n, h in self._hosts.items() if not h.spec.pinned and now - h.last_used > self.idle_s]
+            busy = {k[0] for k, h in self._hosts.items() if now - h.last_used <= self.idle_s}
+            idle = sorted({k[0] for k, h in self._hosts.items() if not h.spec.pinned} - busy)
         for name in idle:
             if self.unload(name):
                 self.counts["idle_unloads"] += 1
@@ -129,19 +137,20 @@ class ModelPool:
         with self._lock:
             return [
                 {
-                    "model": n,
+                    "model": k[0],
+                    "replica": k[1],
                     "pid": h.pid,
                     "memory_mb": round(h.memory_mb, 1),
                     "gpu_mb": h.memory["gpu_mb"],
                     "pinned": h.spec.pinned,
                 }
-                for n, h in self._hosts.items()
+                for k, h in self._hosts.items()
             ]
 
-    def host_pid(self, name: str) -> int | None:
+    def host_pid(self, name: str, replica: int = 0) -> int | None:
         """Return the process id of a model's host, if loaded."""
         with self._lock:
-            host = self._hosts.get(name)
+            host = self._hosts.get((name, replica))
             return None if host is None else host.pid
 
     def close(self) -> None:
