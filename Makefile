@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install install-dev install-bench run worker test chaos lint tiny-model bench bench-batch bench-cache bench-stream clean
+.PHONY: help install install-dev install-bench run worker test chaos lint tiny-model bench bench-batch bench-cache bench-stream bench-schedule clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -58,6 +58,10 @@ bench-cache: install-bench  ## Cache hits vs misses at 50 callers; an edited sto
 bench-stream: install-bench  ## Time to first audio: one sentence vs a 3,000-character text.
 	scripts/ensure_redis_server.sh
 	$(PY) -m bench.stream
+
+bench-schedule: install-bench  ## FIFO vs deadline scheduling at 10 and 50 callers (first audio, stalls, jobs/s).
+	scripts/ensure_redis_server.sh
+	$(PY) -m bench.schedule $(BENCH_ARGS)
 
 lint: install-dev  ## Run ruff and mypy.
 	$(VENV)/bin/ruff check .

@@ -85,39 +85,60 @@ def prepare_model(model: str) -> dict[str, str]:
 
 
 def measure_engine(env: dict[str, str], plan: Plan, args: argparse.Namespace, out: Path) -> dict[str, Any] | None:
-    """Run bench.engine_limit in its own process and return its numbers."""
-    path = out / "engine.json"
-    command = [
-        sys.executable,
-        "-m",
-        "bench.engine_limit",
-        "--model",
-        args.model,
-        "--json",
-        str(path),
-        "--batches",
-        plan.engine_batches,
-        "--pool",
-        str(plan.engine_pool),
-        "--batch1-seconds",
-        str(plan.engine_batch1_s),
-        "--torch-threads",
-        str(args.torch_threads),
-        "--device",
-        args.device,
-    ]
+    """Run bench.engine_limit in one process per replica, side by side, and return their summed numbers.
+
+    The service runs ``--replicas`` model hosts at once, so the machine's limit is that many
+    engines running together, measured together (not one engine's figure multiplied).
+    """
     started = time.monotonic()
-    with (out / "engine.log").open("ab") as log:
-        done = subprocess.run(command, cwd=ROOT, env={**os.environ, **env}, stdout=log, stderr=log, check=False)
-    if done.returncode != 0:
-        print(f"engine limit failed (exit {done.returncode}); see {out / 'engine.log'}", file=sys.stderr)
-        return None
-    result: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    runs = []
+    for replica in range(args.replicas):
+        path = out / f"engine-{replica}.json"
+        command = [
+            sys.executable, "-m", "bench.engine_limit", "--model", args.model, "--json", str(path),
+            "--batches", plan.engine_batches, "--pool", str(plan.engine_pool),
+            "--batch1-seconds", str(plan.engine_batch1_s), "--torch-threads", str(args.torch_threads),
+            "--device", args.device,
+        ]  # fmt: skip
+        log = (out / f"engine-{replica}.log").open("ab")
+        runs.append((path, log, subprocess.Popen(command, cwd=ROOT, env={**os.environ, **env}, stdout=log, stderr=log)))
+    results = []
+    for path, log, process in runs:
+        code = process.wait()
+        log.close()
+        if code != 0:
+            print(f"engine limit failed (exit {code}); see {out}/engine-*.log", file=sys.stderr)
+            return None
+        results.append(json.loads(path.read_text(encoding="utf-8")))
+    result = combine_engines(results)
+    (out / "engine.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     print(
-        f"engine limit: batch 1 {result['batch1_chars_per_s']:.1f} chars/s, best batch {result['best_batch']} "
-        f"{result['best_chars_per_s']:.1f} chars/s ({time.monotonic() - started:.0f}s)"
+        f"engine limit ({args.replicas} side by side): batch 1 {result['batch1_chars_per_s']:.1f} chars/s, "
+        f"best batch {result['best_batch']} {result['best_chars_per_s']:.1f} chars/s "
+        f"({time.monotonic() - started:.0f}s)"
     )
     return result
+
+
+def combine_engines(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Sum the rates of engines measured side by side, batch size by batch size."""
+    rows = []
+    for batch_rows in zip(*(r["rows"] for r in results), strict=True):
+        row = dict(batch_rows[0])
+        for key in ("chars_per_s", "segments_per_s", "audio_s_per_s", "segments"):
+            row[key] = sum(r[key] for r in batch_rows)
+        row["seconds"] = max(r["seconds"] for r in batch_rows)
+        rows.append(row)
+    best = max(rows, key=lambda r: r["chars_per_s"])
+    return {
+        **results[0],
+        "replicas": len(results),
+        "rows": rows,
+        "batch1_chars_per_s": next(r["chars_per_s"] for r in rows if r["batch"] == 1),
+        "best_batch": best["batch"],
+        "best_chars_per_s": best["chars_per_s"],
+        "per_replica": results,
+    }
 
 
 def run_level(
@@ -215,6 +236,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", default=None, help="cpu for the tiny model, auto otherwise")
     parser.add_argument("--api-threads", type=int, default=32, help="gunicorn threads per API process")
     parser.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="model host processes in the worker (default: on CPU, cores ÷ torch threads; else 1); "
+        "the engine limit is measured with as many engines side by side",
+    )
+    parser.add_argument(
         "--service-env",
         action="append",
         default=[],
@@ -227,6 +255,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     args.device = args.device or ("cpu" if args.model == "chattts-tiny" else "auto")
+    if args.replicas is None:
+        args.replicas = max(1, (os.cpu_count() or 1) // max(1, args.torch_threads)) if args.device == "cpu" else 1
     return args
 
 
@@ -238,6 +268,7 @@ def service_env(args: argparse.Namespace, out: Path) -> dict[str, str]:
         "TTS_DEVICE": args.device,
         "TTS_TORCH_THREADS": str(args.torch_threads),
         "TTS_HEARTBEAT_S": str(HEARTBEAT_S),
+        "TTS_MODEL_REPLICAS": str(args.replicas),
         "TTS_LOG_LEVEL": "INFO",
     }
     for pair in args.service_env:
@@ -347,6 +378,7 @@ def write_results(
     args, plan, elapsed = meta["args"], meta["plan"], meta["elapsed"]
     title = (
         f"{args.model} on {os.cpu_count()} CPUs, torch threads {args.torch_threads}, "
+        f"{args.replicas} model host{'s' if args.replicas > 1 else ''} in the worker, "
         f"{plan.window_s:g}s per level, {time.strftime('%Y-%m-%d %H:%M')}"
     )
     rows = report.targets(results, engine)

@@ -41,10 +41,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--device", default=None)
     parser.add_argument("--api-threads", type=int, default=32)
+    parser.add_argument("--replicas", type=int, default=None, help="model hosts in each worker (as bench.headline)")
     parser.add_argument("--service-env", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     args.device = args.device or ("cpu" if args.model == "chattts-tiny" else "auto")
+    if args.replicas is None:
+        args.replicas = max(1, (os.cpu_count() or 1) // max(1, args.torch_threads)) if args.device == "cpu" else 1
     return args
 
 
@@ -134,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     document = "\n".join(
         [
             f"## FIFO vs deadline scheduling: {args.model}, {os.cpu_count()} CPUs, torch threads "
-            f"{args.torch_threads}, {plan.window_s:g}s per level, {time.strftime('%Y-%m-%d %H:%M')}",
+            f"{args.torch_threads}, {args.replicas} model host(s), {plan.window_s:g}s per level, "
+            f"{time.strftime('%Y-%m-%d %H:%M')}",
             "",
             table(levels),
             "",

@@ -105,8 +105,8 @@ class Settings(BaseSettings):
     deadline_lead: float = Field(
         2.0,
         ge=0,
-        description="Start a segment this many engine calls of its length before its deadline "
-        "(one may be running when it becomes due, then its own).",
+        description="A stream's next segment is ordered this many (recent, average) engine calls before its "
+        "deadline, so it is written by then: one call may be running, then its own.",
     )
     deadline_first_audio_s: float = Field(
         1.0, ge=0, description="Expected first-audio time of a realtime job: its listener's start until known."

@@ -34,6 +34,8 @@ class _Pending:
     #: When the listener needs it (epoch seconds, or a function giving the current estimate, which
     #: may move as the job's first audio becomes known); its arrival time when none was given (FIFO).
     due: Due
+    #: Start it ``lead`` engine calls early: it continues a stream, and a late one makes its listener stall.
+    early: bool = False
     future: Future[tuple[Waveform, int]] = field(default_factory=Future)
     submitted: float = field(default_factory=time.monotonic)
 
@@ -84,16 +86,19 @@ class Batcher:
         # Requests whose batch failed: their retries run alone, so one poison input cannot fail its neighbours again.
         self._suspects: OrderedDict[SynthesisRequest, None] = OrderedDict()
         self._batch_s: dict[str, float] = {}  # per model: a moving average of one engine call's seconds
-        self._per_char: dict[str, float] = {}  # per model: ... and of its seconds per character of its longest text
         self.batches = 0
         self.items = 0
         self.holds = 0
 
     def submit(
-        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: Due | None = None
+        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: Due | None = None, early: bool = False
     ) -> Future[tuple[Waveform, int]]:
-        """Queue one segment due at ``deadline`` (epoch seconds; none: now); resolve to its waveform and rate."""
-        pending = _Pending(spec, request, self._clock() if deadline is None else deadline)
+        """Queue one segment due at ``deadline`` (epoch seconds; none: now); resolve to its waveform and rate.
+
+        ``early``: the segment continues a stream already playing, so it should be written
+        before its deadline, not start at it: it is ordered ``lead`` engine calls earlier.
+        """
+        pending = _Pending(spec, request, self._clock() if deadline is None else deadline, early)
         self._queue_for(spec.name).put(pending)
         return pending.future
 
@@ -144,9 +149,9 @@ class Batcher:
 
     def _plan(self, items: list[_Pending]) -> tuple[list[_Pending], float]:
         """Return the next batch and its most urgent deadline (sorting ``items`` by deadline)."""
-        per_char = self.lead * self._per_char.get(items[0].spec.name, 0.0)
-        # The latest start: the deadline less the expected time of the engine calls it must wait for.
-        due = {id(p): (p.due() if callable(p.due) else p.due) - per_char * len(p.request.text) for p in items}
+        lead = self.lead * self._batch_s.get(items[0].spec.name, 0.0)
+        # A stream's next segment must be written by its deadline, so it starts that much earlier.
+        due = {id(p): (p.due() if callable(p.due) else p.due) - (lead if p.early else 0.0) for p in items}
         items.sort(key=lambda p: (due[id(p)], p.submitted))
         head = items[0]
         with self._lock:
@@ -240,9 +245,6 @@ class Batcher:
         elapsed = time.perf_counter() - started
         previous = self._batch_s.get(spec.name)
         self._batch_s[spec.name] = elapsed if previous is None else 0.8 * previous + 0.2 * elapsed
-        seen = elapsed / max(1, *(len(p.request.text) for p in group))
-        previous = self._per_char.get(spec.name)
-        self._per_char[spec.name] = seen if previous is None else 0.8 * previous + 0.2 * seen
         with self._lock:
             self.batches += 1
             self.items += len(group)

@@ -129,6 +129,7 @@ class SegmentSynthesizer:
             spec,
             SynthesisRequest(text=text, voice=request.voice, speed=request.speed, seed=request.seed, mode=request.mode),
             deadline=(plan.due0 if index == 0 else due) if self.use_deadlines else None,
+            early=index > 0,
         )
         synth_s = time.perf_counter() - started
         pcm = to_pcm16(wave)
