@@ -48,7 +48,10 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(256 * 1024, ge=1024, description="Largest request body accepted.")
     segment_max_chars: int = Field(120, ge=10, description="Segments pack sentences up to this many characters.")
     first_segment_max_chars: int = Field(
-        24, ge=5, description="The first segment is kept this short (a clause); each next one may be twice as long."
+        24,
+        ge=5,
+        description="The first segment is kept this short (a clause); each next one is at most as long as all "
+        "before it together.",
     )
     batch_lane_chars: int = Field(2000, ge=1, description="Jobs longer than this default to the batch lane.")
     enqueue_window_batch: int = Field(

@@ -24,11 +24,12 @@ class _Packer:
         self.segments: list[str] = []
 
     def limit(self) -> int:
-        """Return the cap of the segment being filled now: the first cap, doubling per segment up to the cap.
+        """Return the cap of the segment being filled now: the first cap, then the length of all before it.
 
-        The ramp keeps each early segment quick enough to be made while the one before it plays.
+        No segment is longer than the segments before it together, so it can be made while they
+        play; the caps grow from the first cap to the full cap as the buffered audio grows.
         """
-        return min(self.cap, self.first_cap << min(len(self.segments), 16))
+        return min(self.cap, max(self.first_cap, sum(map(len, self.segments))))
 
     def flush(self, piece: str) -> None:
         """Close a segment if the piece has anything to say."""
