@@ -108,8 +108,9 @@ class Settings(BaseSettings):
     deadline_lead: float = Field(
         2.0,
         ge=0,
-        description="A stream's next segment is ordered this many (recent, average) engine calls before its "
-        "deadline, so it is written by then: one call may be running, then its own.",
+        description="A stream's next segment is ordered this many engine calls before its deadline, so it is "
+        "written by then (one call may be running, then its own); a call is the recent average, longer "
+        "for a longer text.",
     )
     deadline_first_audio_s: float = Field(
         1.0, ge=0, description="Expected first-audio time of a realtime job: its listener's start until known."

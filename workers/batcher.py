@@ -86,6 +86,7 @@ class Batcher:
         # Requests whose batch failed: their retries run alone, so one poison input cannot fail its neighbours again.
         self._suspects: OrderedDict[SynthesisRequest, None] = OrderedDict()
         self._batch_s: dict[str, float] = {}  # per model: a moving average of one engine call's seconds
+        self._batch_chars: dict[str, float] = {}  # ... and of its longest text's characters
         self.batches = 0
         self.items = 0
         self.holds = 0
@@ -149,9 +150,15 @@ class Batcher:
 
     def _plan(self, items: list[_Pending]) -> tuple[list[_Pending], float]:
         """Return the next batch and its most urgent deadline (sorting ``items`` by deadline)."""
-        lead = self.lead * self._batch_s.get(items[0].spec.name, 0.0)
-        # A stream's next segment must be written by its deadline, so it starts that much earlier.
-        due = {id(p): (p.due() if callable(p.due) else p.due) - (lead if p.early else 0.0) for p in items}
+        name = items[0].spec.name
+        call_s, call_chars = self._batch_s.get(name, 0.0), self._batch_chars.get(name, 1.0)
+
+        def lead(p: _Pending) -> float:
+            # A stream's next segment must be written by its deadline, so it starts ``lead`` calls earlier;
+            # a call lasts about as long as its longest text, so a long segment's call is counted longer.
+            return self.lead * call_s * max(1.0, len(p.request.text) / call_chars) if p.early else 0.0
+
+        due = {id(p): (p.due() if callable(p.due) else p.due) - lead(p) for p in items}
         items.sort(key=lambda p: (due[id(p)], p.submitted))
         head = items[0]
         with self._lock:
@@ -245,6 +252,9 @@ class Batcher:
         elapsed = time.perf_counter() - started
         previous = self._batch_s.get(spec.name)
         self._batch_s[spec.name] = elapsed if previous is None else 0.8 * previous + 0.2 * elapsed
+        longest = float(max(len(p.request.text) for p in group))
+        previous = self._batch_chars.get(spec.name)
+        self._batch_chars[spec.name] = longest if previous is None else 0.8 * previous + 0.2 * longest
         with self._lock:
             self.batches += 1
             self.items += len(group)
