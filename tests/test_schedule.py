@@ -1,0 +1,96 @@
+"""Playback deadlines: when a listener needs each segment, and the books the scheduler keeps in Redis."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from cache import keys
+from core.schedule import DeadlinePolicy, playback_stalls, priority_step, timeline
+
+POLICY = DeadlinePolicy(first_audio_s=1.0, batch_delay_s=60.0, batch_stretch=2.0)
+
+
+def test_segment_zero_is_due_at_acceptance_and_the_rest_when_the_listener_reaches_them() -> None:
+    plan = timeline(lane="realtime", accepted_at=100.0, chars=[10, 20, 30], seconds_per_char=0.2, policy=POLICY)
+    # The listener starts at the first-audio estimate (101) and plays 2 s, then 4 s.
+    assert plan.deadlines(now=100.0) == [100.0, 103.0, 107.0]
+
+
+def test_real_arrivals_and_durations_replace_the_estimates() -> None:
+    plan = timeline(lane="realtime", accepted_at=100.0, chars=[10, 20, 30], seconds_per_char=0.2, policy=POLICY)
+    plan.arrived(0, 100.5, 3.0)  # segment 0 came early and runs 3 s, not 2
+    assert plan.deadline(1) == pytest.approx(103.5)
+    assert plan.deadline(2) == pytest.approx(107.5)
+
+
+def test_a_late_segment_moves_the_later_deadlines_back_with_the_paused_listener() -> None:
+    plan = timeline(lane="realtime", accepted_at=100.0, chars=[10, 10, 10], seconds_per_char=0.2, policy=POLICY)
+    plan.arrived(0, 101.0, 2.0)
+    plan.arrived(1, 110.0, 2.0)  # due at 103: the listener waited until 110
+    assert plan.deadline(2) == pytest.approx(112.0)
+
+
+def test_batch_lane_deadlines_are_looser() -> None:
+    realtime = timeline(lane="realtime", accepted_at=0.0, chars=[10, 10], seconds_per_char=0.2, policy=POLICY)
+    batch = timeline(lane="batch", accepted_at=0.0, chars=[10, 10], seconds_per_char=0.2, policy=POLICY)
+    assert batch.deadlines(now=0.0) == [60.0, 61.0 + 2 * 2.0]
+    assert all(b > r for b, r in zip(batch.deadlines(now=0.0), realtime.deadlines(now=0.0), strict=True))
+
+
+def test_before_its_first_audio_a_jobs_later_deadlines_follow_the_clock_but_only_for_a_while() -> None:
+    plan = timeline(lane="realtime", accepted_at=100.0, chars=[10, 10], seconds_per_char=0.2, policy=POLICY)
+    assert plan.deadline(1, now=110.0) == pytest.approx(112.0), "not started at 110: needed no earlier than 112"
+    assert plan.deadline(1, now=10_000.0) == pytest.approx(101.0 + 30.0 + 2.0), "then fixed, so it cannot starve"
+
+
+def test_the_listener_model_counts_stalls_and_their_length() -> None:
+    assert playback_stalls([10.0, 11.0, 13.0], [2.0, 1.0, 1.0]) == (0, 0.0)
+    assert playback_stalls([10.0, 14.0, 15.0], [2.0, 1.0, 1.0]) == (1, 2.0)
+
+
+def test_the_broker_step_follows_the_slack() -> None:
+    assert priority_step(100.0, now=100.0) == 0
+    assert priority_step(130.0, now=100.0) == 6
+    assert priority_step(1000.0, now=100.0) == 9
+
+
+def _wait(client: FlaskClient, job_id: str, timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}").get_json()
+        if job["status"] in ("done", "failed", "canceled"):
+            return job
+        assert time.monotonic() < deadline, job
+        time.sleep(0.05)
+
+
+def test_an_accepted_job_states_its_deadline_and_start_estimate_and_leaves_the_books_when_done(
+    app: Flask, served: FlaskClient
+) -> None:
+    services = app.extensions["tts"]
+    answer = served.post("/v1/jobs", json={"text": "One sentence. And another one after it.", "model": "espeak-en",
+                                           "cache": False})  # fmt: skip
+    assert answer.status_code == 202
+    job = answer.get_json()
+    assert job["first_due_at"] == pytest.approx(job["created_at"], abs=0.01), "realtime: due at acceptance"
+    assert job["start_estimate_s"] >= 0
+    assert _wait(served, job["id"])["status"] == "done"
+    members = [m.decode() for m in services.redis.zrange(keys.DUE, 0, -1)]
+    assert not [m for m in members if m.startswith(job["id"])], "written segments leave the deadline books"
+    meta = services.store.segment_meta(job["id"])
+    assert all("lateness_s" in m and "finished_at" in m for m in meta.values())
+
+
+def test_a_batch_lane_job_is_due_later_and_accepted_with_a_start_estimate(app: Flask, served: FlaskClient) -> None:
+    answer = served.post("/v1/jobs", json={"text": "A chapter of a book.", "model": "espeak-en", "priority": "batch",
+                                           "cache": False})  # fmt: skip
+    assert answer.status_code == 202
+    job = answer.get_json()
+    assert job["first_due_at"] == pytest.approx(job["created_at"] + 60.0, abs=0.01)
+    assert isinstance(job["start_estimate_s"], float)
+    assert _wait(served, job["id"])["status"] == "done"
