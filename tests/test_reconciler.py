@@ -76,3 +76,14 @@ def test_a_second_book_gets_its_first_segment_before_the_first_book_ends(served:
     assert served.get(f"/v1/jobs/{first['id']}").get_json()["status"] != "done", "the second book waited for all"
     _wait(served, first["id"], timeout=120)
     _wait(served, second["id"], timeout=120)
+
+
+def test_the_reconciler_prunes_deadline_entries_of_jobs_that_ended(app: Flask, served: FlaskClient) -> None:
+    services = app.extensions["tts"]
+    job_id = services.store.create(_request(), ["Never made."])
+    services.book.add(job_id, {0: time.time() - 600})  # long overdue
+    services.store.fail(job_id, "failed for the test")
+    reconciler = Reconciler(store=services.store, enqueue=services.enqueue, stall_s=60, deadline_s=3600,
+                            book=services.book)  # fmt: skip
+    assert reconciler.reconcile()["unscheduled"] >= 1
+    assert services.book.due_by(time.time() - 500) == 0
