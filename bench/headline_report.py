@@ -84,6 +84,11 @@ def engine_table(engine: dict[str, Any] | None, levels: list[dict[str, Any]]) ->
         )
     lines.append("")
     lines.append(f"Engine limit: batch {engine['best_batch']}, {engine['best_chars_per_s']:.1f} chars/s.")
+    if "service_batch" in engine:
+        lines.append(
+            f"The service ran with TTS_BATCH_MAX_SIZE={engine['service_batch']}: the smallest batch within 5% of the "
+            "best (a larger batch takes longer per call for no more throughput)."
+        )
     for level in levels:
         after = level.get("after")
         if after:
