@@ -261,8 +261,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.device = args.device or ("cpu" if args.model == "chattts-tiny" else "auto")
     if args.replicas is None:
-        args.replicas = max(1, (os.cpu_count() or 1) // max(1, args.torch_threads)) if args.device == "cpu" else 1
+        args.replicas = default_replicas(args.device, args.torch_threads)
     return args
+
+
+def default_replicas(device: str, torch_threads: int) -> int:
+    """Return the model hosts a worker runs by default: on CPU, one per core's share of threads; else one."""
+    return max(1, (os.cpu_count() or 1) // max(1, torch_threads)) if device == "cpu" else 1
 
 
 def service_env(args: argparse.Namespace, out: Path) -> dict[str, str]:

@@ -21,7 +21,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.headline import HEARTBEAT_S, corpus_texts, make_plan, progress, run_level, service_env
+from bench.headline import (
+    HEARTBEAT_S,
+    corpus_texts,
+    default_replicas,
+    make_plan,
+    progress,
+    run_level,
+    service_env,
+)
 from bench.headline_stack import ServiceStack
 from bench.loadgen import ServedClient
 from tests.support.servers import ROOT
@@ -47,7 +55,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.device = args.device or ("cpu" if args.model == "chattts-tiny" else "auto")
     if args.replicas is None:
-        args.replicas = max(1, (os.cpu_count() or 1) // max(1, args.torch_threads)) if args.device == "cpu" else 1
+        args.replicas = default_replicas(args.device, args.torch_threads)
     return args
 
 

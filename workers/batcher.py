@@ -48,12 +48,14 @@ def compatible(a: int, b: int, *, max_ratio: float, slack: int = 8) -> bool:
 class Batcher:
     """One dispatcher thread per model turns concurrent submissions into batched engine calls.
 
-    Each round the dispatcher runs the segment with the earliest deadline, together with
-    the segments of similar length (``max_ratio``) that are due soonest after it, up to
-    ``max_batch`` and at most ``horizon_s`` later than it. When that batch is not full,
-    nothing else is waiting and its most urgent segment still has slack, it waits up to
-    ``hold_s`` for company. Deadlines never move, so every segment becomes the earliest one
-    in the end: nothing starves.
+    Whenever one of the model's ``replicas`` is free, the dispatcher runs the segment with
+    the earliest deadline (a stream's next segment counted ``lead`` engine calls early),
+    together with the segments of similar length (``max_ratio``) that are due soonest after
+    it, up to ``max_batch`` and at most ``horizon_s`` later than it. When that batch is not
+    full, nothing else is waiting and its most urgent segment still has slack, it waits up to
+    ``hold_s`` for company. A deadline only moves later, and only a bounded amount (see
+    ``core.schedule.Timeline``), while new work is never due before it arrives: every
+    segment becomes the most urgent one in the end, so nothing starves.
     """
 
     def __init__(
