@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 
 from api.services import services
 from celery_config import QUEUES, queue_keys
-from core.metrics import HTTP_REQUESTS, HTTP_SECONDS, QUEUE_DEPTH
+from core.metrics import HTTP_REQUESTS, HTTP_SECONDS, QUEUE_DEPTH, SEGMENTS_OUTSTANDING
 
 bp = Blueprint("metrics", __name__)
 
@@ -30,10 +30,15 @@ def _record(response: Response) -> Response:
 
 
 def _update_queue_depth() -> None:
-    client = services().redis
+    svc = services()
     try:
         for lane in QUEUES:
-            QUEUE_DEPTH.labels(lane).set(sum(int(client.llen(key)) for key in queue_keys(lane)))
+            QUEUE_DEPTH.labels(lane).set(sum(int(svc.redis.llen(key)) for key in queue_keys(lane)))
+        # Workers hold up to TTS_WORKER_CONCURRENCY segments each, so the lists above stay short
+        # under load; the deadline books count everything accepted and not yet written.
+        due, total = svc.book.due_by(time.time()), svc.book.outstanding()
+        SEGMENTS_OUTSTANDING.labels("due").set(due)
+        SEGMENTS_OUTSTANDING.labels("later").set(max(0, total - due))
     except redis.RedisError:
         pass  # the scrape still reports everything else
 

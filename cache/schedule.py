@@ -47,6 +47,10 @@ class ScheduleBook:
         """Return how many outstanding segments are due no later than ``when``."""
         return int(self.redis.zcount(self.due_key, "-inf", when))
 
+    def outstanding(self) -> int:
+        """Return how many segments are outstanding (queued, held by a worker or running)."""
+        return int(self.redis.zcard(self.due_key))
+
     def overdue_since(self, before: float, limit: int = 500) -> list[tuple[str, int]]:
         """Return up to ``limit`` outstanding (job id, index) pairs due before ``before``, oldest first."""
         raw = self.redis.zrangebyscore(self.due_key, "-inf", before, start=0, num=limit)

@@ -20,6 +20,10 @@ ADMISSION_REJECTIONS = Counter("tts_admission_rejections_total", "Requests refus
                                ["reason"])  # fmt: skip
 CACHE_LOOKUPS = Counter("tts_cache_lookups_total", "Sentence-cache lookups by result (hit, miss).", ["result"])
 QUEUE_DEPTH = Gauge("tts_queue_depth", "Segment tasks waiting per lane.", ["lane"], multiprocess_mode="mostrecent")
+SEGMENTS_OUTSTANDING = Gauge("tts_segments_outstanding",
+                             "Segments accepted and not yet written (in the broker, held by a worker or running), "
+                             "by whether their deadline has passed (due) or not (later): the scaling signal.",
+                             ["state"], multiprocess_mode="mostrecent")  # fmt: skip
 
 # Workers
 CACHE_BYTES_STORED = Counter("tts_cache_bytes_stored_total", "Bytes of PCM written to the sentence cache.")

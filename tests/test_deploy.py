@@ -128,5 +128,7 @@ def test_the_k8s_worker_holds_one_gpu_and_outlasts_a_task() -> None:
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
     limit = int(docs[("ConfigMap", "tts-config")]["data"].get("TTS_TASK_TIME_LIMIT_S", 300))
     assert pod["terminationGracePeriodSeconds"] > limit
-    lists = {t["metadata"]["listName"] for t in docs[("ScaledObject", "tts-worker")]["spec"]["triggers"]}
-    assert lists == {"realtime", "batch"}
+    triggers = docs[("ScaledObject", "tts-worker")]["spec"]["triggers"]
+    assert {t["metadata"]["listName"] for t in triggers if t["type"] == "redis"} == {"realtime", "batch"}
+    late = [t["metadata"]["query"] for t in triggers if t["type"] == "prometheus"]
+    assert late == ['sum(tts_segments_outstanding{state="due"})'], "workers prefetch: late work is the signal"

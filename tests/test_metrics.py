@@ -14,6 +14,7 @@ API_METRICS = [
     "tts_jobs_submitted_total",
     "tts_cache_lookups_total",
     "tts_queue_depth",
+    "tts_segments_outstanding",
 ]
 WORKER_METRICS = [
     "tts_batch_size",
