@@ -136,7 +136,6 @@ class SegmentSynthesizer:
         duration = len(wave) / rate
         finished = time.time()
         deadline = due()
-        plan.arrived(index, finished, duration * self.policy.stretch(lane))  # later segments here follow it
         meta = {
             "duration_s": round(duration, 4),
             "synth_s": round(synth_s, 4),
@@ -151,6 +150,7 @@ class SegmentSynthesizer:
         self.book.remove(job_id, [index])
         AUDIO_SECONDS.labels(spec.name).inc(duration)
         if outcome is Outcome.WRITTEN:
+            plan.arrived(index, finished, duration * self.policy.stretch(lane))  # later segments here follow it
             SEGMENT_LATENESS.labels(lane).observe(finished - deadline)
             self.book.observe(spec.name, chars=len(text), audio_s=duration)
         if duration > 0:
@@ -182,7 +182,7 @@ class SegmentSynthesizer:
             self._timelines.forget(job_id)
             self._log_job_done(job_id, lane)
         elif outcome is Outcome.WRITTEN:
-            self._feed_next(job_id, record, lane)
+            self._feed_next(job_id, plan, lane)
         return outcome
 
     def timeline(self, job_id: str, record: dict[str, str], lane: str) -> Timeline:
@@ -198,12 +198,12 @@ class SegmentSynthesizer:
             arrivals={i: float(m["finished_at"]) for i, m in meta.items() if "finished_at" in m},
         )
 
-    def _feed_next(self, job_id: str, record: dict[str, str], lane: str) -> None:
+    def _feed_next(self, job_id: str, plan: Timeline, lane: str) -> None:
         """Enqueue the job's next waiting segment: each one finished lets one more in."""
         index = self.store.next_pending(job_id)
         if index is None:
             return
-        deadline = self.timeline(job_id, record, lane).deadline(index)
+        deadline = plan.deadline(index)
         self.book.add(job_id, {index: deadline})
         self.enqueue(job_id, [index], lane, [deadline] if self.use_deadlines else None)
 
