@@ -248,7 +248,8 @@ class JobStore:
             status = self.redis.hget(keys.job(job_id), "status")
             remaining = deadline - time.monotonic()
             if remaining <= 0 or status is None or _text(status) in TERMINAL:
-                return None
+                # Written between the two reads above (the write that ends a job is its last segment's)?
+                return self.segment(job_id, index)
             self.wait_for_event(job_id, last, remaining)
 
     def cached_file(self, job_id: str, fmt: str) -> bytes | None:

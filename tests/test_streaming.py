@@ -149,3 +149,23 @@ def test_the_speech_endpoint_refuses_aac_and_bad_fields(client: FlaskClient) -> 
         response = client.post("/v1/audio/speech", json={"model": "tts-1", "voice": "alloy", **body})
         assert response.status_code == 422
         assert response.get_json()["error"]["field"] == field
+
+
+def test_a_long_poll_gets_a_segment_written_as_it_ended_its_job(redis_client: Any) -> None:
+    """The write that finishes a job can land between the poll's look at the segment and at the status."""
+    store = JobStore(redis_client, ttl=60)
+    request = JobRequest(model="m", voice="v", speed=1.0, mode="balanced", format="pcm", priority="realtime", seed=None)
+    job_id = store.create(request, ["only"])
+    look = store.segment
+    calls = 0
+
+    def segment_written_just_after_looking(job: str, index: int) -> bytes | None:
+        nonlocal calls
+        calls += 1
+        found = look(job, index)
+        if calls == 1:
+            store.write_segment(job_id, 0, b"\x01\x02", sample_rate=8000, meta={})  # the job is done now
+        return found
+
+    store.segment = segment_written_just_after_looking  # type: ignore[method-assign]
+    assert store.wait_segment(job_id, 0, timeout_s=5) == b"\x01\x02"
