@@ -105,8 +105,8 @@ def submit_job(
     else:
         try:
             book.add(job_id, {i: deadlines[i] for i in first})
-            steps_by = [deadlines[i] for i in first] if settings.scheduler == "deadline" else None
-            enqueue(job_id, first, priority, steps_by)
+            by_deadline = [deadlines[i] for i in first] if settings.scheduler == "deadline" else None
+            enqueue(job_id, first, priority, by_deadline)
         except Exception as e:
             store.fail(job_id, "could not enqueue the job's segments")
             book.remove(job_id, first)

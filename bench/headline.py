@@ -226,13 +226,10 @@ def progress(side: str, summary: dict[str, Any]) -> None:
     )
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """Read the command line."""
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.headline", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def add_stack_arguments(parser: argparse.ArgumentParser, *, levels: str) -> None:
+    """Add the options every benchmark that drives the service stack shares."""
     parser.add_argument("--model", default="chattts-tiny", help="registry model (chattts needs its weights)")
-    parser.add_argument("--levels", default="1,10,50", help="concurrent callers per level")
+    parser.add_argument("--levels", default=levels, help="concurrent callers per level")
     parser.add_argument("--duration", type=float, help="measured seconds per level (default 30, quick 8)")
     parser.add_argument("--quick", action="store_true", help="a ~2-minute smoke run")
     parser.add_argument(
@@ -255,14 +252,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="extra environment for the service, the baseline and the engine measurement alike, "
         "e.g. TTS_WORKER_CONCURRENCY=64 or OMP_WAIT_POLICY=PASSIVE (repeatable)",
     )
-    parser.add_argument("--skip-baseline", action="store_true")
-    parser.add_argument("--skip-engine", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
+
+
+def resolve_stack_arguments(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill the defaults that depend on other options: the device and the model hosts."""
     args.device = args.device or ("cpu" if args.model == "chattts-tiny" else "auto")
     if args.replicas is None:
         args.replicas = default_replicas(args.device, args.torch_threads)
     return args
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Read the command line."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.headline", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_stack_arguments(parser, levels="1,10,50")
+    parser.add_argument("--skip-baseline", action="store_true")
+    parser.add_argument("--skip-engine", action="store_true")
+    return resolve_stack_arguments(parser.parse_args(argv))
 
 
 def default_replicas(device: str, torch_threads: int) -> int:

@@ -18,15 +18,15 @@ import os
 import shutil
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from bench.headline import (
     HEARTBEAT_S,
+    add_stack_arguments,
     corpus_texts,
-    default_replicas,
     make_plan,
     progress,
+    resolve_stack_arguments,
     run_level,
     service_env,
 )
@@ -39,24 +39,11 @@ SCHEDULERS = ("fifo", "deadline")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """Read the command line."""
+    """Read the command line (the headline benchmark's stack options)."""
     parser = argparse.ArgumentParser(prog="python -m bench.schedule", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--model", default="chattts-tiny")
-    parser.add_argument("--levels", default="10,50")
-    parser.add_argument("--duration", type=float, help="measured seconds per level and scheduler (default 30)")
-    parser.add_argument("--quick", action="store_true", help="8 s per level: a smoke run")
-    parser.add_argument("--torch-threads", type=int, default=1)
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--api-threads", type=int, default=32)
-    parser.add_argument("--replicas", type=int, default=None, help="model hosts in each worker (as bench.headline)")
-    parser.add_argument("--service-env", action="append", default=[], metavar="NAME=VALUE")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
-    args.device = args.device or ("cpu" if args.model == "chattts-tiny" else "auto")
-    if args.replicas is None:
-        args.replicas = default_replicas(args.device, args.torch_threads)
-    return args
+    add_stack_arguments(parser, levels="10,50")
+    return resolve_stack_arguments(parser.parse_args(argv))
 
 
 def _f(value: float | None, spec: str = ".2f") -> str:
@@ -106,7 +93,6 @@ def verdicts(levels: list[dict[str, Any]]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """Start both stacks, drive every level against each, print and write the table."""
     args = parse_args(argv)
-    args.skip_baseline = args.skip_engine = True
     plan = make_plan(args)
     out = args.out / f"schedule-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
