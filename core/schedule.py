@@ -66,7 +66,8 @@ class Timeline:
         """Take arrivals and durations another view of the job knows (segments other workers wrote)."""
         for index, at in newer.arrivals.items():
             self.arrivals.setdefault(index, at)
-            self.durations[index] = newer.durations[index]
+            if index < min(len(self.durations), len(newer.durations)):
+                self.durations[index] = newer.durations[index]
 
     def deadline(self, index: int, now: float | None = None) -> float:
         """Return when the listener needs segment ``index``, as far as is known at ``now``."""

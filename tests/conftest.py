@@ -131,3 +131,14 @@ def client(app: Flask, worker: WorkerProcess) -> FlaskClient:
 def served(app: Flask, worker: WorkerProcess) -> FlaskClient:
     """Return a test client of an API whose jobs a real worker serves."""
     return app.test_client()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Attach the session worker's last log lines to the report of a failed test that used it."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+    worker = getattr(item, "funcargs", {}).get("worker")
+    if report.failed and isinstance(worker, WorkerProcess):
+        alive = worker.process is not None and worker.process.poll() is None
+        report.sections.append((f"session worker log (alive: {alive}), last lines", worker.log_tail(40)))

@@ -212,3 +212,38 @@ def test_with_two_replicas_two_batches_run_side_by_side() -> None:
         future.result(5)
     assert time.monotonic() - started < 1.0, "four 0.3 s calls on two replicas take two rounds, not four"
     assert sorted(replicas) == [0, 0, 1, 1]
+
+
+def test_a_deadline_that_cannot_be_computed_neither_stops_the_batcher_nor_its_segment() -> None:
+    """A job can vanish (expired, deleted) while its segment waits; its deadline then fails to compute."""
+
+    def vanished() -> float:
+        raise IndexError("list index out of range")
+
+    engine = RecordingEngine()
+    batcher = Batcher(engine, max_batch=4, max_wait_s=0.01)
+    orphan = batcher.submit(SPEC, SynthesisRequest(text="its job is gone"), deadline=vanished)
+    assert len(orphan.result(5)[0]) == len("its job is gone"), "served as due at once"
+    after = [batcher.submit(SPEC, SynthesisRequest(text=f"next {i}")) for i in range(3)]
+    assert all(len(f.result(5)[0]) == len(f"next {i}") for i, f in enumerate(after)), "the batcher still serves"
+
+
+def test_an_unexpected_fault_in_a_round_fails_that_round_and_the_batcher_goes_on() -> None:
+    class Faulty(Batcher):
+        broken = True
+
+        def _plan(self, items: list[_Pending]) -> tuple[list[_Pending], float]:
+            if self.broken:
+                self.broken = False
+                raise ValueError("planner bug")
+            return super()._plan(items)
+
+    batcher = Faulty(RecordingEngine(), max_batch=4, max_wait_s=0.0)
+    first = batcher.submit(SPEC, SynthesisRequest(text="caught in the fault"))
+    try:
+        first.result(5)
+    except ValueError as e:
+        assert "planner bug" in str(e)
+    else:
+        raise AssertionError("the round that failed should fail its segments, not drop them")
+    assert len(batcher.submit(SPEC, SynthesisRequest(text="later")).result(5)[0]) == len("later")

@@ -10,7 +10,10 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from cache import keys
+from cache.jobstore import JobRequest, JobStore
+from cache.stats import Stats
 from core.schedule import DeadlinePolicy, playback_stalls, priority_step, timeline
+from workers.segment import Outcome, SegmentSynthesizer
 
 POLICY = DeadlinePolicy(first_audio_s=1.0, batch_delay_s=60.0, batch_stretch=2.0)
 
@@ -94,3 +97,37 @@ def test_a_batch_lane_job_is_due_later_and_accepted_with_a_start_estimate(app: F
     assert job["first_due_at"] == pytest.approx(job["created_at"] + 60.0, abs=0.01)
     assert isinstance(job["start_estimate_s"], float)
     assert _wait(served, job["id"])["status"] == "done"
+
+
+class _VanishingStore(JobStore):
+    """A real job store whose job is deleted between two reads, as an expiry or a cleanup can do."""
+
+    def texts(self, job_id: str) -> list[str]:
+        self.redis.delete(*keys.all_job_keys(job_id))
+        return super().texts(job_id)
+
+
+class _UnusedBackend:
+    def synthesize(self, *_: object, **__: object) -> tuple[Any, int]:
+        raise AssertionError("a segment of a vanished job must not reach the engine")
+
+
+def test_a_segment_whose_job_vanishes_while_it_is_read_is_skipped_not_scheduled(app: Flask) -> None:
+    services = app.extensions["tts"]
+    store = _VanishingStore(services.redis, ttl=600)
+    request = JobRequest(model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav",
+                         priority="realtime", seed=None, cache=False)  # fmt: skip
+    job_id = store.create(request, ["First part.", "Second part."])
+    synthesizer = SegmentSynthesizer(
+        store=store,
+        cache=services.cache,
+        stats=Stats(services.redis),
+        enqueue=services.enqueue,
+        registry=services.registry,
+        backend=_UnusedBackend(),  # type: ignore[arg-type]
+        max_attempts=2,
+        worker="test",
+        book=services.book,
+        policy=POLICY,
+    )
+    assert synthesizer.run(job_id, 1) is Outcome.SKIPPED

@@ -9,7 +9,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from core.registry import ModelSpec
@@ -38,6 +38,15 @@ class _Pending:
     early: bool = False
     future: Future[tuple[Waveform, int]] = field(default_factory=Future)
     submitted: float = field(default_factory=time.monotonic)
+
+
+def _fail(future: Future[tuple[Waveform, int]], error: Exception) -> None:
+    """Fail a segment's future unless it already has an outcome (or its caller gave up on it)."""
+    try:
+        if future.running() or future.set_running_or_notify_cancel():
+            future.set_exception(error)
+    except InvalidStateError:  # finished meanwhile: its caller has an answer
+        pass
 
 
 def compatible(a: int, b: int, *, max_ratio: float, slack: int = 8) -> bool:
@@ -160,7 +169,7 @@ class Batcher:
             # a call lasts about as long as its longest text, so a long segment's call is counted longer.
             return self.lead * call_s * max(1.0, len(p.request.text) / call_chars) if p.early else 0.0
 
-        due = {id(p): (p.due() if callable(p.due) else p.due) - lead(p) for p in items}
+        due = {id(p): self._due(p) - lead(p) for p in items}
         items.sort(key=lambda p: (due[id(p)], p.submitted))
         head = items[0]
         with self._lock:
@@ -179,9 +188,22 @@ class Batcher:
                 low, high = min(low, length), max(high, length)
         return group, head_due
 
+    def _due(self, pending: _Pending) -> float:
+        """Return a segment's deadline now; one that cannot be computed (its job vanished) is due at once."""
+        if not callable(pending.due):
+            return pending.due
+        try:
+            return pending.due()
+        except Exception:
+            log.exception("deadline of a segment could not be computed; it is due now")
+            pending.due = self._clock() - (time.monotonic() - pending.submitted)  # its arrival; logged once
+            return pending.due
+
     def _dispatch(self, inbox: queue.SimpleQueue[_Pending | None], name: str) -> None:
         # Each round waits for a free replica of the model, then plans the most urgent batch
         # from everything waiting at that moment: work is ordered as late as possible.
+        # A fault in a round fails that round's segments (their tasks retry) and the next
+        # round goes on: the dispatcher must outlive any bug, or every later caller would hang.
         free: queue.SimpleQueue[int] = queue.SimpleQueue()
         for replica in range(self.replicas):
             free.put(replica)
@@ -194,31 +216,54 @@ class Batcher:
                 if calls is not None:
                     calls.shutdown(wait=True)
                 return
-            group, head_due = self._plan(items)
-            if self._should_hold(group, items, head_due):
-                if not self._hold(inbox, items):
-                    inbox.put(None)  # stop after this round
-                group, head_due = self._plan(items)
-            log.debug(
-                "batch of %d (%d waiting) on replica %d: %d-%d chars, most urgent due in %.2f s",
-                len(group),
-                len(items),
-                replica,
-                min(len(p.request.text) for p in group),
-                max(len(p.request.text) for p in group),
-                head_due - self._clock(),
-            )
-            chosen = {id(p) for p in group}
-            backlog = [p for p in items if id(p) not in chosen]
-            if calls is None:
-                self._run(group, replica)
+            try:
+                backlog = self._round(items, replica, free, calls, inbox)
+            except Exception as e:
+                log.exception("batcher round for %s failed; its %d segments fail and are retried", name, len(items))
+                for pending in items:
+                    _fail(pending.future, e)
+                backlog = []
                 free.put(replica)
-            else:
-                calls.submit(self._run_then_free, group, replica, free)
+
+    def _round(
+        self,
+        items: list[_Pending],
+        replica: int,
+        free: queue.SimpleQueue[int],
+        calls: ThreadPoolExecutor | None,
+        inbox: queue.SimpleQueue[_Pending | None],
+    ) -> list[_Pending]:
+        """Plan and start one batch on ``replica``; return what is left waiting."""
+        group, head_due = self._plan(items)
+        if self._should_hold(group, items, head_due):
+            if not self._hold(inbox, items):
+                inbox.put(None)  # stop after this round
+            group, head_due = self._plan(items)
+        log.debug(
+            "batch of %d (%d waiting) on replica %d: %d-%d chars, most urgent due in %.2f s",
+            len(group),
+            len(items),
+            replica,
+            min(len(p.request.text) for p in group),
+            max(len(p.request.text) for p in group),
+            head_due - self._clock(),
+        )
+        chosen = {id(p) for p in group}
+        backlog = [p for p in items if id(p) not in chosen]
+        if calls is None:
+            self._run(group, replica)
+            free.put(replica)
+        else:
+            calls.submit(self._run_then_free, group, replica, free)
+        return backlog
 
     def _run_then_free(self, group: list[_Pending], replica: int, free: queue.SimpleQueue[int]) -> None:
         try:
             self._run(group, replica)
+        except Exception as e:  # a bug here must not leave the group's callers waiting for their timeout
+            log.exception("engine call on replica %d failed outside the engine", replica)
+            for pending in group:
+                _fail(pending.future, e)
         finally:
             free.put(replica)
 

@@ -119,7 +119,10 @@ class SegmentSynthesizer:
         QUEUE_WAIT.observe(max(0.0, time.time() - float(record["created_at"])))
         spec = self.registry.get(request.model)
         lane = request.priority
-        plan = self._timelines.get(job_id, self.timeline(job_id, record, lane))
+        fresh = self.timeline(job_id, record, lane)
+        if index >= len(fresh.durations):
+            return Outcome.SKIPPED  # the job was deleted or expired while we read it
+        plan = self._timelines.get(job_id, fresh)
 
         def due() -> float:  # moves with the job's listener as its earlier segments arrive
             return plan.deadline(index)
