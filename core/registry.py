@@ -103,6 +103,8 @@ def _parse_spec(name: str, raw: dict[str, Any], variables: dict[str, str]) -> Mo
 
 
 _ENGINE_PACKAGES = {"chattts": "chattts", "espeak": "espeakng-loader", "faulty": "espeakng-loader"}
+#: Our own code's part in an engine's audio: bump it when that changes (ChatTTS: our per-item sampler).
+_ENGINE_REVISIONS = {"chattts": "fused-sampler-1"}
 
 
 #: Files up to this size are hashed; larger ones (weights) are named by path and size, to start fast.
@@ -131,7 +133,16 @@ def model_version(spec: ModelSpec, declared: str | None = None) -> str:
     except metadata.PackageNotFoundError:
         package = "absent"
     material = json.dumps(
-        [spec.engine, package, spec.precision, spec.options, spec.voices, declared, _weights_fingerprint(spec.weights)],
+        [
+            spec.engine,
+            package,
+            _ENGINE_REVISIONS.get(spec.engine),
+            spec.precision,
+            spec.options,
+            spec.voices,
+            declared,
+            _weights_fingerprint(spec.weights),
+        ],
         sort_keys=True,
         default=str,
     )

@@ -15,6 +15,7 @@ import torch
 from workers.engines.base import Engine, SynthesisRequest, Waveform
 from workers.engines.chattts_tiny import read_tiny_config, tiny_chat_config
 from workers.engines.errors import EngineLoadError, SynthesisError
+from workers.engines.sampling import PerItemSampler
 
 log = logging.getLogger(__name__)
 
@@ -42,47 +43,6 @@ def find_weights(weights_dir: Path) -> tuple[str, Path]:
     if revisions and revisions[-1].is_dir():
         return "huggingface", revisions[-1]
     raise EngineLoadError(f"no ChatTTS weights in {weights_dir}: {where_weights_go(weights_dir)}")
-
-
-class PerItemSampler:
-    """Pick each item's next token from its own seeded generator, so batch mates cannot change it.
-
-    ChatTTS samples a whole batch from one generator, so an item's tokens depend on its position in the batch.
-    Put last among the logits processors, this samples per item, bounds each item's length, and returns
-    one-hot logits that ChatTTS's own sampling can only follow.
-    """
-
-    def __init__(
-        self,
-        *,
-        seeds: list[int],
-        rows_per_item: int,
-        eos_token: int,
-        min_tokens: list[int],
-        max_tokens: list[int],
-        device: torch.device,
-    ) -> None:
-        self._generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
-        self._rows = rows_per_item
-        self._eos = eos_token
-        self._min = torch.tensor(min_tokens, device=device).repeat_interleave(rows_per_item)
-        self._max = torch.tensor(max_tokens, device=device).repeat_interleave(rows_per_item)
-        self._step = 0
-
-    def __call__(self, input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        """Return logits that allow only the token sampled for each row."""
-        step, self._step = self._step, self._step + 1
-        logits = logits.clone()
-        logits[:, self._eos].masked_fill_(self._min > step, -math.inf)
-        probs = torch.softmax(logits, dim=-1)
-        # The exponential race torch.multinomial itself uses for one sample, with one noise stream per item.
-        shape = (self._rows, logits.size(1))
-        noise = torch.cat(
-            [torch.empty(shape, device=logits.device).exponential_(generator=g) for g in self._generators]
-        )
-        chosen = (probs / noise).argmax(dim=-1)
-        chosen = chosen.masked_fill(self._max <= step, self._eos)
-        return torch.full_like(logits, -math.inf).scatter_(1, chosen.unsqueeze(1), 0.0)
 
 
 def speed_prompt(speed: float) -> str:
@@ -199,15 +159,9 @@ class ChatTTSEngine(Engine):
                 warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
                 speakers = [self._speaker(r.voice) for r in batch]
                 chat.context.set(False)
-                # ChatTTS's repetition penalty skips every row past its vocabulary size (625), that is
-                # every item past the 156th; smaller calls keep each item's sampling its own.
-                size = (chat.config.gpt.num_audio_tokens - 1) // chat.config.gpt.num_vq
-                waves = []
-                for start in range(0, len(batch), size):
-                    part = slice(start, start + size)
-                    texts = self._refined_texts(chat, batch[part])
-                    hiddens = self._code_hiddens(chat, batch[part], texts, speakers[part])
-                    waves += [self._decode(chat, hidden) for hidden in hiddens]
+                texts = self._refined_texts(chat, batch)
+                hiddens = self._code_hiddens(chat, batch, texts, speakers)
+                waves = [self._decode(chat, hidden) for hidden in hiddens]
         except SynthesisError:
             raise
         except Exception as e:
@@ -281,8 +235,6 @@ class ChatTTSEngine(Engine):
         infer_text: bool,
         speakers: list[str | None] | None = None,
     ) -> Any:
-        from ChatTTS.model import gen_logits
-
         num_vq = chat.config.gpt.num_vq
         input_ids, attention_mask, text_mask = chat.tokenizer.encode(prompts, num_vq, device=chat.device_gpt)
         emb = chat.embed(input_ids, text_mask)
@@ -296,8 +248,7 @@ class ChatTTSEngine(Engine):
                     chat.gpt.device_gpt,
                 )
         eos = chat.tokenizer.eos_token if infer_text else chat.config.gpt.num_audio_tokens - 1
-        vocab = chat.tokenizer.len if infer_text else eos
-        warpers, processors = gen_logits(vocab, params.top_P, params.top_K, params.repetition_penalty)
+        # ChatTTS's repetition penalty, top-p and top-k, fused into one per-item sampler (see sampling.py).
         sampler = PerItemSampler(
             seeds=seeds,
             rows_per_item=1 if infer_text else num_vq,
@@ -305,6 +256,9 @@ class ChatTTSEngine(Engine):
             min_tokens=min_tokens,
             max_tokens=max_tokens,
             device=chat.device,
+            top_p=params.top_P,
+            top_k=params.top_K,
+            repetition_penalty=params.repetition_penalty,
         )
         temperature = [params.temperature] * (1 if infer_text else num_vq)
         generation = chat.gpt.generate(
@@ -316,7 +270,7 @@ class ChatTTSEngine(Engine):
             # One step past the longest budget, in which the sampler ends every item.
             max_new_token=max(max_tokens) + 1,
             min_new_token=0,
-            logits_processors=(*processors, *warpers, sampler),
+            logits_processors=(sampler,),
             infer_text=infer_text,
             return_hidden=not infer_text,
             stream=False,

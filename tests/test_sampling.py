@@ -1,0 +1,83 @@
+"""The fused per-item sampler draws from exactly the distribution ChatTTS's own logits pipeline gives."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ChatTTS.model import gen_logits
+
+from workers.engines.sampling import PerItemSampler
+
+VOCAB, ROWS, EOS = 626, 8, 625
+
+
+def _upstream(
+    input_ids: torch.Tensor, logits: torch.Tensor, *, top_p: float, top_k: int, penalty: float
+) -> torch.Tensor:
+    warpers, processors = gen_logits(VOCAB, top_p, top_k, penalty)
+    for process in (*processors, *warpers):
+        logits = process(input_ids, logits)
+    return torch.softmax(logits, dim=1)
+
+
+def _sampler(**kwargs: float | int) -> PerItemSampler:
+    return PerItemSampler(
+        seeds=[1, 2],
+        rows_per_item=ROWS // 2,
+        eos_token=EOS,
+        min_tokens=[0, 0],
+        max_tokens=[100, 100],
+        device=torch.device("cpu"),
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize(
+    ("top_p", "top_k", "penalty"), [(0.7, 20, 1.05), (0.9, 5, 1.0), (0.3, 20, 1.3), (0.7, 20, 1.0)]
+)
+@pytest.mark.parametrize("sharpness", [1.0, 4.0, 12.0])
+def test_candidates_and_probabilities_match_chattts_penalty_top_p_and_top_k(
+    top_p: float, top_k: int, penalty: float, sharpness: float
+) -> None:
+    generator = torch.Generator().manual_seed(int(sharpness * 100 + top_k))
+    logits = torch.randn(ROWS, VOCAB, generator=generator) * sharpness
+    input_ids = torch.randint(0, VOCAB, (ROWS, 30), generator=generator)
+    input_ids[:, -5:] = logits.argmax(dim=1, keepdim=True)  # the penalty must bite on the favourite
+    expected = _upstream(input_ids, logits.clone(), top_p=top_p, top_k=top_k, penalty=penalty)
+    candidates, probs = _sampler(top_p=top_p, top_k=top_k, repetition_penalty=penalty).distribution(
+        input_ids, logits.clone(), step=5
+    )
+    dense = torch.zeros(ROWS, VOCAB).scatter_(1, candidates, probs)
+    assert torch.allclose(dense, expected, atol=1e-6), (dense - expected).abs().max()
+
+
+def test_the_end_token_is_never_a_candidate_before_an_items_minimum() -> None:
+    logits = torch.zeros(ROWS, VOCAB)
+    logits[:, EOS] = 50.0  # the model wants to stop
+    sampler = PerItemSampler(seeds=[1, 2], rows_per_item=ROWS // 2, eos_token=EOS, min_tokens=[10, 0],
+                             max_tokens=[100, 100], device=torch.device("cpu"))  # fmt: skip
+    chosen = sampler(torch.zeros(ROWS, 0, dtype=torch.long), logits).argmax(dim=1)
+    assert (chosen[: ROWS // 2] != EOS).all(), "item 0 has 10 tokens to go"
+    assert (chosen[ROWS // 2 :] == EOS).all()
+
+
+def test_an_items_tokens_do_not_depend_on_its_batch_mates() -> None:
+    generator = torch.Generator().manual_seed(0)
+    steps = [torch.randn(ROWS, VOCAB, generator=generator) * 3 for _ in range(40)]
+
+    def run(sampler: PerItemSampler, rows: slice) -> list[torch.Tensor]:
+        ids = torch.zeros(rows.stop - rows.start, 0, dtype=torch.long)
+        out = []
+        for logits in steps:
+            token = sampler(ids, logits[rows]).argmax(dim=1, keepdim=True)
+            ids = torch.cat([ids, token], dim=1)
+            out.append(token)
+        return out
+
+    both = PerItemSampler(seeds=[7, 9], rows_per_item=4, eos_token=EOS, min_tokens=[0, 0], max_tokens=[99, 99],
+                          device=torch.device("cpu"), repetition_penalty=1.05)  # fmt: skip
+    alone = PerItemSampler(seeds=[9], rows_per_item=4, eos_token=EOS, min_tokens=[0], max_tokens=[99],
+                           device=torch.device("cpu"), repetition_penalty=1.05)  # fmt: skip
+    together = run(both, slice(0, 8))
+    by_itself = run(alone, slice(4, 8))
+    assert all(torch.equal(t[4:], a) for t, a in zip(together, by_itself, strict=True))

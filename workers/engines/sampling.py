@@ -1,0 +1,102 @@
+"""Pick each batch item's next audio token on its own, cheaply: ChatTTS's sampling, fused and per item.
+
+ChatTTS samples a whole batch from one generator, so an item's tokens would depend on its place
+in the batch; and its logits pipeline (a repetition penalty that builds a one-hot tensor of the
+last 16 tokens over the whole vocabulary, then top-p by a full sort, then top-k) costs, on a small
+model, more than the model's own forward pass, and grows with the batch. ``PerItemSampler`` keeps
+the same distribution (the tokens top-p and top-k keep, with the same probabilities) but works
+on the ``top_k`` best candidates only, and draws each item's noise from that item's own seeded
+generator, a block of steps at a time. Put as ChatTTS's only logits processor, it returns one-hot
+logits that ChatTTS's own sampling can only follow.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+#: ChatTTS's repetition penalty looks at this many of the latest tokens.
+PENALTY_WINDOW = 16
+#: Top-p and top-k keep at least this many candidates (as ChatTTS asks of its warpers).
+MIN_KEEP = 3
+#: Steps of noise drawn at once from each item's generator.
+NOISE_BLOCK = 32
+
+
+class PerItemSampler:
+    """Sample each row from the top-p ∩ top-k candidates of its penalised logits, with per-item noise."""
+
+    def __init__(
+        self,
+        *,
+        seeds: list[int],
+        rows_per_item: int,
+        eos_token: int,
+        min_tokens: list[int],
+        max_tokens: list[int],
+        device: torch.device,
+        top_p: float | None = 0.7,
+        top_k: int | None = 20,
+        repetition_penalty: float = 1.0,
+    ) -> None:
+        self._generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
+        self._rows = rows_per_item
+        self._eos = eos_token
+        self._min = torch.tensor(min_tokens, device=device).repeat_interleave(rows_per_item)
+        self._max = torch.tensor(max_tokens, device=device).repeat_interleave(rows_per_item)
+        self._top_p = top_p
+        self._top_k = top_k
+        self._penalty = repetition_penalty
+        self._step = 0
+        self._noise: torch.Tensor | None = None  # (NOISE_BLOCK, rows, candidates), one block per item stacked
+
+    def __call__(self, input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """Return logits that allow only the token sampled for each row (``input_ids``: tokens generated so far)."""
+        step, self._step = self._step, self._step + 1
+        candidates, probs = self.distribution(input_ids, logits, step)
+        # The exponential race torch.multinomial itself uses for one sample, one noise stream per item.
+        pick = (probs / self._noise_for(step, probs.size(1), logits.device)).argmax(dim=1, keepdim=True)
+        chosen = candidates.gather(1, pick).squeeze(1)
+        chosen = chosen.masked_fill(self._max <= step, self._eos)
+        return torch.full(logits.shape, -math.inf, device=logits.device).scatter_(1, chosen.unsqueeze(1), 0.0)
+
+    def distribution(
+        self, input_ids: torch.Tensor, logits: torch.Tensor, step: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return each row's candidate tokens and their probabilities (zero for those top-p drops) at ``step``."""
+        logits = self._penalise(input_ids, logits.float())
+        k = logits.size(1) if self._top_k is None else max(MIN_KEEP, min(self._top_k, logits.size(1)))
+        values, candidates = torch.topk(logits, k, dim=1)  # descending
+        keep = self._top_p_mask(logits, values)
+        keep &= ~((candidates == self._eos) & (self._min > step).unsqueeze(1))  # no end before the minimum
+        return candidates, torch.softmax(values.masked_fill(~keep, -math.inf), dim=1)
+
+    def _penalise(self, input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        # ChatTTS's CustomRepetitionPenaltyLogitsProcessorRepeat, counted by scatter instead of one-hot.
+        if self._penalty == 1.0 or input_ids.size(1) == 0:
+            return logits
+        window = input_ids[:, -PENALTY_WINDOW:].to(logits.device)
+        counts = torch.zeros_like(logits).scatter_add_(1, window, torch.ones_like(window, dtype=logits.dtype))
+        alpha = torch.pow(self._penalty, counts)
+        return torch.where(logits < 0, logits * alpha, logits / alpha)
+
+    def _top_p_mask(self, logits: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        # transformers' TopPLogitsWarper keeps a token while the probability of all tokens ranked
+        # above it is below top_p: computed on the top-k only, with the full vocabulary's normaliser.
+        keep = torch.ones_like(values, dtype=torch.bool)
+        if self._top_p is None or self._top_p >= 1.0:
+            return keep
+        probs = torch.exp(values - torch.logsumexp(logits, dim=1, keepdim=True))
+        above = torch.cumsum(probs, dim=1) - probs
+        keep = above < self._top_p
+        keep[:, :MIN_KEEP] = True
+        return keep
+
+    def _noise_for(self, step: int, k: int, device: torch.device) -> torch.Tensor:
+        offset = step % NOISE_BLOCK
+        if offset == 0 or self._noise is None:
+            shape = (NOISE_BLOCK, self._rows, k)
+            blocks = [torch.empty(shape, device=device).exponential_(generator=g) for g in self._generators]
+            self._noise = torch.cat(blocks, dim=1)
+        return self._noise[offset]
