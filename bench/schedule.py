@@ -43,7 +43,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.schedule", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     add_stack_arguments(parser, levels="10,50")
-    return resolve_stack_arguments(parser.parse_args(argv))
+    parser.add_argument(
+        "--batch-max",
+        type=int,
+        default=8,
+        help="TTS_BATCH_MAX_SIZE of both stacks (default 8: on CPU an engine call lasts as long as its batch is "
+        "big, and first audio waits for one; 16 gives the tiny engine its best throughput, see NOTES)",
+    )
+    args = resolve_stack_arguments(parser.parse_args(argv))
+    if not any(pair.startswith("TTS_BATCH_MAX_SIZE=") for pair in args.service_env):
+        args.service_env.append(f"TTS_BATCH_MAX_SIZE={args.batch_max}")
+    return args
+
+
+def settings_value(name: str) -> object:
+    """Return a setting as the service reads it (defaults, then this process's environment)."""
+    from core.settings import load_settings
+
+    return getattr(load_settings(), name)
 
 
 def _f(value: float | None, spec: str = ".2f") -> str:
@@ -133,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
             f"## FIFO vs deadline scheduling: {args.model}, {os.cpu_count()} CPUs, torch threads "
             f"{args.torch_threads}, {args.replicas} model host(s), {plan.window_s:g}s per level, "
             f"{time.strftime('%Y-%m-%d %H:%M')}",
+            "",
+            "Service settings of both stacks: "
+            + ", ".join(f"`{pair}`" for pair in args.service_env)
+            + f"; the deadline stack's first-segment priority {settings_value('deadline_first_priority_s')} s.",
             "",
             table(levels),
             "",

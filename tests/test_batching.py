@@ -247,3 +247,16 @@ def test_an_unexpected_fault_in_a_round_fails_that_round_and_the_batcher_goes_on
     else:
         raise AssertionError("the round that failed should fail its segments, not drop them")
     assert len(batcher.submit(SPEC, SynthesisRequest(text="later")).result(5)[0]) == len("later")
+
+
+def test_a_first_segment_goes_ahead_of_a_continuation_due_within_its_priority() -> None:
+    engine = RecordingEngine(delay_s=0.2)
+    batcher = Batcher(engine, max_batch=1, max_wait_s=0.0, first_priority_s=2.0)
+    now = time.time()
+    blocker = batcher.submit(SPEC, SynthesisRequest(text="keeps the engine busy"), deadline=now)
+    time.sleep(0.05)
+    continuation = batcher.submit(SPEC, SynthesisRequest(text="a stream's next"), deadline=now + 1.0, early=True)
+    first = batcher.submit(SPEC, SynthesisRequest(text="a new listener's first"), deadline=now + 2.5)
+    for future in (blocker, continuation, first):
+        future.result(5)
+    assert [texts[0] for _, texts in engine.calls[1:]] == ["a new listener's first", "a stream's next"]

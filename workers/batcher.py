@@ -58,7 +58,8 @@ class Batcher:
     """One dispatcher thread per model turns concurrent submissions into batched engine calls.
 
     Whenever one of the model's ``replicas`` is free, the dispatcher runs the segment with
-    the earliest deadline (a stream's next segment counted ``lead`` engine calls early),
+    the earliest deadline (a stream's next segment counted ``lead`` engine calls early, a
+    job's first segment ``first_priority_s`` early),
     together with the segments of similar length (``max_ratio``) that are due soonest after
     it, up to ``max_batch`` and at most ``horizon_s`` later than it. When that batch is not
     full, nothing else is waiting and its most urgent segment still has slack, it waits up to
@@ -77,6 +78,7 @@ class Batcher:
         hold_s: float = 0.0,
         horizon_s: float = math.inf,
         lead: float = 0.0,
+        first_priority_s: float = 0.0,
         replicas: int = 1,
         observe: BatchObserver | None = None,
         clock: Callable[[], float] = time.time,
@@ -88,6 +90,7 @@ class Batcher:
         self.hold_s = hold_s
         self.horizon_s = horizon_s
         self.lead = lead
+        self.first_priority_s = first_priority_s
         self.replicas = max(1, replicas)
         self._observe = observe
         self._clock = clock
@@ -167,7 +170,9 @@ class Batcher:
         def lead(p: _Pending) -> float:
             # A stream's next segment must be written by its deadline, so it starts ``lead`` calls earlier;
             # a call lasts about as long as its longest text, so a long segment's call is counted longer.
-            return self.lead * call_s * max(1.0, len(p.request.text) / call_chars) if p.early else 0.0
+            if not p.early:
+                return self.first_priority_s
+            return self.lead * call_s * max(1.0, len(p.request.text) / call_chars)
 
         due = {id(p): self._due(p) - lead(p) for p in items}
         items.sort(key=lambda p: (due[id(p)], p.submitted))

@@ -139,6 +139,7 @@ def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> Wor
         hold_s=settings.batch_hold_ms / 1000 if deadlines else 0.0,
         horizon_s=settings.batch_horizon_s if deadlines else math.inf,
         lead=settings.deadline_lead if deadlines else 0.0,
+        first_priority_s=settings.deadline_first_priority_s if deadlines else 0.0,
         replicas=settings.model_replicas,
         observe=batch_observer(stats),
     )
