@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.support.servers import ROOT
 from workers.engines.base import SynthesisRequest, Waveform
 from workers.engines.chattts import ChatTTSEngine, speed_prompt
 from workers.engines.chattts_tiny import build_tiny_model, main, read_tiny_config
@@ -240,3 +243,24 @@ def test_an_unloaded_engine_refuses_to_synthesize(tiny_model_dir: Path) -> None:
     engine.unload()
     with pytest.raises(SynthesisError, match="before load"):
         engine.synthesize([SynthesisRequest(TEXTS[0])])
+
+
+def test_warming_up_compiles_the_text_code_chattts_would_otherwise_compile_mid_serving(tiny_model_dir: Path) -> None:
+    """ChatTTS jit-compiles its tag splitting on the first text with a character it cannot speak: seconds."""
+    probe = (
+        "import sys; from ChatTTS import norm; from tests.test_chattts_engine import make_engine; "
+        "from pathlib import Path; engine = make_engine(Path(sys.argv[1])); "
+        "before = len(norm._split_tags.signatures) + len(norm._combine_tags.signatures); engine.warmup(); "
+        "print(before, len(norm._split_tags.signatures), len(norm._combine_tags.signatures))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(tiny_model_dir)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, split, combine = map(int, done.stdout.split()[-3:])
+    assert before == 0 and split >= 1 and combine >= 1

@@ -286,6 +286,20 @@ class ChatTTSEngine(Engine):
         wavs = chat._decode_to_wavs([hidden], True)
         return np.ascontiguousarray(wavs[0], dtype=np.float32)
 
+    def warmup(self) -> None:
+        """Run throwaway syntheses that also compile ChatTTS's lazily jitted text code (numba).
+
+        ChatTTS compiles its tag splitting the first time a text has a character it cannot speak
+        (a full-width colon, say), and its tag joining when such a text has a [tag]: seconds, in the
+        middle of serving, once per model process.
+        """
+        level = log.level  # ChatTTS logs through ours (see load)
+        log.setLevel(logging.ERROR)  # the deliberate invalid character would log a warning
+        try:
+            self.synthesize([SynthesisRequest(text="warm up"), SynthesisRequest(text="你好：[uv_break]世界")])
+        finally:
+            log.setLevel(level)
+
     def unload(self) -> None:
         """Drop the model and give its memory back."""
         self._chat = None
