@@ -115,8 +115,9 @@ class Settings(BaseSettings):
     deadline_first_priority_s: float = Field(
         2.0,
         ge=0,
-        description="A job's first segment is ordered this many seconds before its deadline: when the engines "
-        "are overloaded someone must wait, and a listener who has heard nothing yet waits first-hand.",
+        description="A job's first segment is ordered as many seconds before its deadline as it is already late, "
+        "up to this: when the engines are overloaded someone must wait, and a listener who has heard nothing "
+        "yet waits first-hand.",
     )
     deadline_first_audio_s: float = Field(
         1.0, ge=0, description="Expected first-audio time of a realtime job: its listener's start until known."

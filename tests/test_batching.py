@@ -249,14 +249,19 @@ def test_an_unexpected_fault_in_a_round_fails_that_round_and_the_batcher_goes_on
     assert len(batcher.submit(SPEC, SynthesisRequest(text="later")).result(5)[0]) == len("later")
 
 
-def test_a_first_segment_goes_ahead_of_a_continuation_due_within_its_priority() -> None:
+def test_a_first_segment_gains_priority_as_it_waits_and_none_while_it_has_not() -> None:
     engine = RecordingEngine(delay_s=0.2)
     batcher = Batcher(engine, max_batch=1, max_wait_s=0.0, first_priority_s=2.0)
     now = time.time()
     blocker = batcher.submit(SPEC, SynthesisRequest(text="keeps the engine busy"), deadline=now)
     time.sleep(0.05)
-    continuation = batcher.submit(SPEC, SynthesisRequest(text="a stream's next"), deadline=now + 1.0, early=True)
-    first = batcher.submit(SPEC, SynthesisRequest(text="a new listener's first"), deadline=now + 2.5)
-    for future in (blocker, continuation, first):
+    # Late by 1.5 s (its listener has waited that long): it goes before a stream's segment due 1 s before it.
+    stream = batcher.submit(SPEC, SynthesisRequest(text="a stream's next"), deadline=now - 2.5, early=True)
+    waiting = batcher.submit(SPEC, SynthesisRequest(text="a waiting listener's first"), deadline=now - 1.5)
+    # Due in 1.5 s, not late yet: no priority (a fixed 2 s would put it first), so a stream's segment goes first.
+    fresh = batcher.submit(SPEC, SynthesisRequest(text="a new listener's first"), deadline=now + 1.5)
+    other = batcher.submit(SPEC, SynthesisRequest(text="another stream's next"), deadline=now + 0.2, early=True)
+    for future in (blocker, stream, waiting, fresh, other):
         future.result(5)
-    assert [texts[0] for _, texts in engine.calls[1:]] == ["a new listener's first", "a stream's next"]
+    order = [texts[0] for _, texts in engine.calls[1:]]
+    assert order == ["a waiting listener's first", "a stream's next", "another stream's next", "a new listener's first"]

@@ -59,7 +59,7 @@ class Batcher:
 
     Whenever one of the model's ``replicas`` is free, the dispatcher runs the segment with
     the earliest deadline (a stream's next segment counted ``lead`` engine calls early, a
-    job's first segment ``first_priority_s`` early),
+    job's first segment as early as it is late, up to ``first_priority_s``),
     together with the segments of similar length (``max_ratio``) that are due soonest after
     it, up to ``max_batch`` and at most ``horizon_s`` later than it. When that batch is not
     full, nothing else is waiting and its most urgent segment still has slack, it waits up to
@@ -167,14 +167,19 @@ class Batcher:
         name = items[0].spec.name
         call_s, call_chars = self._batch_s.get(name, 0.0), self._batch_chars.get(name, 1.0)
 
-        def lead(p: _Pending) -> float:
+        now = self._clock()
+
+        def lead(p: _Pending, due: float) -> float:
+            # A first segment gains priority as it waits past its deadline, up to first_priority_s: under
+            # overload its listener, who has nothing yet, waits first-hand; when the engines keep up it gains
+            # little, and streams already playing keep theirs.
+            if not p.early:
+                return min(self.first_priority_s, max(0.0, now - due))
             # A stream's next segment must be written by its deadline, so it starts ``lead`` calls earlier;
             # a call lasts about as long as its longest text, so a long segment's call is counted longer.
-            if not p.early:
-                return self.first_priority_s
             return self.lead * call_s * max(1.0, len(p.request.text) / call_chars)
 
-        due = {id(p): self._due(p) - lead(p) for p in items}
+        due = {id(p): d - lead(p, d) for p, d in ((p, self._due(p)) for p in items)}
         items.sort(key=lambda p: (due[id(p)], p.submitted))
         head = items[0]
         with self._lock:
