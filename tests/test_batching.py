@@ -250,7 +250,7 @@ def test_an_unexpected_fault_in_a_round_fails_that_round_and_the_batcher_goes_on
 
 
 def test_a_first_segment_gains_priority_as_it_waits_and_none_while_it_has_not() -> None:
-    engine = RecordingEngine(delay_s=0.2)
+    engine = RecordingEngine(delay_s=0.4)  # the blocker's call outlasts the four submissions
     batcher = Batcher(engine, max_batch=1, max_wait_s=0.0, first_priority_s=2.0)
     now = time.time()
     blocker = batcher.submit(SPEC, SynthesisRequest(text="keeps the engine busy"), deadline=now)
