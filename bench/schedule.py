@@ -32,6 +32,7 @@ from bench.headline import (
 )
 from bench.headline_stack import ServiceStack
 from bench.loadgen import ServedClient
+from core.settings import load_settings
 from tests.support.servers import ROOT
 
 RESULTS = ROOT / "bench" / "results"
@@ -58,8 +59,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def settings_value(name: str) -> object:
     """Return a setting as the service reads it (defaults, then this process's environment)."""
-    from core.settings import load_settings
-
     return getattr(load_settings(), name)
 
 

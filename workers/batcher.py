@@ -40,13 +40,15 @@ class _Pending:
     submitted: float = field(default_factory=time.monotonic)
 
 
-def _fail(future: Future[tuple[Waveform, int]], error: Exception) -> None:
-    """Fail a segment's future unless it already has an outcome (or its caller gave up on it)."""
-    try:
-        if future.running() or future.set_running_or_notify_cancel():
-            future.set_exception(error)
-    except InvalidStateError:  # finished meanwhile: its caller has an answer
-        pass
+def _fail(pendings: list[_Pending], error: Exception) -> None:
+    """Fail every segment that has no outcome yet (and whose caller still waits) with ``error``."""
+    for pending in pendings:
+        future = pending.future
+        try:
+            if future.running() or future.set_running_or_notify_cancel():
+                future.set_exception(error)
+        except InvalidStateError:  # finished meanwhile: its caller has an answer
+            pass
 
 
 def compatible(a: int, b: int, *, max_ratio: float, slack: int = 8) -> bool:
@@ -230,8 +232,7 @@ class Batcher:
                 backlog = self._round(items, replica, free, calls, inbox)
             except Exception as e:
                 log.exception("batcher round for %s failed; its %d segments fail and are retried", name, len(items))
-                for pending in items:
-                    _fail(pending.future, e)
+                _fail(items, e)
                 backlog = []
                 free.put(replica)
 
@@ -272,8 +273,7 @@ class Batcher:
             self._run(group, replica)
         except Exception as e:  # a bug here must not leave the group's callers waiting for their timeout
             log.exception("engine call on replica %d failed outside the engine", replica)
-            for pending in group:
-                _fail(pending.future, e)
+            _fail(group, e)
         finally:
             free.put(replica)
 
@@ -300,8 +300,7 @@ class Batcher:
                 raise RuntimeError(f"engine returned {len(waves)} waveforms for {len(group)} segments")
         except Exception as e:  # every waiting caller learns of the failure; none hangs
             self._suspect([p.request for p in group])
-            for pending in group:
-                pending.future.set_exception(e)
+            _fail(group, e)
             return
         with self._lock:
             for pending in group:

@@ -84,9 +84,8 @@ class PerItemSampler:
     def _top_p_mask(self, logits: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         # transformers' TopPLogitsWarper keeps a token while the probability of all tokens ranked
         # above it is below top_p: computed on the top-k only, with the full vocabulary's normaliser.
-        keep = torch.ones_like(values, dtype=torch.bool)
         if self._top_p is None or self._top_p >= 1.0:
-            return keep
+            return torch.ones_like(values, dtype=torch.bool)
         probs = torch.exp(values - torch.logsumexp(logits, dim=1, keepdim=True))
         above = torch.cumsum(probs, dim=1) - probs
         keep = above < self._top_p
