@@ -95,7 +95,8 @@ def test_the_page_fills_its_model_and_voice_pickers_from_the_registry(browser: A
     browser.get(page_url)
     models = _wait_for(
         browser,
-        "const s = document.getElementById('model'); return s.value && [...s.options].map(o => o.value)",
+        "const s = document.getElementById('model');"
+        "return !document.getElementById('play').disabled && [...s.options].map(o => o.value)",
         timeout=30,
     )
     assert "espeak-en" in models

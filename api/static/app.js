@@ -49,6 +49,7 @@ async function loadModels() {
       select.add(option);
     }
     fillVoices();
+    $("play").disabled = false;
   } catch (error) {
     setStatus(`Could not load the models: ${error.message}`, true);
   }
