@@ -11,15 +11,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+#: How a process of ours is named in the breakdown, by the first marker found in its command line.
+ROLES: tuple[tuple[str, str], ...] = (
+    ("spawn_main", "model hosts"),
+    ("redis-server", "redis"),
+    ("gunicorn", "api"),
+    ("bench.baseline_server", "baseline"),
+    ("-m\0workers", "worker"),
+)
+
 
 @dataclass(frozen=True)
 class Snapshot:
-    """CPU ticks so far: the machine's total and busy ones, and those of this process tree."""
+    """CPU ticks so far: the machine's total and busy ones, those of this process tree, and theirs by role."""
 
     total: int
     busy: int
     ours: int
     driver: int
+    roles: dict[int, tuple[str, int]]
 
 
 def _machine() -> tuple[int, int]:
@@ -29,7 +39,17 @@ def _machine() -> tuple[int, int]:
     return total, total - idle
 
 
-def _tree_ticks(root: int) -> tuple[int, int]:
+def _role(pid: int, root: int) -> str:
+    if pid == root:
+        return "load generator"
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    except OSError:
+        return "other"
+    return next((role for marker, role in ROLES if marker in cmdline), "other")
+
+
+def _tree_ticks(root: int) -> tuple[int, int, dict[int, tuple[str, int]]]:
     parents: dict[int, int] = {}
     ticks: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
@@ -44,20 +64,36 @@ def _tree_ticks(root: int) -> tuple[int, int]:
         parents[pid] = int(rest[1])
         ticks[pid] = int(rest[11]) + int(rest[12])  # utime + stime
     ours = 0
+    roles: dict[int, tuple[str, int]] = {}
     for pid, own in ticks.items():
         walker = pid
         while walker > 1 and walker != root:
             walker = parents.get(walker, 0)
         if walker == root:
             ours += own
-    return ours, ticks.get(root, 0)
+            roles[pid] = (_role(pid, root), own)
+    return ours, ticks.get(root, 0), roles
 
 
 def snapshot() -> Snapshot:
     """Return the CPU ticks of the machine and of this process and its descendants."""
     total, busy = _machine()
-    ours, driver = _tree_ticks(os.getpid())
-    return Snapshot(total=total, busy=busy, ours=ours, driver=driver)
+    ours, driver, roles = _tree_ticks(os.getpid())
+    return Snapshot(total=total, busy=busy, ours=ours, driver=driver, roles=roles)
+
+
+def by_role(first: Snapshot, last: Snapshot) -> dict[str, float]:
+    """Return the CPU each role of ours used between two snapshots, in percent of one core, busiest first.
+
+    A process that started in between counts from zero; one that ended in between is lost.
+    """
+    total = max(1, last.total - first.total)
+    cores = os.cpu_count() or 1
+    shares: dict[str, float] = {}
+    for pid, (role, ticks) in last.roles.items():
+        before = first.roles.get(pid, (role, 0))[1]
+        shares[role] = shares.get(role, 0.0) + 100 * cores * max(0, ticks - before) / total
+    return {role: round(pct, 1) for role, pct in sorted(shares.items(), key=lambda kv: -kv[1]) if pct >= 0.5}
 
 
 def usage(first: Snapshot, last: Snapshot) -> dict[str, float]:
@@ -107,7 +143,9 @@ def meter_window(
                 with contextlib.suppress(Exception):
                     samples.append(probe())
             time.sleep(max(0.0, min(every_s, end - time.monotonic())))
-        found.update(usage(first, snapshot()))
+        last = snapshot()
+        found.update(usage(first, last))
+        found["roles"] = by_role(first, last)
         last_totals = totals()
         if first_totals and last_totals:
             found["counters"] = {k: v - first_totals.get(k, 0.0) for k, v in last_totals.items()}

@@ -17,10 +17,12 @@ ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("p99 total stall (s)", "stall_p99_s", "{:.2f}", False),
     ("mean batch size", "mean_batch_size", "{:.2f}", True),
     ("engine busy (batches ending in the window ÷ window)", "engine_busy", "{:.0%}", True),
+    ("audio made, s per s (every segment written in the window)", "audio_made_per_s", "{:.1f}", True),
     ("mean wait, submit→segment task starts (s)", "queue_wait_mean_s", "{:.2f}", False),
     ("segments queued in the broker (mean / max)", "queue", "", False),
     ("jobs measured", "jobs_measured", "{}", True),
     ("CPU busy % (ours / others)", "cpu", "", False),
+    ("CPU by part, % of one core", "cpu_roles", "", False),
 )
 
 
@@ -32,7 +34,7 @@ def _fmt(value: Any, pattern: str) -> str:
             return f"{value['queue_mean']:.1f} / {value['queue_max']}"
         if "busy_pct" in value:
             return f"{value['busy_pct']:.0f} ({value['ours_pct']:.0f} / {value['others_pct']:.0f})"
-        return "–"
+        return ", ".join(f"{role} {pct:.0f}" for role, pct in value.items()) or "–"
     return pattern.format(value)
 
 
@@ -61,7 +63,7 @@ def level_table(levels: list[dict[str, Any]]) -> str:
         for level in levels:
             after, before = level.get("after") or {}, level.get("before") or {}
             cells += [_fmt(after.get(key), pattern), _fmt(before.get(key), pattern)]
-            plain = key in ("cpu", "queue", "jobs_measured", "engine_busy", "queue_wait_mean_s")
+            plain = key in ("cpu", "cpu_roles", "queue", "jobs_measured", "engine_busy", "queue_wait_mean_s")
             cells.append("" if plain else _ratio(after.get(key), before.get(key)))
         lines.append("| " + " | ".join(cells) + " |")
     cells = ["errors by status"]
@@ -86,15 +88,22 @@ def engine_table(engine: dict[str, Any] | None, levels: list[dict[str, Any]]) ->
     lines.append(f"Engine limit: batch {engine['best_batch']}, {engine['best_chars_per_s']:.1f} chars/s.")
     if "service_batch" in engine:
         lines.append(
-            f"The service ran with TTS_BATCH_MAX_SIZE={engine['service_batch']}: the smallest batch within 5% of the "
-            "best (a larger batch takes longer per call for no more throughput)."
+            f"The service ran with TTS_BATCH_MAX_SIZE={engine['service_batch']}, the engine's best batch (under "
+            "light load its batches stay smaller)."
         )
     for level in levels:
         after = level.get("after")
         if after:
+            made = after.get("audio_made_per_s")
+            by_audio = (
+                f" (by audio made in the window: {made:.1f} of {engine['best_audio_s_per_s']:.1f} s/s = "
+                f"{made / engine['best_audio_s_per_s']:.2f})"
+                if made and engine.get("best_audio_s_per_s")
+                else ""
+            )
             lines.append(
                 f"- {level['callers']} callers: served {after['chars_per_s']:.1f} chars/s = "
-                f"engine efficiency {after['chars_per_s'] / engine['best_chars_per_s']:.2f}"
+                f"engine efficiency {after['chars_per_s'] / engine['best_chars_per_s']:.2f}{by_audio}"
             )
     return "\n".join(lines)
 

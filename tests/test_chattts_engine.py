@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.support.servers import ROOT
+from workers.engines import decode
 from workers.engines.base import SynthesisRequest, Waveform
 from workers.engines.chattts import ChatTTSEngine, speed_prompt
 from workers.engines.chattts_tiny import build_tiny_model, main, read_tiny_config
@@ -133,6 +134,40 @@ def test_batched_segment_sounds_the_same_as_alone_whatever_its_batch_mates(free_
             expected = solo[batch.index(request)]
             # Tokens match exactly; only float rounding of the batched matmuls remains.
             np.testing.assert_allclose(wave, expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("fixture", ["engine", "free_engine"])
+@pytest.mark.parametrize("mode", ["balanced", "quality"])
+def test_dropping_ended_items_from_the_batch_gives_what_chattts_own_loop_gives(
+    fixture: str, mode: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chosen: ChatTTSEngine = request.getfixturevalue(fixture)
+    batch = [SynthesisRequest(text, voice="default", seed=n, mode=mode) for n, text in enumerate(TEXTS)]
+    ours = chosen.synthesize(batch)
+    monkeypatch.setattr(decode, "supports", lambda gpt: False)  # ChatTTS's GPT.generate: every row to the end
+    theirs = chosen.synthesize(batch)
+    for mine, upstream in zip(ours, theirs, strict=True):
+        assert len(mine) == len(upstream)
+        np.testing.assert_allclose(mine, upstream, rtol=0, atol=1e-5)
+
+
+def test_an_item_leaves_the_batch_the_step_it_ends(engine: ChatTTSEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    llama = engine._chat.gpt.gpt  # type: ignore[union-attr]
+    forward = llama.forward
+    rows: list[int] = []
+
+    def counting(*args: object, **kwargs: torch.Tensor) -> object:
+        rows.append(kwargs["inputs_embeds"].size(0))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(llama, "forward", counting)
+    budgets = [engine.token_budget(text) for text in TEXTS]
+    engine.synthesize(requests(voice="default"))
+    assert len(set(budgets)) == len(TEXTS)
+    # Each item runs its budget's steps and the one that ends it, and no more.
+    assert rows == sorted(rows, reverse=True)
+    assert sum(rows) == sum(b + 1 for b in budgets)
+    assert sum(rows) < len(TEXTS) * (max(budgets) + 1)
 
 
 def test_same_seed_gives_the_same_audio(engine: ChatTTSEngine) -> None:

@@ -81,3 +81,25 @@ def test_an_items_tokens_do_not_depend_on_its_batch_mates() -> None:
     together = run(both, slice(0, 8))
     by_itself = run(alone, slice(4, 8))
     assert all(torch.equal(t[4:], a) for t, a in zip(together, by_itself, strict=True))
+
+
+def test_an_item_left_alone_mid_batch_samples_what_it_would_have_with_its_batch_mates() -> None:
+    generator = torch.Generator().manual_seed(1)
+    steps = [torch.randn(ROWS, VOCAB, generator=generator) * 3 for _ in range(45)]  # crosses a noise block
+
+    def sampler() -> PerItemSampler:
+        return PerItemSampler(seeds=[7, 9], rows_per_item=4, eos_token=EOS, min_tokens=[0, 0], max_tokens=[30, 40],
+                              device=torch.device("cpu"), repetition_penalty=1.05)  # fmt: skip
+
+    kept, full = sampler(), sampler()
+    ids = torch.zeros(ROWS, 0, dtype=torch.long)
+    for step, logits in enumerate(steps):
+        together = full.sample(ids, logits)
+        if step < 10:
+            assert torch.equal(kept.sample(ids, logits), together)
+        else:
+            if step == 10:
+                kept.retain(torch.tensor([1]))  # item 0 left the batch
+            assert torch.equal(kept.sample(ids[4:], logits[4:]), together[4:]), step
+        ids = torch.cat([ids, together.unsqueeze(1)], dim=1)
+    assert (together[4:] == EOS).all(), "item 1 still ends at its own maximum"

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from workers.engines import decode
 from workers.engines.base import Engine, SynthesisRequest, Waveform
 from workers.engines.chattts_tiny import read_tiny_config, tiny_chat_config
 from workers.engines.errors import EngineLoadError, SynthesisError
@@ -261,6 +262,21 @@ class ChatTTSEngine(Engine):
             repetition_penalty=params.repetition_penalty,
         )
         temperature = [params.temperature] * (1 if infer_text else num_vq)
+        if decode.supports(chat.gpt):
+            return decode.generate(
+                chat.gpt,
+                emb,
+                input_ids,
+                attention_mask,
+                temperature=torch.tensor(temperature, device=chat.device),
+                sampler=sampler,
+                eos_token=eos,
+                # One step past the longest budget, in which the sampler ends every item.
+                max_new_token=max(max_tokens) + 1,
+                infer_text=infer_text,
+                return_hidden=not infer_text,
+                interrupted=chat.context.get,
+            )
         generation = chat.gpt.generate(
             emb,
             input_ids,

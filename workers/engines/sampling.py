@@ -53,13 +53,29 @@ class PerItemSampler:
 
     def __call__(self, input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """Return logits that allow only the token sampled for each row (``input_ids``: tokens generated so far)."""
+        chosen = self.sample(input_ids, logits)
+        return torch.full(logits.shape, -math.inf, device=logits.device).scatter_(1, chosen.unsqueeze(1), 0.0)
+
+    def sample(self, input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """Return the token sampled for each row at this step (``input_ids``: tokens generated so far)."""
         step, self._step = self._step, self._step + 1
         candidates, probs = self.distribution(input_ids, logits, step)
         # The exponential race torch.multinomial itself uses for one sample, one noise stream per item.
         pick = (probs / self._noise_for(step, probs.size(1), logits.device)).argmax(dim=1, keepdim=True)
         chosen = candidates.gather(1, pick).squeeze(1)
-        chosen = chosen.masked_fill(self._max <= step, self._eos)
-        return torch.full(logits.shape, -math.inf, device=logits.device).scatter_(1, chosen.unsqueeze(1), 0.0)
+        return chosen.masked_fill(self._max <= step, self._eos)
+
+    def retain(self, items: torch.Tensor) -> None:
+        """Keep only the items at positions ``items`` (of those still kept), in that order.
+
+        Each item's noise comes from its own generator, so the kept items sample exactly as they would have.
+        """
+        rows = (items.unsqueeze(1) * self._rows + torch.arange(self._rows, device=items.device)).reshape(-1)
+        self._generators = [self._generators[int(i)] for i in items]
+        self._min = self._min.index_select(0, rows.to(self._min.device))
+        self._max = self._max.index_select(0, rows.to(self._max.device))
+        if self._noise is not None:
+            self._noise = self._noise.index_select(1, rows.to(self._noise.device))
 
     def distribution(
         self, input_ids: torch.Tensor, logits: torch.Tensor, step: int
