@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -54,6 +54,31 @@ def _opt_raw(value: object) -> bytes | None:
     return None if value is None else _raw(value)
 
 
+@dataclass(frozen=True)
+class SegmentStart:
+    """What a worker knows of a segment's job when it starts on the segment (``JobStore.start_segment``).
+
+    ``state`` is "gone" (no such job), "over" (the job ended), "written" (the segment exists) or
+    "go", in which case an attempt was counted and the rest is filled in.
+    """
+
+    state: str
+    record: dict[str, str] = field(default_factory=dict)
+    attempt: int = 0
+    texts: list[str] = field(default_factory=list)
+    meta: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def request(self) -> JobRequest | None:
+        """Return what the caller asked for (None when the record has no request)."""
+        raw = self.record.get("request")
+        return None if raw is None else JobRequest.from_json(raw)
+
+
+def _pairs(flat: list[Any]) -> dict[bytes, bytes]:
+    return {_raw(flat[i]): _raw(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
 class JobStore:
     """Read and change jobs in Redis; every change of a job is atomic."""
 
@@ -63,6 +88,7 @@ class JobStore:
         self._write_segment = client.register_script(scripts.WRITE_SEGMENT)
         self._finish = client.register_script(scripts.FINISH)
         self._mark_running = client.register_script(scripts.MARK_RUNNING)
+        self._start_segment = client.register_script(scripts.START_SEGMENT)
 
     def create(
         self,
@@ -149,6 +175,25 @@ class JobStore:
     def has_segment(self, job_id: str, index: int) -> bool:
         """Say whether a segment's audio is already written."""
         return bool(self.redis.hexists(keys.audio(job_id), str(index)))
+
+    def start_segment(self, job_id: str, index: int) -> SegmentStart:
+        """Read what making one segment needs and count the attempt, in one round trip (see START_SEGMENT)."""
+        reply = self._start_segment(
+            keys=[keys.job(job_id), keys.audio(job_id), keys.attempts(job_id), keys.texts(job_id),
+                  keys.segment_meta(job_id)],
+            args=[str(index), f"{time.time():.6f}", *sorted(TERMINAL)],
+        )  # fmt: skip
+        state = ("gone", "over", "written", "go")[int(reply[0])]
+        if state != "go":
+            return SegmentStart(state)
+        _, record, attempt, texts, meta = reply
+        return SegmentStart(
+            state,
+            record={k.decode(): v.decode() for k, v in _pairs(record).items()},
+            attempt=int(attempt),
+            texts=[_raw(t).decode() for t in texts],
+            meta={int(k): json.loads(v) for k, v in _pairs(meta).items()},
+        )
 
     def mark_running(self, job_id: str) -> None:
         """Move a queued job to running."""

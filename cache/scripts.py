@@ -43,6 +43,25 @@ for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ARGV[4]) end
 return 1
 """
 
+# KEYS: record, audio, attempts, texts, segmeta; ARGV: index, now, the terminal statuses.
+# What a worker reads before making a segment, in one atomic step. Returns {0} when the job is
+# gone, {1} when it is over, {2} when the segment is already written; otherwise counts an attempt,
+# moves a queued job to running, and returns {3, record, attempts, texts, segment metadata}.
+START_SEGMENT = """
+local record = redis.call('HGETALL', KEYS[1])
+if #record == 0 then return {0} end
+local status = redis.call('HGET', KEYS[1], 'status')
+for i = 3, #ARGV do
+  if status == ARGV[i] then return {1} end
+end
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return {2} end
+local attempt = redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
+if status == 'queued' then
+  redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[2], 'updated_at', ARGV[2])
+end
+return {3, record, attempt, redis.call('LRANGE', KEYS[4], 0, -1), redis.call('HGETALL', KEYS[5])}
+"""
+
 # KEYS: record; ARGV: now. Moves a queued job to running.
 MARK_RUNNING = """
 if redis.call('HGET', KEYS[1], 'status') == 'queued' then
@@ -50,4 +69,22 @@ if redis.call('HGET', KEYS[1], 'status') == 'queued' then
   return 1
 end
 return 0
+"""
+
+
+# KEYS: stats buckets. Sums their counters server-side: {field, total (as text), ...}.
+SUM_BUCKETS = """
+local totals = {}
+for _, key in ipairs(KEYS) do
+  local flat = redis.call('HGETALL', key)
+  for i = 1, #flat, 2 do
+    totals[flat[i]] = (totals[flat[i]] or 0) + tonumber(flat[i + 1])
+  end
+end
+local out = {}
+for name, value in pairs(totals) do
+  out[#out + 1] = name
+  out[#out + 1] = string.format('%.17g', value)
+end
+return out
 """

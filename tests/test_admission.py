@@ -10,9 +10,10 @@ import redis
 
 from api import create_app
 from api.admission import Admission
+from cache import keys
 from cache.breaker import CircuitBreaker
 from cache.schedule import ScheduleBook
-from cache.stats import Stats
+from cache.stats import Stats, Window
 from cache.workers import WorkerRegistry
 from core.errors import ServiceUnavailable
 from core.settings import load_settings
@@ -133,3 +134,15 @@ def test_with_no_worker_alive_the_api_answers_503_with_retry_after(settings_env:
     assert int(response.headers["Retry-After"]) >= 1
     assert app.test_client().get("/readyz").status_code == 503
     redis.Redis.from_url(isolated).flushdb()
+
+
+def test_the_stats_window_sums_every_bucket_in_it_and_none_before_since(redis_client: redis.Redis) -> None:
+    stats = Stats(redis_client)
+    now = int(time.time())
+    redis_client.hset(keys.stats(now - 5), mapping={"chars": 7, "busy_s": 0.125, "failed": 1})
+    redis_client.hset(keys.stats(now - 70), mapping={"chars": 1000})  # outside the minute
+    stats.record(chars=10, busy_s=0.25, segments=2, ok=2)
+    window = stats.window()
+    assert (window.chars, window.busy_s, window.segments, window.ok, window.failed) == (17, 0.375, 2, 2, 1)
+    assert stats.window(since=now - 2).chars == 10
+    assert Stats(redis_client).window(since=now + 5) == Window()

@@ -10,7 +10,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from cache import keys
-from cache.jobstore import JobRequest, JobStore
+from cache.jobstore import JobRequest, JobStore, SegmentStart
 from cache.stats import Stats
 from core.schedule import DeadlinePolicy, playback_stalls, priority_step, timeline
 from workers.segment import Outcome, SegmentSynthesizer
@@ -100,11 +100,11 @@ def test_a_batch_lane_job_is_due_later_and_accepted_with_a_start_estimate(app: F
 
 
 class _VanishingStore(JobStore):
-    """A real job store whose job is deleted between two reads, as an expiry or a cleanup can do."""
+    """A real job store whose job is deleted just before a worker reads it, as an expiry or a cleanup can do."""
 
-    def texts(self, job_id: str) -> list[str]:
+    def start_segment(self, job_id: str, index: int) -> SegmentStart:
         self.redis.delete(*keys.all_job_keys(job_id))
-        return super().texts(job_id)
+        return super().start_segment(job_id, index)
 
 
 class _UnusedBackend:
@@ -112,7 +112,7 @@ class _UnusedBackend:
         raise AssertionError("a segment of a vanished job must not reach the engine")
 
 
-def test_a_segment_whose_job_vanishes_while_it_is_read_is_skipped_not_scheduled(app: Flask) -> None:
+def test_a_segment_whose_job_vanishes_as_it_is_read_is_skipped_and_leaves_no_key(app: Flask) -> None:
     services = app.extensions["tts"]
     store = _VanishingStore(services.redis, ttl=600)
     request = JobRequest(model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav",
@@ -131,3 +131,27 @@ def test_a_segment_whose_job_vanishes_while_it_is_read_is_skipped_not_scheduled(
         policy=POLICY,
     )
     assert synthesizer.run(job_id, 1) is Outcome.SKIPPED
+    assert not services.redis.exists(*keys.all_job_keys(job_id)), "no attempt counter without a job"
+
+
+def test_starting_a_segment_reads_its_job_counts_the_attempt_and_marks_the_job_running(app: Flask) -> None:
+    store = JobStore(app.extensions["tts"].redis, ttl=600)
+    request = JobRequest(model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav",
+                         priority="realtime", seed=None, cache=False)  # fmt: skip
+    job_id = store.create(request, ["First part.", "Second part."])
+    first = store.start_segment(job_id, 1)
+    assert first.state == "go"
+    assert first.request == request
+    assert first.texts == ["First part.", "Second part."]
+    assert first.attempt == 1 and first.meta == {}
+    assert first.record["status"] == "queued"  # as read; the job is running from now on
+    assert (store.get(job_id) or {})["status"] == "running"
+    assert store.start_segment(job_id, 1).attempt == 2
+
+    store.write_segment(job_id, 0, b"\0\0", sample_rate=24000, meta={"duration_s": 0.5, "finished_at": 1.0})
+    assert store.start_segment(job_id, 0).state == "written"
+    assert store.start_segment(job_id, 1).meta == {0: {"duration_s": 0.5, "finished_at": 1.0}}
+    store.cancel(job_id)
+    assert store.start_segment(job_id, 1).state == "over"
+    assert store.attempts(job_id, 1) == 3, "an ended job's segments count no more attempts"
+    assert store.start_segment("no-such-job", 0).state == "gone"

@@ -7,8 +7,9 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from typing import Any
 
-from cache.jobstore import TERMINAL, JobStore
+from cache.jobstore import JobStore
 from cache.schedule import ScheduleBook
 from cache.sentences import CachedSegment, SentenceCache, segment_keys
 from cache.stats import Stats
@@ -101,28 +102,25 @@ class SegmentSynthesizer:
 
     def run(self, job_id: str, index: int) -> Outcome:
         """Make segment ``index`` of ``job_id`` unless it exists or its job is over."""
-        record = self.store.get(job_id)
-        if record is None or record["status"] in TERMINAL:
+        # One atomic read: the job, whether the segment exists, the attempt, the texts, what is done.
+        start = self.store.start_segment(job_id, index)
+        if start.state in ("gone", "over"):
             return Outcome.SKIPPED
-        if self.store.has_segment(job_id, index):
+        if start.state == "written":
             return Outcome.DUPLICATE
-        attempt = self.store.count_attempt(job_id, index)
+        attempt, record = start.attempt, start.record
         if attempt > self.max_attempts:
             # A redelivery after crashes (the worker died each time): stop the loop.
             self.store.fail(job_id, f"segment {index} was attempted {self.max_attempts} times without finishing")
             return Outcome.GAVE_UP
-        request = self.store.request(job_id)
-        text = self.store.segment_text(job_id, index)
-        if request is None or text is None:
+        request = start.request
+        if request is None or index >= len(start.texts):
             return Outcome.SKIPPED
-        self.store.mark_running(job_id)
+        text = start.texts[index]
         QUEUE_WAIT.observe(max(0.0, time.time() - float(record["created_at"])))
         spec = self.registry.get(request.model)
         lane = request.priority
-        fresh = self.timeline(job_id, record, lane)
-        if index >= len(fresh.durations):
-            return Outcome.SKIPPED  # the job was deleted or expired while we read it
-        plan = self._timelines.get(job_id, fresh)
+        plan = self._timelines.get(job_id, self.timeline(record, lane, start.texts, start.meta))
 
         def due() -> float:  # moves with the job's listener as its earlier segments arrive
             return plan.deadline(index)
@@ -188,13 +186,14 @@ class SegmentSynthesizer:
             self._feed_next(job_id, plan, lane)
         return outcome
 
-    def timeline(self, job_id: str, record: dict[str, str], lane: str) -> Timeline:
+    def timeline(
+        self, record: dict[str, str], lane: str, texts: list[str], meta: dict[int, dict[str, Any]]
+    ) -> Timeline:
         """Return the job's deadlines, with the real durations and first-audio time known so far."""
-        meta = self.store.segment_meta(job_id)
         return timeline(
             lane=lane,
             accepted_at=float(record["created_at"]),
-            chars=[len(t) for t in self.store.texts(job_id)],
+            chars=[len(t) for t in texts],
             seconds_per_char=float(record.get("seconds_per_char") or self.book.default_seconds_per_char),
             policy=self.policy,
             durations={i: float(m["duration_s"]) for i, m in meta.items() if "duration_s" in m},
