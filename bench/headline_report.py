@@ -94,18 +94,28 @@ def engine_table(engine: dict[str, Any] | None, levels: list[dict[str, Any]]) ->
     for level in levels:
         after = level.get("after")
         if after:
-            made = after.get("audio_made_per_s")
-            by_audio = (
-                f" (by audio made in the window: {made:.1f} of {engine['best_audio_s_per_s']:.1f} s/s = "
-                f"{made / engine['best_audio_s_per_s']:.2f})"
-                if made and engine.get("best_audio_s_per_s")
-                else ""
-            )
             lines.append(
                 f"- {level['callers']} callers: served {after['chars_per_s']:.1f} chars/s = "
-                f"engine efficiency {after['chars_per_s'] / engine['best_chars_per_s']:.2f}{by_audio}"
+                f"engine efficiency {after['chars_per_s'] / engine['best_chars_per_s']:.2f}{_why(after, engine)}"
             )
     return "\n".join(lines)
+
+
+def _why(after: dict[str, Any], engine: dict[str, Any]) -> str:
+    """Split the efficiency: audio made by the model hosts per CPU second they got, and the CPU they got."""
+    made, best = after.get("audio_made_per_s"), engine.get("best_audio_s_per_s")
+    hosts = (after.get("cpu_roles") or {}).get("model hosts")
+    replicas = engine.get("replicas", 1)
+    if not made or not best:
+        return ""
+    text = f" (audio made in the window: {made:.1f} of {best:.1f} s/s = {made / best:.2f}"
+    if hosts:
+        per_core = (made / (hosts / 100)) / (best / replicas)
+        text += (
+            f"; the model hosts got {hosts:.0f}% of a core of the {100 * replicas}% the limit's engines had, "
+            f"and made {per_core:.2f}× the limit's audio per CPU second"
+        )
+    return text + ")"
 
 
 def _level(levels: list[dict[str, Any]], callers: int) -> dict[str, Any]:
