@@ -184,7 +184,7 @@ def worker_view(delta: dict[str, float], window_s: float) -> dict[str, Any]:
     return {
         "mean_batch_size": mean("tts_batch_size"),
         "engine_busy": delta.get("tts_synthesis_seconds_sum", 0.0) / window_s,
-        "audio_made_per_s": delta.get("tts_audio_seconds_total", 0.0) / window_s,
+        "audio_made_per_s": delta["tts_audio_seconds_total"] / window_s if "tts_audio_seconds_total" in delta else None,
         "queue_wait_mean_s": mean("tts_queue_wait_seconds"),
         "first_segment_mean_s": mean("tts_time_to_first_segment_seconds"),
     }

@@ -46,7 +46,12 @@ class Settings(BaseSettings):
 
     max_text_chars: int = Field(20_000, ge=1, description="Longest text accepted by POST /v1/jobs.")
     max_body_bytes: int = Field(256 * 1024, ge=1024, description="Largest request body accepted.")
-    segment_max_chars: int = Field(120, ge=10, description="Segments pack sentences up to this many characters.")
+    segment_max_chars: int = Field(
+        60,
+        ge=10,
+        description="Segments pack sentences up to this many characters. One engine call lasts as long as its "
+        "longest segment, and holds a model replica for that long: shorter segments bound everyone's wait.",
+    )
     first_segment_max_chars: int = Field(
         24,
         ge=5,
