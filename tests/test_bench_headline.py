@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.headline import combine_engines
+from bench.headline_report import engine_table
 
 
 def _engine(rates: dict[int, float]) -> dict[str, Any]:
@@ -22,6 +23,16 @@ def test_engines_side_by_side_add_up_batch_size_by_batch_size() -> None:
     assert combined["best_batch"] == 8 and combined["best_chars_per_s"] == 310
 
 
-def test_the_service_gets_the_smallest_batch_nearly_as_fast_as_the_best() -> None:
-    assert combine_engines([_engine({1: 50, 8: 150, 16: 155})])["service_batch"] == 8  # 150 is within 5% of 155
-    assert combine_engines([_engine({1: 50, 8: 120, 16: 155})])["service_batch"] == 16
+def test_the_service_gets_the_engines_best_batch() -> None:
+    assert combine_engines([_engine({1: 50, 8: 150, 16: 155, 32: 140})])["service_batch"] == 16
+    assert combine_engines([_engine({1: 50, 8: 160, 16: 155})])["service_batch"] == 8
+
+
+def test_the_efficiency_line_splits_into_the_hosts_cpu_share_and_their_audio_per_cpu_second() -> None:
+    engine = combine_engines([_engine({1: 50, 8: 160}), _engine({1: 50, 8: 160})])  # 40 audio s/s at batch 8
+    after = {"chars_per_s": 240.0, "audio_made_per_s": 30.0, "cpu_roles": {"model hosts": 150.0, "api": 20.0}}
+    table = engine_table(engine, [{"callers": 50, "after": after}])
+    assert "engine efficiency 0.75" in table
+    assert "30.0 of 40.0 s/s = 0.75" in table
+    # 30 s/s from 1.5 cores against 20 s/s per core: exactly the limit's audio per CPU second.
+    assert "got 150% of a core of the 200%" in table and "made 1.00× the limit's audio per CPU second" in table
