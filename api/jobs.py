@@ -150,7 +150,8 @@ def get_segment(job_id: str, index: int) -> Response:
             f"{svc.settings.max_wait_s:g}>",
             segments_done=int(record["segments_done"]),
         )
-    record = _record(job_id)
+    if "sample_rate" not in record:  # read before the job's first segment was written
+        record = _record(job_id)
     fmt = JobRequest.from_json(record["request"]).format
     rate = int(record["sample_rate"])
     return Response(

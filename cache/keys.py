@@ -91,9 +91,13 @@ def idempotency(caller: str, key: str) -> str:
     return f"{PREFIX}:idem:{caller}:{key}"
 
 
+#: Every stats bucket's key is this and the bucket's number.
+STATS = f"{PREFIX}:stats:"
+
+
 def stats(bucket: int) -> str:
     """Return the key of one 1-second bucket of worker activity (a hash of counters)."""
-    return f"{PREFIX}:stats:{bucket}"
+    return f"{STATS}{bucket}"
 
 
 BREAKER = f"{PREFIX}:breaker"

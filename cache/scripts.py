@@ -72,11 +72,13 @@ return 0
 """
 
 
-# KEYS: stats buckets. Sums their counters server-side: {field, total (as text), ...}.
+# ARGV: key prefix, first bucket, last bucket. Sums the buckets' counters server-side:
+# {field, total (as text), ...}. (The keys are built here, not passed: the service does not run on
+# Redis Cluster, see deploy/README.md, and a minute of key names costs the caller more than the sum.)
 SUM_BUCKETS = """
 local totals = {}
-for _, key in ipairs(KEYS) do
-  local flat = redis.call('HGETALL', key)
+for bucket = tonumber(ARGV[2]), tonumber(ARGV[3]) do
+  local flat = redis.call('HGETALL', ARGV[1] .. bucket)
   for i = 1, #flat, 2 do
     totals[flat[i]] = (totals[flat[i]] or 0) + tonumber(flat[i + 1])
   end

@@ -69,7 +69,7 @@ class Stats:
         if since is not None:
             first = max(first, int(since) // BUCKET_S)
         # Summed in Redis: one round trip and a few fields back, however long the window.
-        flat = self._sum(keys=[keys.stats(bucket) for bucket in range(first, now + 1)])
+        flat = self._sum(args=[keys.STATS, first, now])
         totals = {_text(flat[i]): float(flat[i + 1]) for i in range(0, len(flat), 2)}
         return Window(**{k: v for k, v in totals.items() if k in Window.__dataclass_fields__})
 
