@@ -159,10 +159,11 @@ def run_level(
 ) -> dict[str, Any]:
     """Drive one level and return its summary with the CPU use (and the worker's view) of its window."""
     start = time.monotonic()
-    meter = meter_window(start + plan.warmup_s, start + plan.warmup_s + window_s, probe=probe, counters=counters)
+    metering = meter_window(start + plan.warmup_s, start + plan.warmup_s + window_s, probe=probe, counters=counters)
     run = run_closed_loop(
         client, texts, callers=callers, warmup_s=plan.warmup_s, window_s=window_s, drain_s=plan.drain_s, seed=seed
     )
+    meter = metering.result()  # the loop can return right at the window's end, before the last readings
     summary = summarize(run)
     summary["queue"] = {k: meter.pop(k) for k in ("queue_mean", "queue_max") if k in meter} or None
     summary.update(worker_view(meter.pop("counters", {}), window_s))

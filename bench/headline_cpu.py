@@ -118,14 +118,15 @@ def meter_window(
     probe: Callable[[], int] | None = None,
     counters: Callable[[], dict[str, float]] | None = None,
     every_s: float = 0.5,
-) -> dict[str, Any]:
+) -> Meter:
     """Start a thread that measures CPU use between monotonic times ``start`` and ``end``.
 
     With ``probe`` (say, the broker queue's length) it is also sampled every ``every_s`` seconds; with
     ``counters`` (say, the worker's Prometheus totals) their growth over the window is kept under
-    "counters". The returned dict fills in when the window ends.
+    "counters". The returned meter's ``result`` waits for the window's end and returns what it found.
     """
     found: dict[str, Any] = {}
+    done = threading.Event()
 
     def totals() -> dict[str, float]:
         try:
@@ -153,5 +154,24 @@ def meter_window(
             found["queue_mean"] = round(sum(samples) / len(samples), 1)
             found["queue_max"] = max(samples)
 
-    threading.Thread(target=watch, daemon=True, name="cpu-meter").start()
-    return found
+    def guarded() -> None:
+        try:
+            watch()
+        finally:
+            done.set()
+
+    threading.Thread(target=guarded, daemon=True, name="cpu-meter").start()
+    return Meter(found, done)
+
+
+@dataclass
+class Meter:
+    """A window being measured: ``result`` waits for it to end (and the last readings to be taken)."""
+
+    found: dict[str, Any]
+    done: threading.Event
+
+    def result(self, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Return the measurements, waiting up to ``timeout_s`` for the window's last readings."""
+        self.done.wait(timeout_s)
+        return self.found
