@@ -87,7 +87,6 @@ class JobStore:
         self.ttl = ttl
         self._write_segment = client.register_script(scripts.WRITE_SEGMENT)
         self._finish = client.register_script(scripts.FINISH)
-        self._mark_running = client.register_script(scripts.MARK_RUNNING)
         self._start_segment = client.register_script(scripts.START_SEGMENT)
 
     def create(
@@ -159,15 +158,6 @@ class JobStore:
             return None
         return {_raw(k).decode(): _raw(v).decode() for k, v in raw.items()}
 
-    def request(self, job_id: str) -> JobRequest | None:
-        """Return what the caller asked for, or None when the job is gone."""
-        raw = self.redis.hget(keys.job(job_id), "request")
-        return None if raw is None else JobRequest.from_json(raw)
-
-    def segment_text(self, job_id: str, index: int) -> str | None:
-        """Return the text of one segment, or None when it does not exist."""
-        return _text(self.redis.lindex(keys.texts(job_id), index))
-
     def texts(self, job_id: str) -> list[str]:
         """Return every segment text of the job, in order."""
         return [_raw(t).decode() for t in self.redis.lrange(keys.texts(job_id), 0, -1)]
@@ -194,14 +184,6 @@ class JobStore:
             texts=[_raw(t).decode() for t in texts],
             meta={int(k): json.loads(v) for k, v in _pairs(meta).items()},
         )
-
-    def mark_running(self, job_id: str) -> None:
-        """Move a queued job to running."""
-        self._mark_running(keys=[keys.job(job_id)], args=[f"{time.time():.6f}"])
-
-    def count_attempt(self, job_id: str, index: int) -> int:
-        """Count one more synthesis attempt of a segment and return the total."""
-        return int(self.redis.hincrby(keys.attempts(job_id), str(index), 1))
 
     def attempts(self, job_id: str, index: int) -> int:
         """Return how many synthesis attempts a segment has had."""

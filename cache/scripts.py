@@ -62,15 +62,6 @@ end
 return {3, record, attempt, redis.call('LRANGE', KEYS[4], 0, -1), redis.call('HGETALL', KEYS[5])}
 """
 
-# KEYS: record; ARGV: now. Moves a queued job to running.
-MARK_RUNNING = """
-if redis.call('HGET', KEYS[1], 'status') == 'queued' then
-  redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[1], 'updated_at', ARGV[1])
-  return 1
-end
-return 0
-"""
-
 
 # ARGV: key prefix, first bucket, last bucket. Sums the buckets' counters server-side:
 # {field, total (as text), ...}. (The keys are built here, not passed: the service does not run on
