@@ -261,30 +261,29 @@ class ChatTTSEngine(Engine):
             top_k=params.top_K,
             repetition_penalty=params.repetition_penalty,
         )
-        temperature = [params.temperature] * (1 if infer_text else num_vq)
-        if decode.supports(chat.gpt):
+        temperature = torch.tensor([params.temperature] * (1 if infer_text else num_vq), device=chat.device)
+        steps = max(max_tokens) + 1  # one step past the longest budget, in which the sampler ends every item
+        if decode.supports(chat.gpt):  # ended items leave the batch
             return decode.generate(
                 chat.gpt,
                 emb,
                 input_ids,
                 attention_mask,
-                temperature=torch.tensor(temperature, device=chat.device),
+                temperature=temperature,
                 sampler=sampler,
                 eos_token=eos,
-                # One step past the longest budget, in which the sampler ends every item.
-                max_new_token=max(max_tokens) + 1,
+                max_new_token=steps,
                 infer_text=infer_text,
                 return_hidden=not infer_text,
                 interrupted=chat.context.get,
             )
-        generation = chat.gpt.generate(
+        generation = chat.gpt.generate(  # every row runs to the end: a model without a key/value cache
             emb,
             input_ids,
-            temperature=torch.tensor(temperature, device=chat.device),
+            temperature=temperature,
             eos_token=eos,
             attention_mask=attention_mask,
-            # One step past the longest budget, in which the sampler ends every item.
-            max_new_token=max(max_tokens) + 1,
+            max_new_token=steps,
             min_new_token=0,
             logits_processors=(sampler,),
             infer_text=infer_text,
