@@ -37,7 +37,6 @@ RESULTS = ROOT / "bench" / "results"
 HEARTBEAT_S = 1.0
 #: Measuring windows shorter than this make a smoke test, not a verdict.
 FULL_WINDOW_S = 20.0
-#: The service's batch size is the smallest whose engine throughput is within this share of the best.
 #: Above this share of the CPUs used by processes not ours, the results carry a warning.
 CONTENDED_PCT = 10.0
 
