@@ -39,7 +39,7 @@ def build_services(settings: Settings) -> Services:
     # Long-polls block in XREAD for up to max_wait_s: the socket must wait longer.
     client = redis.Redis.from_url(settings.redis_url, health_check_interval=30, socket_timeout=settings.max_wait_s + 10)
     celery = create_celery(settings)
-    workers = WorkerRegistry(client, ttl_s=3 * settings.heartbeat_s)
+    workers = WorkerRegistry(client, ttl_s=settings.worker_dead_after_s)
     stats = Stats(client)
     breaker = CircuitBreaker(
         client,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
+
+import redis
 
 from api.validation import JobInput
 from cache.jobstore import JobRequest, JobStore
@@ -94,7 +97,8 @@ def submit_job(
         "first_due_at": f"{deadlines[0]:.3f}",
         "start_estimate_s": f"{start_estimate:.1f}",
     }
-    job_id = store.create(request, texts, cached=len(hits), pending=later, fields=fields)
+    # The first window waits in the outbox until it is enqueued: an API killed in between leaves it to a worker.
+    job_id = store.create(request, texts, cached=len(hits), pending=later, publish=first, fields=fields)
     if hits:
         store.write_segments(job_id, hits)
     if not misses:
@@ -111,6 +115,8 @@ def submit_job(
             store.fail(job_id, "could not enqueue the job's segments")
             book.remove(job_id, first)
             raise ServiceUnavailable("the task queue is unavailable; retry shortly") from e
+        with contextlib.suppress(redis.RedisError):  # enqueued: an entry left behind is only published twice
+            store.published(job_id, first)
     JOBS_SUBMITTED.labels(priority).inc()
     log.info(
         "job %s accepted: model %s, %d segments (%d cached), lane %s",

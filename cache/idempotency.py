@@ -12,6 +12,9 @@ import redis
 from cache import keys
 
 TTL_S = 24 * 3600
+#: A claim whose job id never came (its submission died midway) frees the key after this long; an honest
+#: submission writes its job id well within it.
+CLAIM_TTL_S = 15
 
 
 def body_digest(body: dict[str, Any]) -> str:
@@ -22,9 +25,10 @@ def body_digest(body: dict[str, Any]) -> str:
 class IdempotencyKeys:
     """Remember which job each (caller, key) created, for a day (Stripe's model)."""
 
-    def __init__(self, client: redis.Redis, *, ttl_s: int = TTL_S) -> None:
+    def __init__(self, client: redis.Redis, *, ttl_s: int = TTL_S, claim_ttl_s: int = CLAIM_TTL_S) -> None:
         self.redis = client
         self.ttl_s = ttl_s
+        self.claim_ttl_s = claim_ttl_s
 
     def _read(self, caller: str, key: str) -> tuple[str, str] | None:
         raw = self.redis.get(keys.idempotency(caller, key))
@@ -36,7 +40,7 @@ class IdempotencyKeys:
     def claim(self, caller: str, key: str, digest: str, *, wait_s: float = 5.0) -> tuple[str, str] | None:
         """Claim the key for a new job (None), or return the (digest, job id) an earlier request recorded."""
         value = json.dumps({"digest": digest, "job_id": ""})
-        if self.redis.set(keys.idempotency(caller, key), value, nx=True, ex=self.ttl_s):
+        if self.redis.set(keys.idempotency(caller, key), value, nx=True, ex=self.claim_ttl_s):
             return None
         deadline = time.monotonic() + wait_s
         while True:  # a concurrent request holds the claim: wait for its job id

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +16,28 @@ from redis.typing import EncodableT, FieldT
 from cache import keys, scripts
 
 TERMINAL = frozenset({"done", "failed", "canceled"})
+
+#: A segment taken off a job's pending list is published by its taker at once; past this grace a sweeper
+#: publishes it instead (its taker crashed, or lost Redis, between the two steps).
+OUTBOX_GRACE_S = 5.0
+
+
+class WriteResult(enum.IntEnum):
+    """What WRITE_SEGMENT did with a finished segment."""
+
+    FINISHED = 2  # written, and it was the job's last
+    WRITTEN = 1
+    DUPLICATE = 0  # already there: a redelivered or repeated task
+    GONE = -1  # no such job (expired, or never was)
+    OVER = -2  # the job failed or was canceled meanwhile
+
+
+@dataclass(frozen=True)
+class SegmentWrite:
+    """The answer of ``JobStore.write_segment``: the result, and the pending segment it moved to the outbox."""
+
+    result: WriteResult
+    next_index: int | None = None
 
 
 @dataclass(frozen=True)
@@ -59,12 +83,14 @@ class SegmentStart:
     """What a worker knows of a segment's job when it starts on the segment (``JobStore.start_segment``).
 
     ``state`` is "gone" (no such job), "over" (the job ended), "written" (the segment exists) or
-    "go", in which case an attempt was counted and the rest is filled in.
+    "go", in which case the segment is held by the worker, the attempt is known and the rest is filled in.
+    ``redelivered`` says the delivery's token already held the segment: the same attempt, not a new one.
     """
 
     state: str
     record: dict[str, str] = field(default_factory=dict)
     attempt: int = 0
+    redelivered: bool = False
     texts: list[str] = field(default_factory=list)
     meta: dict[int, dict[str, Any]] = field(default_factory=dict)
 
@@ -82,9 +108,10 @@ def _pairs(flat: list[Any]) -> dict[bytes, bytes]:
 class JobStore:
     """Read and change jobs in Redis; every change of a job is atomic."""
 
-    def __init__(self, client: redis.Redis, *, ttl: int) -> None:
+    def __init__(self, client: redis.Redis, *, ttl: int, outbox_grace_s: float = OUTBOX_GRACE_S) -> None:
         self.redis = client
         self.ttl = ttl
+        self.outbox_grace_s = outbox_grace_s
         self._write_segment = client.register_script(scripts.WRITE_SEGMENT)
         self._finish = client.register_script(scripts.FINISH)
         self._start_segment = client.register_script(scripts.START_SEGMENT)
@@ -97,9 +124,14 @@ class JobStore:
         job_id: str | None = None,
         cached: int = 0,
         pending: list[int] | None = None,
+        publish: Iterable[int] = (),
         fields: dict[str, str] | None = None,
     ) -> str:
-        """Write a new queued job with its segment texts (and segments to enqueue later); return its id."""
+        """Write a new queued job with its segment texts; return its id.
+
+        ``publish`` are the segments the caller enqueues next (they wait in the outbox until ``published``
+        says so), ``pending`` the ones fed in later as others finish.
+        """
         if not texts:
             raise ValueError("a job needs at least one segment")
         job_id = job_id or uuid.uuid4().hex
@@ -121,14 +153,18 @@ class JobStore:
         pipe.rpush(keys.texts(job_id), *texts)
         if pending:
             pipe.rpush(keys.pending(job_id), *pending)
+        outbox = {keys.segment_member(job_id, i): time.time() + self.outbox_grace_s for i in publish}
+        if outbox:
+            pipe.zadd(keys.OUTBOX, outbox)
         pipe.zadd(keys.LIVE_JOBS, {job_id: float(now)})
         pipe.execute()
         return job_id
 
-    def next_pending(self, job_id: str) -> int | None:
-        """Take the next segment waiting to be enqueued, if any."""
-        value = self.redis.lpop(keys.pending(job_id))
-        return None if value is None else int(_raw(value))
+    def published(self, job_id: str, indexes: Iterable[int]) -> None:
+        """Take segments out of the outbox once they are on the broker."""
+        members = [keys.segment_member(job_id, i) for i in indexes]
+        if members:
+            self.redis.zrem(keys.OUTBOX, *members)
 
     def pending(self, job_id: str) -> list[int]:
         """Return the segments still waiting to be enqueued."""
@@ -166,21 +202,27 @@ class JobStore:
         """Say whether a segment's audio is already written."""
         return bool(self.redis.hexists(keys.audio(job_id), str(index)))
 
-    def start_segment(self, job_id: str, index: int) -> SegmentStart:
-        """Read what making one segment needs and count the attempt, in one round trip (see START_SEGMENT)."""
+    def start_segment(self, job_id: str, index: int, *, worker: str = "", token: str | None = None) -> SegmentStart:
+        """Read what making one segment needs, hold it for ``worker`` and count the attempt (see START_SEGMENT).
+
+        ``token`` names the delivery (a task id and its retry count): a redelivery with the same token is
+        the same attempt. Without one, every call is a new attempt.
+        """
         reply = self._start_segment(
             keys=[keys.job(job_id), keys.audio(job_id), keys.attempts(job_id), keys.texts(job_id),
-                  keys.segment_meta(job_id)],
-            args=[str(index), f"{time.time():.6f}", *sorted(TERMINAL)],
+                  keys.segment_meta(job_id), keys.claims(job_id), keys.held(worker), keys.HOLDERS],
+            args=[str(index), f"{time.time():.6f}", token or uuid.uuid4().hex, keys.segment_member(job_id, index),
+                  worker, *sorted(TERMINAL)],
         )  # fmt: skip
         state = ("gone", "over", "written", "go")[int(reply[0])]
         if state != "go":
             return SegmentStart(state)
-        _, record, attempt, texts, meta = reply
+        _, record, attempt, texts, meta, redelivered = reply
         return SegmentStart(
             state,
             record={k.decode(): v.decode() for k, v in _pairs(record).items()},
             attempt=int(attempt),
+            redelivered=bool(int(redelivered)),
             texts=[_raw(t).decode() for t in texts],
             meta={int(k): json.loads(v) for k, v in _pairs(meta).items()},
         )
@@ -189,30 +231,45 @@ class JobStore:
         """Return how many synthesis attempts a segment has had."""
         return int(self.redis.hget(keys.attempts(job_id), str(index)) or 0)
 
-    def write_segments(self, job_id: str, segments: dict[int, tuple[bytes, int, dict[str, Any]]]) -> list[int]:
-        """Store several finished segments (index → pcm, rate, meta) in one round trip."""
-        pipe = self.redis.pipeline(transaction=False)
-        now = f"{time.time():.6f}"
-        for index, (pcm, rate, meta) in sorted(segments.items()):
-            self._write_segment(
-                keys=keys.all_job_keys(job_id), args=[index, pcm, json.dumps(meta), now, self.ttl, rate], client=pipe
-            )
-        results = [int(r) for r in pipe.execute()]
-        if 2 in results:
-            self.forget_live(job_id)
-        return results
+    def _write_args(
+        self, job_id: str, index: int, pcm: bytes, rate: int, meta: dict[str, Any], *, worker: str, advance: bool
+    ) -> tuple[list[str], list[EncodableT]]:
+        now = time.time()
+        script_keys = [*keys.all_job_keys(job_id), keys.held(worker), keys.OUTBOX, keys.LIVE_JOBS, keys.DUE]
+        args: list[EncodableT] = [
+            index, pcm, json.dumps(meta), f"{now:.6f}", self.ttl, rate, keys.segment_member(job_id, index), job_id,
+            f"{now + self.outbox_grace_s:.6f}", "1" if advance else "0",
+        ]  # fmt: skip
+        return script_keys, args
 
-    def write_segment(self, job_id: str, index: int, pcm: bytes, *, sample_rate: int, meta: dict[str, Any]) -> int:
-        """Store a finished segment once; return 1 written, 2 written and job done, 0 duplicate, -1 gone, -2 over."""
-        result = int(
-            self._write_segment(
-                keys=keys.all_job_keys(job_id),
-                args=[index, pcm, json.dumps(meta), f"{time.time():.6f}", self.ttl, sample_rate],
-            )
-        )
-        if result == 2:
-            self.forget_live(job_id)
-        return result
+    def write_segments(self, job_id: str, segments: dict[int, tuple[bytes, int, dict[str, Any]]]) -> list[WriteResult]:
+        """Store several finished segments (index → pcm, rate, meta) in one round trip, advancing nothing."""
+        pipe = self.redis.pipeline(transaction=False)
+        for index, (pcm, rate, meta) in sorted(segments.items()):
+            script_keys, args = self._write_args(job_id, index, pcm, rate, meta, worker="", advance=False)
+            self._write_segment(keys=script_keys, args=args, client=pipe)
+        return [WriteResult(int(reply[0])) for reply in pipe.execute()]
+
+    def write_segment(
+        self,
+        job_id: str,
+        index: int,
+        pcm: bytes,
+        *,
+        sample_rate: int,
+        meta: dict[str, Any],
+        worker: str = "",
+        advance: bool = False,
+    ) -> SegmentWrite:
+        """Store a finished segment once, releasing ``worker``'s hold; with ``advance``, move the next pending one
+        to the outbox (the caller publishes it, then calls ``published``)."""
+        script_keys, args = self._write_args(job_id, index, pcm, sample_rate, meta, worker=worker, advance=advance)
+        result, next_index = self._write_segment(keys=script_keys, args=args)
+        return SegmentWrite(WriteResult(int(result)), None if int(next_index) < 0 else int(next_index))
+
+    def release(self, worker: str, job_id: str, index: int) -> None:
+        """Say that ``worker`` stopped working on a segment without writing it (its task failed or retries)."""
+        self.redis.srem(keys.held(worker), keys.segment_member(job_id, index))
 
     def fail(self, job_id: str, reason: str) -> bool:
         """Mark the job failed with a reason unless it already ended; say whether it changed."""

@@ -49,12 +49,29 @@ def pending(job_id: str) -> str:
     return f"{PREFIX}:job:{{{job_id}}}:pending"
 
 
+def claims(job_id: str) -> str:
+    """Return the key of each segment's current delivery (a hash: index → the token of the attempt running it)."""
+    return f"{PREFIX}:job:{{{job_id}}}:claims"
+
+
 def all_job_keys(job_id: str) -> list[str]:
     """Return every key a job owns except its encoded files, in the order cache/scripts.py expects."""
     return [
         job(job_id), audio(job_id), segment_meta(job_id), events(job_id), texts(job_id), attempts(job_id),
-        pending(job_id),
+        pending(job_id), claims(job_id),
     ]  # fmt: skip
+
+
+def segment_member(job_id: str, index: int) -> str:
+    """Return how sets of segments across jobs name one segment ("<job id>:<index>")."""
+    return f"{job_id}:{index}"
+
+
+def parse_segment_member(member: str | bytes) -> tuple[str, int]:
+    """Split a ``segment_member`` back into its job id and index."""
+    text = member.decode() if isinstance(member, bytes) else member
+    job_id, _, index = text.rpartition(":")
+    return job_id, int(index)
 
 
 #: A sorted set of jobs not yet finished, scored by creation time, for the reconciler.
@@ -74,6 +91,21 @@ def worker(hostname: str) -> str:
 
 #: A sorted set of worker names scored by their last heartbeat.
 WORKERS = f"{PREFIX}:workers"
+#: A set of the workers that may hold segments (each has a ``held`` set), so a dead one is found even
+#: after its heartbeat entry was pruned.
+HOLDERS = f"{PREFIX}:holders"
+
+
+def held(hostname: str) -> str:
+    """Return the key of the segments a worker has started and not yet written (a set of segment members)."""
+    return f"{PREFIX}:held:{hostname}"
+
+
+#: A sorted set of segments that must be published to the broker, scored by when a sweeper may publish them:
+#: every segment taken off a job's pending list, or taken from a dead worker, passes through it (an outbox).
+OUTBOX = f"{PREFIX}:outbox"
+#: Held by the one worker sweeping the outbox and dead workers at a time.
+JANITOR_LOCK = f"{PREFIX}:janitor:lock"
 
 
 def sentence(digest: str) -> str:

@@ -12,10 +12,6 @@ from cache import keys
 _PACE_WEIGHT = 0.1
 
 
-def _member(job_id: str, index: int) -> str:
-    return f"{job_id}:{index}"
-
-
 class ScheduleBook:
     """Outstanding segments scored by deadline (for admission) and measured seconds of audio per character."""
 
@@ -35,11 +31,11 @@ class ScheduleBook:
     def add(self, job_id: str, deadlines: Mapping[int, float]) -> None:
         """Record queued segments with their deadlines."""
         if deadlines:
-            self.redis.zadd(self.due_key, {_member(job_id, i): d for i, d in deadlines.items()})
+            self.redis.zadd(self.due_key, {keys.segment_member(job_id, i): d for i, d in deadlines.items()})
 
     def remove(self, job_id: str, indexes: Iterable[int]) -> None:
         """Forget segments that were written, or whose job ended."""
-        members = [_member(job_id, i) for i in indexes]
+        members = [keys.segment_member(job_id, i) for i in indexes]
         if members:
             self.redis.zrem(self.due_key, *members)
 
@@ -54,11 +50,7 @@ class ScheduleBook:
     def overdue_since(self, before: float, limit: int = 500) -> list[tuple[str, int]]:
         """Return up to ``limit`` outstanding (job id, index) pairs due before ``before``, oldest first."""
         raw = self.redis.zrangebyscore(self.due_key, "-inf", before, start=0, num=limit)
-        out = []
-        for value in raw:
-            job_id, _, index = (value.decode() if isinstance(value, bytes) else str(value)).rpartition(":")
-            out.append((job_id, int(index)))
-        return out
+        return [keys.parse_segment_member(value) for value in raw]  # type: ignore[arg-type]
 
     def seconds_per_char(self, model: str) -> float:
         """Return the model's measured seconds of audio per character (the default until measured)."""

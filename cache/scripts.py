@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-# KEYS: record, audio, segmeta, events, texts, attempts, pending
-# ARGV: index, pcm, meta_json, now, ttl, sample_rate
-# Returns 1 when written, 2 when written and it finished the job, 0 when the segment already existed (a redelivery),
-# -1 when the job is gone, -2 when the job is already failed or canceled.
+# KEYS: record, audio, segmeta, events, texts, attempts, pending, claims (the job's own, as keys.all_job_keys),
+#       then the writer's held set, the outbox, the live-job index, the deadline books.
+# ARGV: index, pcm, meta_json, now, ttl, sample_rate, segment member, job id, outbox time, advance ('1' or '0').
+# Stores the segment only if absent (a redelivered task cannot duplicate it or its event), and advances the
+# job in the same step: the segment leaves its writer's held set and the deadline books; when written and
+# `advance` is set, the job's next pending segment moves to the outbox (so a crash before its publish cannot
+# strand the job); a finished job leaves the live index. Returns {result, next index or -1}, result being
+# 1 written, 2 written and it finished the job, 0 already there (a redelivery), -1 job gone, -2 job over.
 WRITE_SEGMENT = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+redis.call('SREM', KEYS[9], ARGV[7])
+redis.call('ZREM', KEYS[12], ARGV[7])
+if redis.call('EXISTS', KEYS[1]) == 0 then return {-1, -1} end
 local status = redis.call('HGET', KEYS[1], 'status')
-if status == 'failed' or status == 'canceled' then return -2 end
-if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
+if status == 'failed' or status == 'canceled' then return {-2, -1} end
+if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return {0, -1} end
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
 redis.call('HSETNX', KEYS[1], 'sample_rate', ARGV[6])
 local done = redis.call('HINCRBY', KEYS[1], 'segments_done', 1)
@@ -23,10 +29,19 @@ redis.call('XADD', KEYS[4], '*', 'type', 'segment', 'index', ARGV[1])
 if done >= total then
   redis.call('HSET', KEYS[1], 'status', 'done', 'finished_at', ARGV[4])
   redis.call('XADD', KEYS[4], '*', 'type', 'status', 'status', 'done')
-  for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
-  return 2
+  redis.call('DEL', KEYS[7])
+  for i = 1, 8 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
+  redis.call('ZREM', KEYS[11], ARGV[8])
+  return {2, -1}
 end
-return 1
+if ARGV[10] == '1' then
+  local next_index = redis.call('LPOP', KEYS[7])
+  if next_index then
+    redis.call('ZADD', KEYS[10], ARGV[9], ARGV[8] .. ':' .. next_index)
+    return {1, tonumber(next_index)}
+  end
+end
+return {1, -1}
 """
 
 # KEYS: record, audio, segmeta, events, texts, attempts, pending
@@ -43,23 +58,62 @@ for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ARGV[4]) end
 return 1
 """
 
-# KEYS: record, audio, attempts, texts, segmeta; ARGV: index, now, the terminal statuses.
-# What a worker reads before making a segment, in one atomic step. Returns {0} when the job is
-# gone, {1} when it is over, {2} when the segment is already written; otherwise counts an attempt,
-# moves a queued job to running, and returns {3, record, attempts, texts, segment metadata}.
+# KEYS: record, audio, attempts, texts, segmeta, claims, the worker's held set, the holders index.
+# ARGV: index, now, delivery token, segment member, worker name, then the terminal statuses.
+# What a worker reads before making a segment, in one atomic step. Returns {0} when the job is gone, {1} when
+# it is over, {2} when the segment is already written. Otherwise it records the segment as held by this worker
+# (so its death hands the segment on), counts an attempt unless this delivery's token already holds the claim
+# (a redelivery of the same attempt), moves a queued job to running, and returns
+# {3, record, attempt, texts, segment metadata, 1 if a redelivery else 0}.
 START_SEGMENT = """
 local record = redis.call('HGETALL', KEYS[1])
 if #record == 0 then return {0} end
 local status = redis.call('HGET', KEYS[1], 'status')
-for i = 3, #ARGV do
+for i = 6, #ARGV do
   if status == ARGV[i] then return {1} end
 end
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return {2} end
-local attempt = redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
+local attempt
+local redelivered = 0
+if redis.call('HGET', KEYS[6], ARGV[1]) == ARGV[3] then
+  attempt = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '1')
+  redelivered = 1
+else
+  attempt = redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
+  redis.call('HSET', KEYS[6], ARGV[1], ARGV[3])
+end
+redis.call('SADD', KEYS[7], ARGV[4])
+redis.call('SADD', KEYS[8], ARGV[5])
 if status == 'queued' then
   redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[2], 'updated_at', ARGV[2])
 end
-return {3, record, attempt, redis.call('LRANGE', KEYS[4], 0, -1), redis.call('HGETALL', KEYS[5])}
+return {3, record, attempt, redis.call('LRANGE', KEYS[4], 0, -1), redis.call('HGETALL', KEYS[5]), redelivered}
+"""
+
+# KEYS: a dead worker's held set, the outbox, the heartbeat index, the holders index, its heartbeat key.
+# ARGV: worker name, now. Moves every segment the worker held to the outbox, due now, and forgets the worker;
+# returns how many segments it held.
+HAND_OVER = """
+local held = redis.call('SMEMBERS', KEYS[1])
+for _, member in ipairs(held) do redis.call('ZADD', KEYS[2], ARGV[2], member) end
+redis.call('DEL', KEYS[1], KEYS[5])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('SREM', KEYS[4], ARGV[1])
+return #held
+"""
+
+# KEYS: a worker's held set, the outbox. ARGV: now, then segment members the worker no longer works on.
+# Moves those of them still in the held set to the outbox, due now (a write since removed the others);
+# returns how many moved.
+RELEASE_STALE = """
+local moved = 0
+for i = 2, #ARGV do
+  if redis.call('SREM', KEYS[1], ARGV[i]) == 1 then
+    redis.call('ZADD', KEYS[2], ARGV[1], ARGV[i])
+    moved = moved + 1
+  end
+end
+return moved
 """
 
 

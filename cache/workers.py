@@ -32,6 +32,11 @@ class WorkerRegistry:
         self.redis.delete(keys.worker(hostname))
         self.redis.zrem(keys.WORKERS, hostname)
 
+    def last_beats(self) -> dict[str, float]:
+        """Return each known worker's last heartbeat time."""
+        entries: list[tuple[bytes, float]] = self.redis.zrange(keys.WORKERS, 0, -1, withscores=True)  # type: ignore[assignment]
+        return {name.decode(): float(score) for name, score in entries}
+
     def alive(self) -> list[dict[str, Any]]:
         """Return the announcements of every live worker (an index lookup, never a keyspace scan)."""
         now = time.time()

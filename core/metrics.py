@@ -50,6 +50,17 @@ SEGMENTS = Counter("tts_segments_total", "Segment tasks by outcome (written, dup
                    ["outcome"])  # fmt: skip
 SEGMENT_RETRIES = Counter("tts_segment_retries_total", "Segment attempts that failed and were retried.")
 SEGMENT_FAILURES = Counter("tts_segment_failures_total", "Segments given up on (their job failed).")
+SEGMENT_REDELIVERIES = Counter(
+    "tts_segment_redeliveries_total",
+    "Deliveries of a task whose attempt already holds its segment (not counted again).",
+)
+SEGMENTS_HANDED_OVER = Counter(
+    "tts_segments_handed_over_total", "Segments taken from a worker known dead (heartbeat expired) and enqueued again."
+)
+OUTBOX_PUBLISHED = Counter(
+    "tts_outbox_published_total",
+    "Segments the janitor published from the outbox (their taker died or lost Redis first).",
+)
 MODEL_LOADS = Counter("tts_model_loads_total", "Model host processes started.", ["model"])
 MODEL_LOAD_SECONDS = Histogram("tts_model_load_seconds", "Time to start a model host and load its model.", ["model"],
                                buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120))  # fmt: skip

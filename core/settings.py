@@ -145,7 +145,17 @@ class Settings(BaseSettings):
     )
     metrics_port: int = Field(9310, ge=0, le=65535, description="Worker's Prometheus port; 0 turns it off.")
     log_format: str = Field("text", pattern="^(text|json)$", description="Log lines as text or JSON.")
-    heartbeat_s: float = Field(5.0, gt=0, description="How often a worker announces itself in Redis.")
+    heartbeat_s: float = Field(
+        2.0,
+        gt=0,
+        description="How often a worker announces itself in Redis, and looks for dead workers and unpublished "
+        "segments.",
+    )
+    heartbeat_misses: int = Field(
+        3,
+        ge=2,
+        description="A worker whose heartbeat is this many intervals old is dead: its segments are enqueued again.",
+    )
 
     admission_realtime_wait_s: float = Field(
         30.0, gt=0, description="Refuse realtime jobs (503) when their estimated queue wait is longer."
@@ -166,6 +176,11 @@ class Settings(BaseSettings):
     api_host: str = Field("127.0.0.1", description="Address the API binds to.")
     api_port: int = Field(8000, ge=1, le=65535, description="Port the API listens on.")
     log_level: str = Field("INFO", description="Python logging level.")
+
+    @property
+    def worker_dead_after_s(self) -> float:
+        """Return how old a worker's last heartbeat is when the worker counts as dead."""
+        return self.heartbeat_misses * self.heartbeat_s
 
 
 def deadline_policy(settings: Settings) -> DeadlinePolicy:

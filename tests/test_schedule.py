@@ -102,9 +102,9 @@ def test_a_batch_lane_job_is_due_later_and_accepted_with_a_start_estimate(app: F
 class _VanishingStore(JobStore):
     """A real job store whose job is deleted just before a worker reads it, as an expiry or a cleanup can do."""
 
-    def start_segment(self, job_id: str, index: int) -> SegmentStart:
+    def start_segment(self, job_id: str, index: int, *, worker: str = "", token: str | None = None) -> SegmentStart:
         self.redis.delete(*keys.all_job_keys(job_id))
-        return super().start_segment(job_id, index)
+        return super().start_segment(job_id, index, worker=worker, token=token)
 
 
 class _UnusedBackend:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import redis
 from celery import Celery
 
+from cache.custody import Custody
 from cache.jobstore import JobStore
 from cache.schedule import ScheduleBook
 from cache.sentences import build_cache
@@ -25,6 +26,7 @@ from workers.backend import PooledBackend
 from workers.batcher import Batcher, BatchObserver
 from workers.celery_app import Enqueue
 from workers.engines.base import SynthesisRequest
+from workers.janitor import Janitor
 from workers.pool.handle import ModelHost
 from workers.pool.pool import ModelPool
 from workers.reconciler import Reconciler
@@ -46,6 +48,7 @@ class WorkerRuntime:
     heartbeats: WorkerRegistry
     synthesizer: SegmentSynthesizer
     reconciler: Reconciler
+    janitor: Janitor
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def announce(self) -> None:
@@ -69,19 +72,29 @@ class WorkerRuntime:
         )
 
     def _beat_forever(self) -> None:
-        last_reconcile = 0.0
+        # Nothing else runs on this thread: a slow reconcile or model unload must not make us look dead.
         while not self._stop.wait(self.settings.heartbeat_s):
             try:
                 self.announce()
+            except redis.RedisError as e:
+                log.warning("heartbeat failed: %s", e)
+
+    def _look_after_forever(self) -> None:
+        last_reconcile = 0.0
+        while not self._stop.wait(self.settings.heartbeat_s):
+            try:
+                self.janitor.run_once()
                 if time.monotonic() - last_reconcile >= self.settings.reconcile_interval_s:
                     last_reconcile = time.monotonic()
                     self.reconciler.run_once(holder=self.hostname, interval_s=self.settings.reconcile_interval_s)
             except redis.RedisError as e:
-                log.warning("heartbeat or reconcile failed: %s", e)
+                log.warning("janitor or reconcile pass failed: %s", e)
             self.backend.pool.reap_idle()
 
     def start(self) -> None:
-        """Load the default and pinned models, then announce this worker every few seconds."""
+        """Look after dead workers' segments at once; load the default and pinned models; then announce this worker."""
+        # Before the models load (seconds): a dead predecessor's segments are handed over meanwhile.
+        threading.Thread(target=self._look_after_forever, name="janitor", daemon=True).start()
         default = self.registry.get(None)
         pinned = [s for s in self.registry.models.values() if s.pinned and s.available and s is not default]
         for spec in [default, *pinned]:
@@ -121,6 +134,7 @@ def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> Wor
     store = JobStore(client, ttl=settings.job_ttl_s)
     stats = Stats(client)
     book = ScheduleBook(client, default_seconds_per_char=settings.seconds_per_char)
+    heartbeats = WorkerRegistry(client, ttl_s=settings.worker_dead_after_s)
     deadlines = settings.scheduler == "deadline"
     registry = load_registry(settings)
     # "auto" is resolved inside each model host: the worker itself never imports torch.
@@ -144,6 +158,19 @@ def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> Wor
         observe=batch_observer(stats),
     )
     backend = PooledBackend(batcher=batcher, pool=pool, timeout_s=settings.task_time_limit_s)
+    synthesizer = SegmentSynthesizer(
+        stats=stats,
+        enqueue=enqueue,
+        cache=build_cache(settings),
+        store=store,
+        registry=registry,
+        backend=backend,
+        max_attempts=settings.segment_max_attempts,
+        worker=hostname,
+        book=book,
+        policy=deadline_policy(settings),
+        use_deadlines=deadlines,
+    )
     return WorkerRuntime(
         settings=settings,
         hostname=hostname,
@@ -151,7 +178,7 @@ def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> Wor
         store=store,
         registry=registry,
         backend=backend,
-        heartbeats=WorkerRegistry(client, ttl_s=3 * settings.heartbeat_s),
+        heartbeats=heartbeats,
         reconciler=Reconciler(
             store=store,
             enqueue=enqueue,
@@ -159,17 +186,17 @@ def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> Wor
             deadline_s=settings.job_deadline_s,
             book=book,
         ),
-        synthesizer=SegmentSynthesizer(
-            stats=stats,
-            enqueue=enqueue,
-            cache=build_cache(settings),
+        synthesizer=synthesizer,
+        janitor=Janitor(
             store=store,
-            registry=registry,
-            backend=backend,
-            max_attempts=settings.segment_max_attempts,
-            worker=hostname,
+            custody=Custody(client),
+            heartbeats=heartbeats,
+            enqueue=enqueue,
             book=book,
-            policy=deadline_policy(settings),
+            worker=hostname,
+            dead_after_s=settings.worker_dead_after_s,
+            interval_s=settings.heartbeat_s,
+            working_on=synthesizer.working_on,
             use_deadlines=deadlines,
         ),
     )

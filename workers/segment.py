@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import threading
@@ -9,7 +10,10 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from cache.jobstore import JobStore
+import redis
+
+from cache import keys
+from cache.jobstore import JobStore, SegmentStart, WriteResult
 from cache.schedule import ScheduleBook
 from cache.sentences import CachedSegment, SentenceCache, segment_keys
 from cache.stats import Stats
@@ -22,6 +26,7 @@ from core.metrics import (
     QUEUE_WAIT,
     REAL_TIME_FACTOR,
     SEGMENT_LATENESS,
+    SEGMENT_REDELIVERIES,
     SEGMENTS,
     TIME_TO_FIRST_SEGMENT,
 )
@@ -99,22 +104,53 @@ class SegmentSynthesizer:
         self.policy = policy
         self.use_deadlines = use_deadlines
         self._timelines = Timelines()
+        self._working_on: set[str] = set()
+        self._working_lock = threading.Lock()
 
-    def run(self, job_id: str, index: int) -> Outcome:
-        """Make segment ``index`` of ``job_id`` unless it exists or its job is over."""
-        # One atomic read: the job, whether the segment exists, the attempt, the texts, what is done.
-        start = self.store.start_segment(job_id, index)
-        if start.state in ("gone", "over"):
-            return Outcome.SKIPPED
-        if start.state == "written":
-            return Outcome.DUPLICATE
+    def working_on(self) -> set[str]:
+        """Return the segments (``keys.segment_member``) this worker's threads are on now."""
+        with self._working_lock:
+            return set(self._working_on)
+
+    def run(self, job_id: str, index: int, *, token: str | None = None) -> Outcome:
+        """Make segment ``index`` of ``job_id`` unless it exists or its job is over.
+
+        ``token`` names this delivery (see ``JobStore.start_segment``): a redelivery of the same attempt is
+        not counted against the segment's attempts.
+        """
+        member = keys.segment_member(job_id, index)
+        with self._working_lock:  # before START_SEGMENT holds it in Redis: the janitor never sees it unowned
+            self._working_on.add(member)
+        try:
+            # One atomic read: the job, whether the segment exists, the attempt, the texts, what is done.
+            start = self.store.start_segment(job_id, index, worker=self.worker, token=token)
+            if start.state in ("gone", "over"):
+                return Outcome.SKIPPED
+            if start.state == "written":
+                return Outcome.DUPLICATE
+            try:
+                return self._make(job_id, index, start)
+            except Exception:
+                with contextlib.suppress(redis.RedisError):  # else the janitor finds the hold stale
+                    self.store.release(self.worker, job_id, index)
+                raise
+        finally:
+            with self._working_lock:
+                self._working_on.discard(member)
+
+    def _make(self, job_id: str, index: int, start: SegmentStart) -> Outcome:
+        """Synthesise a started segment, write it, and advance its job."""
         attempt, record = start.attempt, start.record
+        if start.redelivered:
+            SEGMENT_REDELIVERIES.inc()
         if attempt > self.max_attempts:
             # A redelivery after crashes (the worker died each time): stop the loop.
+            self.store.release(self.worker, job_id, index)
             self.store.fail(job_id, f"segment {index} was attempted {self.max_attempts} times without finishing")
             return Outcome.GAVE_UP
         request = start.request
         if request is None or index >= len(start.texts):
+            self.store.release(self.worker, job_id, index)
             return Outcome.SKIPPED
         text = start.texts[index]
         QUEUE_WAIT.observe(max(0.0, time.time() - float(record["created_at"])))
@@ -144,11 +180,12 @@ class SegmentSynthesizer:
             "finished_at": round(finished, 4),
             "lateness_s": round(finished - deadline, 4),
         }
-        result = self.store.write_segment(job_id, index, pcm, sample_rate=rate, meta={**meta, "attempt": attempt})
-        outcome = _OUTCOMES[result]
+        write = self.store.write_segment(
+            job_id, index, pcm, sample_rate=rate, meta={**meta, "attempt": attempt}, worker=self.worker, advance=True
+        )
+        outcome = _OUTCOMES[write.result]
         SEGMENTS.labels(outcome.value).inc()
         self.stats.record(ok=1)
-        self.book.remove(job_id, [index])
         AUDIO_SECONDS.labels(spec.name).inc(duration)
         if outcome is Outcome.WRITTEN:
             plan.arrived(index, finished, duration * self.policy.stretch(lane))  # later segments here follow it
@@ -179,11 +216,11 @@ class SegmentSynthesizer:
                 "outcome": outcome.value,
             },
         )
-        if result == 2:
+        if write.result is WriteResult.FINISHED:
             self._timelines.forget(job_id)
             self._log_job_done(job_id, lane)
-        elif outcome is Outcome.WRITTEN:
-            self._feed_next(job_id, plan, lane)
+        elif write.next_index is not None:
+            self._feed_next(job_id, write.next_index, plan, lane)
         return outcome
 
     def timeline(
@@ -200,14 +237,15 @@ class SegmentSynthesizer:
             arrivals={i: float(m["finished_at"]) for i, m in meta.items() if "finished_at" in m},
         )
 
-    def _feed_next(self, job_id: str, plan: Timeline, lane: str) -> None:
-        """Enqueue the job's next waiting segment: each one finished lets one more in."""
-        index = self.store.next_pending(job_id)
-        if index is None:
-            return
+    def _feed_next(self, job_id: str, index: int, plan: Timeline, lane: str) -> None:
+        """Publish the pending segment the write moved to the outbox: each one finished lets one more in."""
         deadline = plan.deadline(index)
-        self.book.add(job_id, {index: deadline})
-        self.enqueue(job_id, [index], lane, [deadline] if self.use_deadlines else None)
+        try:
+            self.book.add(job_id, {index: deadline})
+            self.enqueue(job_id, [index], lane, [deadline] if self.use_deadlines else None)
+            self.store.published(job_id, [index])
+        except Exception as e:  # the segment is written: failing its task now would only repeat it
+            log.warning("job %s: could not publish segment %d (%s); the outbox will", job_id, index, e)
 
     def _log_job_done(self, job_id: str, lane: str) -> None:
         """Write the one summary line per finished job, with its timings and its listener's stalls."""
@@ -235,5 +273,10 @@ class SegmentSynthesizer:
         log.info("job %s done: %s", job_id, timings, extra=timings)
 
 
-# WRITE_SEGMENT's answers: written, already there, job gone, job already over.
-_OUTCOMES = {2: Outcome.WRITTEN, 1: Outcome.WRITTEN, 0: Outcome.DUPLICATE, -1: Outcome.SKIPPED, -2: Outcome.SKIPPED}
+_OUTCOMES = {
+    WriteResult.FINISHED: Outcome.WRITTEN,
+    WriteResult.WRITTEN: Outcome.WRITTEN,
+    WriteResult.DUPLICATE: Outcome.DUPLICATE,
+    WriteResult.GONE: Outcome.SKIPPED,
+    WriteResult.OVER: Outcome.SKIPPED,
+}

@@ -25,8 +25,11 @@ log = logging.getLogger(__name__)
 def synthesize_segment(self: Task, job_id: str, index: int) -> str:
     """Synthesise one segment of a job; retry engine failures, then fail the job with the reason."""
     runtime = runtime_of(self.app)
+    # The same message delivered again (kombu's restore, a duplicate publish) carries the same id and retry
+    # count: one attempt. A retry is a new message with the count raised: a new attempt.
+    token = f"{self.request.id}:{self.request.retries}"
     try:
-        return runtime.synthesizer.run(job_id, index).value
+        return runtime.synthesizer.run(job_id, index, token=token).value
     except (redis.ConnectionError, redis.TimeoutError):
         raise  # Redis is away: autoretry with backoff; the segment is not at fault.
     except ServiceError as e:

@@ -1,0 +1,162 @@
+"""Every unfinished segment is somewhere: held by a live worker, in the outbox, or on the broker."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+import redis
+from flask import Flask
+from flask.testing import FlaskClient
+
+from cache import keys
+from cache.custody import Custody
+from cache.idempotency import CLAIM_TTL_S, TTL_S, IdempotencyKeys
+from cache.jobstore import OUTBOX_GRACE_S, JobRequest, JobStore, WriteResult
+from cache.workers import WorkerRegistry
+from workers.janitor import Janitor, dead_workers
+
+REQUEST = JobRequest(model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav",
+                     priority="realtime", seed=None, cache=False)  # fmt: skip
+TEXTS = ["First part.", "Second part.", "Third part."]
+
+
+def _store(app: Flask) -> JobStore:
+    return JobStore(app.extensions["tts"].redis, ttl=600)
+
+
+def _wait_done(client: FlaskClient, job_id: str, timeout: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}").get_json()
+        if job["status"] in ("done", "failed", "canceled"):
+            return job
+        assert time.monotonic() < deadline, f"job not done within {timeout} s: {job}"
+        time.sleep(0.05)
+
+
+def _segment_events(client: redis.Redis, job_id: str) -> Counter[int]:
+    events = client.xrange(keys.events(job_id))
+    return Counter(int(fields[b"index"]) for _, fields in events if fields[b"type"] == b"segment")
+
+
+def test_a_redelivery_of_the_same_attempt_is_not_counted_again(app: Flask) -> None:
+    store = _store(app)
+    job_id = store.create(REQUEST, TEXTS)
+    first = store.start_segment(job_id, 0, worker="w-redeliver", token="task-a:0")
+    again = store.start_segment(job_id, 0, worker="w-redeliver", token="task-a:0")
+    retried = store.start_segment(job_id, 0, worker="w-redeliver", token="task-a:1")
+    assert (first.attempt, first.redelivered) == (1, False)
+    assert (again.attempt, again.redelivered) == (1, True)
+    assert (retried.attempt, retried.redelivered) == (2, False)
+    store.cancel(job_id)
+
+
+def test_a_started_segment_is_held_by_its_worker_until_it_is_written(app: Flask) -> None:
+    store, custody = _store(app), Custody(app.extensions["tts"].redis)
+    job_id = store.create(REQUEST, TEXTS)
+    store.start_segment(job_id, 1, worker="w-hold")
+    assert custody.held("w-hold") == {keys.segment_member(job_id, 1)}
+    assert "w-hold" in custody.holders()
+    write = store.write_segment(job_id, 1, b"\0\0", sample_rate=8000, meta={}, worker="w-hold")
+    assert write.result is WriteResult.WRITTEN
+    assert custody.held("w-hold") == set()
+    again = store.write_segment(job_id, 1, b"\1\1", sample_rate=8000, meta={}, worker="w-hold")
+    assert again.result is WriteResult.DUPLICATE, "a second write of a segment must not replace the first"
+    assert store.segment(job_id, 1) == b"\0\0"
+    store.cancel(job_id)
+
+
+def test_a_write_advances_the_job_in_the_same_step(app: Flask) -> None:
+    store, client = _store(app), app.extensions["tts"].redis
+    job_id = store.create(REQUEST, TEXTS, pending=[1, 2], publish=[0])
+    member = keys.segment_member(job_id, 0)
+    score = client.zscore(keys.OUTBOX, member)
+    assert score is not None and score == pytest.approx(time.time() + OUTBOX_GRACE_S, abs=2)
+    store.published(job_id, [0])
+    assert client.zscore(keys.OUTBOX, member) is None
+    client.zadd(keys.DUE, {member: time.time()})
+
+    write = store.write_segment(job_id, 0, b"\0\0", sample_rate=8000, meta={}, worker="w-adv", advance=True)
+    assert (write.result, write.next_index) == (WriteResult.WRITTEN, 1)
+    assert client.zscore(keys.OUTBOX, keys.segment_member(job_id, 1)) is not None, "the fed segment is in the outbox"
+    assert client.zscore(keys.DUE, member) is None, "a written segment leaves the deadline books"
+    assert store.pending(job_id) == [2]
+
+    store.write_segment(job_id, 1, b"\0\0", sample_rate=8000, meta={}, worker="w-adv")  # no advance: 2 stays
+    assert store.pending(job_id) == [2]
+    last = store.write_segment(job_id, 2, b"\0\0", sample_rate=8000, meta={}, worker="w-adv", advance=True)
+    assert (last.result, last.next_index) == (WriteResult.FINISHED, None)
+    assert job_id not in store.live_jobs()
+    assert store.pending(job_id) == []
+    store.published(job_id, [1])
+
+
+def test_a_janitor_back_from_an_outage_declares_no_one_dead_until_live_workers_could_beat() -> None:
+    beats = {"alive": 99.0, "stale": 80.0}
+    args: dict[str, Any] = {"me": "me", "now": 100.0, "dead_after_s": 6.0, "interval_s": 2.0}
+    holders = ["alive", "stale", "never", "me"]
+    assert dead_workers(holders, beats, reachable_since=98.0, **args) == []
+    assert dead_workers(holders, beats, reachable_since=95.0, **args) == ["stale", "never"]
+
+
+def test_a_dead_workers_segments_are_enqueued_again_and_its_job_finishes(app: Flask, served: FlaskClient) -> None:
+    services = app.extensions["tts"]
+    store, custody = _store(app), Custody(services.redis)
+    job_id = store.create(REQUEST, TEXTS[:2])
+    # What a worker SIGKILLed mid-batch leaves: two segments held, their messages unacked in kombu for an hour.
+    for index in (0, 1):
+        assert store.start_segment(job_id, index, worker="w-ghost", token=f"ghost-{index}:0").state == "go"
+    services.redis.zadd(keys.WORKERS, {"w-ghost": time.time() - 60})
+    assert _wait_done(served, job_id)["status"] == "done"
+    assert "w-ghost" not in custody.holders() and custody.held("w-ghost") == set()
+    assert store.attempts(job_id, 0) == store.attempts(job_id, 1) == 2, "the dead worker's attempt counts, once"
+    assert all(meta["worker"] != "w-ghost" for meta in store.segment_meta(job_id).values())
+    assert _segment_events(services.redis, job_id) == {0: 1, 1: 1}
+
+
+def test_segments_written_to_the_outbox_but_never_published_are_published_after_the_grace(
+    app: Flask, served: FlaskClient
+) -> None:
+    services = app.extensions["tts"]
+    # What an API killed between writing a job and enqueueing its first window leaves.
+    written_at = time.time()
+    job_id = _store(app).create(REQUEST, TEXTS[:2], publish=[0, 1])
+    job = _wait_done(served, job_id, timeout=OUTBOX_GRACE_S + 30)
+    assert job["status"] == "done"
+    finished_at = float((_store(app).get(job_id) or {})["finished_at"])
+    assert finished_at - written_at >= OUTBOX_GRACE_S, "published before its taker's grace ran out"
+    assert services.redis.zscore(keys.OUTBOX, keys.segment_member(job_id, 0)) is None
+    assert _segment_events(services.redis, job_id) == {0: 1, 1: 1}
+
+
+def test_a_live_worker_hands_its_stale_holds_to_the_outbox(app: Flask) -> None:
+    services = app.extensions["tts"]
+    store, custody = _store(app), Custody(services.redis)
+    registry = WorkerRegistry(services.redis, ttl_s=60)
+    registry.beat("w-audit", {})
+    job_id = store.create(REQUEST, TEXTS)
+    for index in (0, 1):
+        store.start_segment(job_id, index, worker="w-audit")
+    working = {keys.segment_member(job_id, 0)}
+    janitor = Janitor(store=store, custody=custody, heartbeats=registry, enqueue=services.enqueue,
+                      book=services.book, worker="w-audit", dead_after_s=60, interval_s=1,
+                      working_on=lambda: set(working))  # fmt: skip
+    assert janitor.release_own_stale(time.time()) == 1
+    assert custody.held("w-audit") == working
+    assert services.redis.zscore(keys.OUTBOX, keys.segment_member(job_id, 1)) is not None
+    store.cancel(job_id)
+    registry.remove("w-audit")
+
+
+def test_an_idempotency_claim_whose_submission_died_is_released_within_seconds(app: Flask) -> None:
+    client = app.extensions["tts"].redis
+    idem = IdempotencyKeys(client)
+    assert idem.claim("caller", "died-midway", "digest") is None
+    assert 0 < client.ttl(keys.idempotency("caller", "died-midway")) <= CLAIM_TTL_S
+    assert idem.claim("caller", "finished", "digest") is None
+    idem.fill("caller", "finished", "digest", "job-1")
+    assert client.ttl(keys.idempotency("caller", "finished")) > CLAIM_TTL_S
+    assert client.ttl(keys.idempotency("caller", "finished")) <= TTL_S

@@ -1,0 +1,142 @@
+"""Hand on what a dead worker held, and publish what the outbox holds, within seconds.
+
+Every worker runs a pass each heartbeat. It first checks its own hold set: a segment Redis says
+it holds but none of its threads works on (a write or a release lost to a Redis fault) moves to
+the outbox. Then one worker at a time (a short lock) hands over the hold sets of workers whose
+heartbeat is older than ``dead_after_s``, and publishes the outbox entries whose time has come:
+segments of dead workers (due at once) and pending segments whose taker did not publish them
+within the grace (``cache.jobstore.OUTBOX_GRACE_S``). Publishing twice is safe: a segment is
+written once (WRITE_SEGMENT), and its taker skips it if it exists.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import redis
+
+from cache import keys
+from cache.custody import Custody
+from cache.jobstore import TERMINAL, JobRequest, JobStore
+from cache.schedule import ScheduleBook
+from cache.workers import WorkerRegistry
+from core.metrics import OUTBOX_PUBLISHED, SEGMENTS_HANDED_OVER
+from workers.celery_app import Enqueue
+
+log = logging.getLogger(__name__)
+
+
+def dead_workers(
+    holders: Iterable[str],
+    beats: Mapping[str, float],
+    *,
+    me: str,
+    now: float,
+    dead_after_s: float,
+    reachable_since: float,
+    interval_s: float,
+) -> list[str]:
+    """Return the holders whose last heartbeat (none counts as long ago) is older than ``dead_after_s``.
+
+    Nobody is dead to a janitor that has reached Redis for less than two intervals: right after an outage
+    every heartbeat is old, and live workers need a beat's time to renew theirs.
+    """
+    if now - reachable_since < 2 * interval_s:
+        return []
+    return [w for w in holders if w != me and now - beats.get(w, 0.0) > dead_after_s]
+
+
+@dataclass
+class Janitor:
+    """One worker's view of custody: its own hold set, dead workers, and the outbox."""
+
+    store: JobStore
+    custody: Custody
+    heartbeats: WorkerRegistry
+    enqueue: Enqueue
+    book: ScheduleBook
+    worker: str
+    dead_after_s: float
+    interval_s: float
+    working_on: Callable[[], set[str]]
+    use_deadlines: bool = True
+    _reachable_since: float | None = field(default=None, init=False)
+    _last_pass: float = field(default=0.0, init=False)
+
+    def run_once(self) -> dict[str, int]:
+        """Run one pass; return what it moved. A pass that cannot reach Redis raises RedisError."""
+        now = time.time()
+        if self._reachable_since is None or now - self._last_pass > 3 * self.interval_s:
+            # Back from an outage (or a pause that stalled every heartbeat): give live workers time to beat again.
+            self._reachable_since = now
+        self._last_pass = now
+        try:
+            counts = {"stale": self.release_own_stale(now), "dead": 0, "handed_over": 0, "published": 0}
+            if self.store.redis.set(keys.JANITOR_LOCK, self.worker, nx=True, px=int(self.interval_s * 1000)):
+                counts["dead"], counts["handed_over"] = self.bury_dead(now)
+                counts["published"] = self.publish_due(now)
+        except redis.RedisError:
+            self._reachable_since = None
+            raise
+        return counts
+
+    def release_own_stale(self, now: float) -> int:
+        """Move to the outbox what Redis says this worker holds but no thread of it works on; return how many."""
+        before = self.working_on()
+        in_redis = self.custody.held(self.worker)
+        stale = in_redis - before - self.working_on()  # read around the Redis read: a segment started meanwhile
+        moved = self.custody.release_stale(self.worker, stale, now)
+        if moved:
+            log.warning("worker %s held %d segments it no longer works on: handed to the outbox", self.worker, moved)
+        return moved
+
+    def bury_dead(self, now: float) -> tuple[int, int]:
+        """Hand over every dead worker's segments; return (workers buried, segments handed over)."""
+        if self._reachable_since is None:
+            return 0, 0
+        beats = self.heartbeats.last_beats()
+        dead = dead_workers(
+            self.custody.holders(),
+            beats,
+            me=self.worker,
+            now=now,
+            dead_after_s=self.dead_after_s,
+            reachable_since=self._reachable_since,
+            interval_s=self.interval_s,
+        )
+        moved = 0
+        for worker in dead:
+            count = self.custody.hand_over(worker, now)
+            moved += count
+            SEGMENTS_HANDED_OVER.inc(count)
+            last = beats.get(worker)
+            seen = f"{now - last:.1f} s ago" if last else "never"
+            log.warning("worker %s is dead (last heartbeat %s): handed over %d segments", worker, seen, count,
+                        extra={"dead_worker": worker, "segments": count})  # fmt: skip
+        return len(dead), moved
+
+    def publish_due(self, now: float) -> int:
+        """Publish the outbox entries whose time has come, skipping written segments and ended jobs."""
+        members = self.custody.due(now)
+        by_job: dict[str, list[int]] = {}
+        for member in members:
+            job_id, index = keys.parse_segment_member(member)
+            by_job.setdefault(job_id, []).append(index)
+        published = 0
+        for job_id, indexes in by_job.items():
+            record = self.store.get(job_id)
+            if record is not None and record["status"] not in TERMINAL:
+                missing = [i for i in indexes if not self.store.has_segment(job_id, i)]
+                if missing:
+                    lane = JobRequest.from_json(record["request"]).priority
+                    self.book.add(job_id, dict.fromkeys(missing, now))  # overdue: due now
+                    self.enqueue(job_id, missing, lane, [now] * len(missing) if self.use_deadlines else None)
+                    published += len(missing)
+                    OUTBOX_PUBLISHED.inc(len(missing))
+                    log.info("published %d segments of job %s from the outbox", len(missing), job_id,
+                             extra={"job_id": job_id, "segments": len(missing)})  # fmt: skip
+            self.custody.published(keys.segment_member(job_id, i) for i in indexes)
+        return published
