@@ -26,10 +26,10 @@ $(VENV)/.installed-bench: $(VENV)/.installed-dev requirements-bench.txt
 
 install-bench: $(VENV)/.installed-bench  ## Also install what the benchmarks need (the chart).
 
-run: install  ## Start Redis, one worker and the API; Ctrl-C stops all.
+run: install  ## Start Redis, the worker and the API under supervisord, which restarts whichever dies; Ctrl-C stops all.
 	scripts/run.sh
 
-worker: install  ## Start one worker per GPU (one on CPU) against $$REDIS_URL.
+worker: install  ## Start one worker per GPU (one on CPU) against $$REDIS_URL, restarting any that dies.
 	$(PY) -m workers.launch
 
 tiny-model: install  ## Build the tiny random-weight ChatTTS into models/chattts-tiny.

@@ -183,6 +183,24 @@ class JobStore:
         done = {int(_raw(k)) for k in self.redis.hkeys(keys.audio(job_id))}
         return [i for i in range(total) if i not in done]
 
+    def unstarted_or_lost(self, job_ids: Iterable[str]) -> dict[str, list[int]]:
+        """Return, for each live job, its unwritten segments that are not pending (in one round trip)."""
+        job_ids = list(job_ids)
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hmget(keys.job(job_id), ["status", "segments_total"])
+            pipe.hkeys(keys.audio(job_id))
+            pipe.lrange(keys.pending(job_id), 0, -1)
+        replies = pipe.execute()
+        found = {}
+        for n, job_id in enumerate(job_ids):
+            (status, total), written, pending = replies[3 * n : 3 * n + 3]
+            if status is None or _raw(status).decode() in TERMINAL:
+                continue
+            skip = {int(_raw(i)) for i in written} | {int(_raw(i)) for i in pending}
+            found[job_id] = [i for i in range(int(_raw(total))) if i not in skip]
+        return found
+
     def touch(self, job_id: str) -> None:
         """Mark the job as looked after now (the reconciler's last visit)."""
         self.redis.hset(keys.job(job_id), "updated_at", f"{time.time():.6f}")
@@ -266,6 +284,13 @@ class JobStore:
         script_keys, args = self._write_args(job_id, index, pcm, sample_rate, meta, worker=worker, advance=advance)
         result, next_index = self._write_segment(keys=script_keys, args=args)
         return SegmentWrite(WriteResult(int(result)), None if int(next_index) < 0 else int(next_index))
+
+    def hold(self, worker: str, job_id: str, index: int) -> None:
+        """Record that a segment was delivered to ``worker`` (START_SEGMENT records it again)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.sadd(keys.held(worker), keys.segment_member(job_id, index))
+        pipe.sadd(keys.HOLDERS, worker)
+        pipe.execute()
 
     def release(self, worker: str, job_id: str, index: int) -> None:
         """Say that ``worker`` stopped working on a segment without writing it (its task failed or retries)."""

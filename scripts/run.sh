@@ -1,28 +1,81 @@
 #!/usr/bin/env bash
-# Serve everything on this machine: Redis (unless REDIS_URL is set), one worker, the API.
+# Serve everything on this machine: Redis (unless REDIS_URL is set), the workers, the API,
+# all under supervisord, which restarts whichever dies (with a growing backoff) and logs it.
 # Ctrl-C stops all of it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${VENV:-.venv}
+ROOT=$PWD
+VENV=$(cd "${VENV:-.venv}" && pwd)
 PY="$VENV/bin/python"
-RUN_DIR=${TTS_RUN_DIR:-var}
+# Resolved once, so that a relative or an absolute TTS_RUN_DIR both work below.
+RUN_DIR=$(mkdir -p "${TTS_RUN_DIR:-var}" && cd "${TTS_RUN_DIR:-var}" && pwd)
 REDIS_PORT=${TTS_REDIS_PORT:-6390}
 API_HOST=${TTS_API_HOST:-127.0.0.1}
 API_PORT=${TTS_API_PORT:-8000}
 API_WORKERS=${TTS_API_PROCESSES:-2}
+CONF="$RUN_DIR/supervisord.conf"
+# A unix socket path may hold about 100 bytes: a deep run folder gets one in /tmp instead.
+SOCK="$RUN_DIR/supervisor.sock"
+if [ "${#SOCK}" -gt 100 ]; then
+  SOCK="${TMPDIR:-/tmp}/tts-supervisor-$(printf %s "$RUN_DIR" | cksum | cut -d' ' -f1).sock"
+fi
 mkdir -p "$RUN_DIR/redis" "$RUN_DIR/log"
+# supervisord reopens /dev/stdout for its log and its programs' output. On a regular file opened
+# without O_APPEND (`make run > log`) those writes and ours would overwrite each other: use a pipe.
+if [ -f /dev/stdout ]; then
+  exec > >(trap '' INT TERM; exec cat)
+  if [ -f /dev/stderr ]; then exec 2>&1; fi
+fi
 
-pids=()
-cleanup() {
-  trap - INT TERM EXIT
-  echo
-  echo "==> stopping (API, worker, Redis)"
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  echo "==> stopped"
+# Quote one argument for a supervisord command line (shlex-split, then %-expanded).
+arg() {
+  local s=${1//%/%%}
+  printf "'%s'" "${s//\'/\'\"\'\"\'}"
 }
-trap cleanup INT TERM EXIT
+# Escape a plain supervisord value (%-expanded, not split).
+val() { printf %s "${1//%/%%}"; }
 
+sup_pid=""
+stop_all() {
+  trap : INT TERM
+  if [ -n "$sup_pid" ] && kill -0 "$sup_pid" 2>/dev/null; then
+    echo
+    echo "==> stopping (API, worker, Redis)"
+    # supervisord puts each program in its own process group, so Ctrl-C reaches only it:
+    # it stops every program (SIGTERM to the group, SIGKILL after stopwaitsecs) and exits.
+    kill -TERM "$sup_pid" 2>/dev/null || true
+    while kill -0 "$sup_pid" 2>/dev/null; do wait "$sup_pid" 2>/dev/null || true; done
+    echo "==> stopped"
+  fi
+}
+on_signal() {
+  stop_all
+  exit 0
+}
+trap on_signal INT TERM
+trap stop_all EXIT
+
+# If supervisord itself is killed, its programs (each in its own process group) would be left
+# running, holding the ports; the parent-death signal stops them instead (util-linux on Linux).
+pdeath=""
+if setpriv --help 2>/dev/null | grep -q -- --pdeathsig; then pdeath="setpriv --pdeathsig TERM "; fi
+
+# What every program shares: restart whenever it exits (a program that dies within startsecs is
+# retried after 1 s, 2 s, 3 s ... up to startretries times: supervisord's backoff); SIGTERM to
+# its whole process group to stop it, SIGKILL after stopwaitsecs; its output on ours.
+common="directory=$(val "$ROOT")
+environment=PYTHONUNBUFFERED=\"1\"
+autorestart=true
+startsecs=2
+startretries=100
+stopsignal=TERM
+stopasgroup=true
+killasgroup=true
+stdout_logfile=/dev/stdout
+stdout_logfile_maxbytes=0
+redirect_stderr=true"
+
+redis_program=""
 if [ -z "${REDIS_URL:-}" ]; then
   scripts/ensure_redis_server.sh
   if redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
@@ -31,37 +84,109 @@ if [ -z "${REDIS_URL:-}" ]; then
   fi
   # AOF with fsync every second loses at most ~1 s of jobs on a crash;
   # noeviction because the broker's queues and the job records must never be evicted.
-  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$PWD/$RUN_DIR/redis" \
-    --appendonly yes --appendfsync everysec --maxmemory-policy noeviction \
-    --save "" --daemonize no --logfile "$PWD/$RUN_DIR/log/redis.log" &
-  pids+=($!)
+  redis_program="[program:redis]
+$common
+autostart=true
+command=${pdeath}$(arg "$(command -v redis-server)") --port $REDIS_PORT --bind 127.0.0.1 --dir $(arg "$RUN_DIR/redis") --appendonly yes --appendfsync everysec --maxmemory-policy noeviction --save '' --daemonize no --logfile $(arg "$RUN_DIR/log/redis.log")
+; Started first and stopped last (supervisord stops in reverse priority): the worker writes to it until it stops.
+priority=10
+stopwaitsecs=30"
   export REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
-  for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+fi
+
+# gunicorn runs several processes: they share their metrics through this folder.
+export PROMETHEUS_MULTIPROC_DIR="$RUN_DIR/prometheus"
+rm -rf "$PROMETHEUS_MULTIPROC_DIR" && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
+
+# The socket answers only this user (chmod 0700) and this run's password (the config is 0600).
+password=$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')
+user_line=""
+if [ "$(id -u)" = 0 ]; then user_line="user=root"; fi  # says so, instead of a CRIT line at each start
+
+(
+  umask 077
+  cat >"$CONF" <<CONF
+; Written by scripts/run.sh at each start; edits are lost.
+[supervisord]
+nodaemon=true
+; Log once, to run.sh's output (nodaemon alone would print a second copy).
+silent=true
+logfile=/dev/stdout
+logfile_maxbytes=0
+pidfile=$(val "$RUN_DIR/supervisord.pid")
+childlogdir=$(val "$RUN_DIR/log")
+$user_line
+
+[unix_http_server]
+file=$(val "$SOCK")
+chmod=0700
+username=tts
+password=$password
+
+[supervisorctl]
+serverurl=unix://$(val "$SOCK")
+username=tts
+password=$password
+
+[rpcinterface:supervisor]
+supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
+
+$redis_program
+
+[program:worker]
+$common
+; Started by run.sh once Redis answers.
+autostart=false
+; launch.py keeps one worker per GPU, restarting one that dies; supervisord restarts launch.py.
+; The workers serve their metrics on their own ports, not through gunicorn's shared folder.
+command=env -u PROMETHEUS_MULTIPROC_DIR ${pdeath}$(arg "$PY") -m workers.launch
+priority=20
+; Long enough for a warm shutdown: the workers finish the segments they hold.
+stopwaitsecs=60
+
+[program:api]
+$common
+autostart=false
+command=${pdeath}$(arg "$VENV/bin/gunicorn") --access-logformat '%%(h)s "%%(r)s" %%(s)s %%(M)sms' --bind $(arg "$API_HOST:$API_PORT") --workers $API_WORKERS --worker-class gthread --threads 32 --timeout 120 --graceful-timeout 10 --access-logfile - 'api:create_app()'
+; Stopped first: no new jobs while the worker finishes its segments.
+priority=30
+stopwaitsecs=20
+CONF
+)
+
+"$VENV/bin/supervisord" -c "$CONF" &
+sup_pid=$!
+# An array, not a function: a trap that runs while a redirected function is running would print
+# into that redirection (here /dev/null).
+CTL=("$VENV/bin/supervisorctl" -c "$CONF")
+for _ in $(seq 100); do "${CTL[@]}" pid >/dev/null 2>&1 && break; kill -0 "$sup_pid" 2>/dev/null || break; sleep 0.1; done
+if ! kill -0 "$sup_pid" 2>/dev/null; then
+  echo "supervisord did not start; see the log above" >&2
+  exit 1
+fi
+
+if [ -n "$redis_program" ]; then
+  for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
   echo "==> Redis on $REDIS_URL (data in $RUN_DIR/redis, AOF on, noeviction)"
 else
   echo "==> using Redis at ${REDIS_URL%%@*}... (REDIS_URL)"
 fi
-
-# gunicorn runs several processes: they share their metrics through this folder.
-export PROMETHEUS_MULTIPROC_DIR="$PWD/$RUN_DIR/prometheus"
-rm -rf "$PROMETHEUS_MULTIPROC_DIR" && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
-
-env -u PROMETHEUS_MULTIPROC_DIR "$PY" -m workers.launch &
-pids+=($!)
-"$VENV/bin/gunicorn" --access-logformat '%(h)s "%(r)s" %(s)s %(M)sms' --bind "$API_HOST:$API_PORT" --workers "$API_WORKERS" --worker-class gthread \
-  --threads 32 --timeout 120 --graceful-timeout 10 --access-logfile - 'api:create_app()' &
-pids+=($!)
+# Started once Redis answers, so that neither begins with a refused connection; side by side,
+# since each start waits out its program's startsecs.
+"${CTL[@]}" start worker >/dev/null &
+starting=$!
+"${CTL[@]}" start api >/dev/null || true
+wait "$starting" || true
+echo "==> supervisord restarts whatever dies; see what runs: ${VENV#"$ROOT"/}/bin/supervisorctl -c ${CONF#"$ROOT"/} status"
 
 echo "==> waiting for the API and the worker"
 ready=""
 for _ in $(seq 240); do
   if ready=$(curl -fsS "http://$API_HOST:$API_PORT/readyz" 2>/dev/null); then break; fi
-  for pid in "${pids[@]}"; do
-    if ! kill -0 "$pid" 2>/dev/null; then
-      echo "a process of the service exited during start-up; see the log above" >&2
-      exit 1
-    fi
-  done
+  if ! kill -0 "$sup_pid" 2>/dev/null; then
+    echo "supervisord exited during start-up; see the log above" >&2
+    exit 1
+  fi
   sleep 0.5
 done
 if [ -z "$ready" ]; then
@@ -84,5 +209,8 @@ cat <<MSG
     English voice:  -d '{"text": "Hello there.", "model": "espeak-en"}'
     Press Ctrl-C to stop.
 MSG
-wait -n "${pids[@]}" || true
-echo "a process exited; stopping the rest" >&2
+status=0
+wait "$sup_pid" || status=$?
+sup_pid=""
+echo "supervisord exited on its own (status $status): the service is down (its programs get SIGTERM as it dies); see the log above" >&2
+exit 1

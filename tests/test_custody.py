@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 from collections import Counter
 from typing import Any
@@ -12,10 +14,11 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from cache import keys
-from cache.custody import Custody
+from cache.custody import BrokerKeys, Custody
 from cache.idempotency import CLAIM_TTL_S, TTL_S, IdempotencyKeys
 from cache.jobstore import OUTBOX_GRACE_S, JobRequest, JobStore, WriteResult
 from cache.workers import WorkerRegistry
+from celery_config import SYNTHESIZE_TASK
 from workers.janitor import Janitor, dead_workers
 
 REQUEST = JobRequest(model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav",
@@ -160,3 +163,51 @@ def test_an_idempotency_claim_whose_submission_died_is_released_within_seconds(a
     idem.fill("caller", "finished", "digest", "job-1")
     assert client.ttl(keys.idempotency("caller", "finished")) > CLAIM_TTL_S
     assert client.ttl(keys.idempotency("caller", "finished")) <= TTL_S
+
+
+#: A queue list no worker pops, standing for a broker queue whose task waits its turn.
+WAITING = "tts-test:waiting"
+
+
+def _janitor(app: Flask, worker: str) -> Janitor:
+    services = app.extensions["tts"]
+    return Janitor(
+        store=_store(app),
+        custody=Custody(services.redis, BrokerKeys(queues=[WAITING]), task_name=SYNTHESIZE_TASK),
+        heartbeats=WorkerRegistry(services.redis, ttl_s=6),
+        enqueue=services.enqueue,
+        book=services.book,
+        worker=worker,
+        dead_after_s=6,
+        interval_s=2,
+        working_on=set,
+    )
+
+
+def _kombu_message(job_id: str, index: int) -> dict[str, Any]:
+    body = base64.b64encode(json.dumps([[job_id, index], {}, {}]).encode()).decode()
+    return {"body": body, "headers": {"task": SYNTHESIZE_TASK, "id": f"lost-{index}"}, "properties": {}}
+
+
+def test_a_full_account_finds_segments_that_are_nowhere_and_orphaned_deliveries(
+    app: Flask, served: FlaskClient
+) -> None:
+    services = app.extensions["tts"]
+    client: redis.Redis = services.redis
+    store = _store(app)
+    job_id = store.create(REQUEST, TEXTS)
+    # Segment 0: popped by a worker that died before kombu recorded it (nowhere). Segment 1: delivered to a
+    # worker that died before holding it (kombu's unacked hash, an hour from redelivery). Segment 2: queued.
+    client.hset("unacked", "tag-1", json.dumps([_kombu_message(job_id, 1), "", "realtime"]))
+    client.zadd("unacked_index", {"tag-1": time.time() - 60})
+    client.lpush(WAITING, json.dumps(_kombu_message(job_id, 2)))
+    janitor = _janitor(app, "w-accountant")
+    try:
+        assert janitor.account(time.time()) == 2
+        assert client.hget("unacked", "tag-1") is None, "the orphaned delivery is dropped, not redelivered later"
+        assert client.zscore(keys.OUTBOX, keys.segment_member(job_id, 2)) is None, "a queued segment is not lost"
+    finally:
+        client.delete(WAITING)
+    services.enqueue(job_id, [2], "realtime")  # the queued task, as the worker would have popped it
+    assert _wait_done(served, job_id)["status"] == "done"
+    assert _segment_events(client, job_id) == {0: 1, 1: 1, 2: 1}

@@ -7,10 +7,11 @@ import os
 import socket
 import sys
 
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import task_received, worker_ready, worker_shutdown
+from celery.worker.request import Request
 from prometheus_client import start_http_server
 
-from celery_config import QUEUES
+from celery_config import QUEUES, SYNTHESIZE_TASK
 from core.logs import setup_logging
 from core.settings import load_settings
 from workers.celery_app import celery_enqueue, create_celery
@@ -36,6 +37,14 @@ def main() -> int:
             # Serving beats observing: keep working, and say how to fix it.
             log.error("worker metrics off: port %d: %s; set TTS_METRICS_PORT to a free port", settings.metrics_port, e)
     attach(app, runtime)
+
+    @task_received.connect(weak=False)  # type: ignore[untyped-decorator]
+    def _received(request: Request, **_: object) -> None:
+        # A delivered message is in kombu's unacked hash for an hour if this process dies: hold its segment
+        # now, not when a thread starts on it, so a death hands it on within heartbeats.
+        if request.name == SYNTHESIZE_TASK:
+            job_id, index = request.args
+            runtime.synthesizer.received(str(job_id), int(index))
 
     @worker_ready.connect(weak=False)  # type: ignore[untyped-decorator]
     def _ready(**_: object) -> None:

@@ -62,9 +62,11 @@ class Janitor:
     dead_after_s: float
     interval_s: float
     working_on: Callable[[], set[str]]
+    account_every_s: float = 15.0
     use_deadlines: bool = True
     _reachable_since: float | None = field(default=None, init=False)
     _last_pass: float = field(default=0.0, init=False)
+    _last_account: float = field(default=0.0, init=False)
 
     def run_once(self) -> dict[str, int]:
         """Run one pass; return what it moved. A pass that cannot reach Redis raises RedisError."""
@@ -74,9 +76,12 @@ class Janitor:
             self._reachable_since = now
         self._last_pass = now
         try:
-            counts = {"stale": self.release_own_stale(now), "dead": 0, "handed_over": 0, "published": 0}
+            counts = {"stale": self.release_own_stale(now), "dead": 0, "handed_over": 0, "lost": 0, "published": 0}
             if self.store.redis.set(keys.JANITOR_LOCK, self.worker, nx=True, px=int(self.interval_s * 1000)):
                 counts["dead"], counts["handed_over"] = self.bury_dead(now)
+                if counts["dead"] or now - self._last_account >= self.account_every_s:
+                    self._last_account = now
+                    counts["lost"] = self.account(now)
                 counts["published"] = self.publish_due(now)
         except redis.RedisError:
             self._reachable_since = None
@@ -117,6 +122,40 @@ class Janitor:
             log.warning("worker %s is dead (last heartbeat %s): handed over %d segments", worker, seen, count,
                         extra={"dead_worker": worker, "segments": count})  # fmt: skip
         return len(dead), moved
+
+    def account(self, now: float) -> int:
+        """Find live jobs' segments that are nowhere (not written, pending, in the outbox, queued, freshly
+        delivered or held) and put them in the outbox; return how many.
+
+        What a worker killed between kombu's pop and its hold, or a reply lost to a dropped connection, leaves.
+        Segments move outbox → queue → delivered → held → written, and are read in that order, so one moving
+        on during the pass is seen at least once (only kombu's own pop-to-unacked step can hide one: the
+        result is a duplicate task, which is harmless).
+        """
+        outbox = self.custody.in_outbox()
+        queued = self.custody.queued()
+        deliveries = {d.member: d for d in self.custody.deliveries()}
+        held: set[str] = set()  # a dead worker's too: handing those on is bury_dead's part
+        for worker in self.custody.holders():
+            held |= self.custody.held(worker)
+        lost, orphaned = [], []
+        for job_id, indexes in self.store.unstarted_or_lost(self.store.live_jobs()).items():
+            for index in indexes:
+                member = keys.segment_member(job_id, index)
+                if member in outbox or member in queued or member in held:
+                    continue
+                delivery = deliveries.get(member)
+                if delivery is not None:
+                    if now - delivery.delivered_at < self.dead_after_s:
+                        continue  # just delivered: a live worker is about to hold it
+                    orphaned.append(delivery.tag)  # delivered to a worker that died before holding it
+                lost.append(member)
+        self.custody.to_outbox(lost, now)
+        self.custody.forget_deliveries(orphaned)
+        if lost:
+            log.warning("found %d segments nowhere (%d of them delivered to a dead worker): to the outbox",
+                        len(lost), len(orphaned), extra={"segments": len(lost)})  # fmt: skip
+        return len(lost)
 
     def publish_due(self, now: float) -> int:
         """Publish the outbox entries whose time has come, skipping written segments and ended jobs."""

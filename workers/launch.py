@@ -4,20 +4,34 @@
     python -m workers.launch --devices 0,2   # only these GPUs
     python -m workers.launch --fake-devices 3  # three CPU workers standing in for three GPUs (tests)
 
-SIGTERM or Ctrl-C is passed on to every worker, which finishes its segments (warm shutdown).
+A worker that exits is restarted in its own slot (same GPU, same environment) after a backoff
+that doubles from 1 s to 30 s; there is never more than one worker per slot. SIGTERM or Ctrl-C
+is passed on to every worker, which finishes its segments (warm shutdown), and nothing is
+restarted while stopping. Workers die with the launcher, so a restarted launcher cannot put a
+second worker on a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 BASE_METRICS_PORT_ENV = "TTS_METRICS_PORT"
+WORKER_COMMAND: tuple[str, ...] = (sys.executable, "-m", "workers")
+BACKOFF_FIRST_S = 1.0
+BACKOFF_MAX_S = 30.0
+# A worker that stayed up this long was healthy: its next crash starts the backoff afresh.
+STABLE_AFTER_S = 60.0
+POLL_S = 0.2
+PR_SET_PDEATHSIG = 1
 
 
 def visible_gpus() -> list[str]:
@@ -47,33 +61,169 @@ def worker_environments(devices: Sequence[str], *, fake: bool, base_port: int) -
     ]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Start the workers and wait for them; stop them all when told to."""
+def next_backoff(previous_s: float, uptime_s: float) -> float:
+    """Return how long to wait before restarting a worker that ran for uptime_s after waiting previous_s."""
+    if previous_s <= 0 or uptime_s >= STABLE_AFTER_S:
+        return BACKOFF_FIRST_S
+    return min(previous_s * 2, BACKOFF_MAX_S)
+
+
+def describe_exit(returncode: int) -> str:
+    """Return how a child ended, in words: its exit status or the signal that killed it."""
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """Return a preexec function that makes the child get SIGKILL when this process dies (Linux), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    # Loaded before the fork: the child should only make the one system call.
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        # The launcher may have died between fork and prctl; then nobody would send the signal.
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+@dataclass
+class Slot:
+    """One device's place for exactly one worker, and its restart state."""
+
+    name: str
+    env: dict[str, str]
+    process: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    told_to_stop: bool = False
+    backoff_s: float = 0.0
+    restart_at: float = 0.0
+
+
+class Launcher:
+    """Keep one worker running in every slot until told to stop."""
+
+    def __init__(self, slots: list[Slot], command: Sequence[str]) -> None:
+        self.slots = slots
+        self.command = list(command)
+        self.stopping = False
+        self.stop_codes: list[int] = []
+        self.preexec = die_with_parent()
+
+    def start(self, slot: Slot) -> None:
+        """Start the slot's worker."""
+        # The launcher runs no threads, so preexec_fn is safe here.
+        env = {**os.environ, **slot.env}
+        slot.process = subprocess.Popen(self.command, env=env, preexec_fn=self.preexec)  # noqa: PLW1509
+        slot.started_at = time.monotonic()
+        slot.told_to_stop = False
+
+    def stop(self, _signum: int = signal.SIGTERM, _frame: object = None) -> None:
+        """Ask every worker to finish and restart none from now on."""
+        self.stopping = True
+        self.forward_stop()
+
+    def forward_stop(self) -> None:
+        """Send SIGTERM once to every worker not yet told to stop."""
+        for slot in self.slots:
+            if slot.process is not None and not slot.told_to_stop:
+                slot.told_to_stop = True
+                slot.process.send_signal(signal.SIGTERM)
+
+    def reap(self, slot: Slot, returncode: int) -> None:
+        """Forget the slot's ended worker; unless stopping, log it and schedule its restart."""
+        assert slot.process is not None
+        pid, slot.process = slot.process.pid, None
+        if self.stopping:
+            self.stop_codes.append(returncode)
+            return
+        now = time.monotonic()
+        slot.backoff_s = next_backoff(slot.backoff_s, now - slot.started_at)
+        slot.restart_at = now + slot.backoff_s
+        print(
+            f"worker in slot {slot.name} (pid {pid}) {describe_exit(returncode)}; "
+            f"restarting it in {slot.backoff_s:g} s",
+            flush=True,
+        )
+
+    def step(self) -> float:
+        """Reap ended workers, start those whose backoff is over, and return how long to sleep."""
+        if self.stopping:
+            # A worker started while the signal was being handled has not been told yet.
+            self.forward_stop()
+        now = time.monotonic()
+        delay = POLL_S
+        for slot in self.slots:
+            if slot.process is not None and (code := slot.process.poll()) is not None:
+                self.reap(slot, code)
+            if slot.process is None and not self.stopping:
+                if slot.restart_at <= now:
+                    self.start(slot)
+                    assert slot.process is not None
+                    print(f"worker in slot {slot.name} restarted as pid {slot.process.pid}", flush=True)
+                else:
+                    delay = min(delay, slot.restart_at - now)
+        return max(delay, 0.0)
+
+    def running(self) -> bool:
+        """Say whether any worker is still alive or, unless stopping, is due to be restarted."""
+        return not self.stopping or any(slot.process is not None for slot in self.slots)
+
+    def exit_status(self) -> int:
+        """Return 0 if every worker exited 0 on the stop, else the first failure as a shell status."""
+        failed = [code for code in self.stop_codes if code != 0]
+        if not failed:
+            return 0
+        return failed[0] if failed[0] > 0 else 128 - failed[0]
+
+    def run(self) -> int:
+        """Start every slot's worker, keep them running until stopped, and return the exit status."""
+        for slot in self.slots:
+            self.start(slot)
+        names = ", ".join(slot.name for slot in self.slots)
+        print(f"started {len(self.slots)} worker(s) on {names}", flush=True)
+        while self.running():
+            time.sleep(self.step())
+        return self.exit_status()
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse the command line."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", help="comma-separated GPU indexes (default: all visible)")
     parser.add_argument("--fake-devices", type=int, default=0, help="start N CPU workers pinned to fake indexes")
-    args = parser.parse_args(argv)
+    # Tests run a stand-in child instead of a real worker (a shell-quoted command line).
+    parser.add_argument("--worker-command", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def build_slots(args: argparse.Namespace) -> list[Slot]:
+    """Return one slot per device the arguments (or this machine) name, or one CPU slot."""
     fake = args.fake_devices > 0
     devices = [str(i) for i in range(args.fake_devices)] if fake else (
         args.devices.split(",") if args.devices else visible_gpus()
     )  # fmt: skip
     base_port = int(os.environ.get(BASE_METRICS_PORT_ENV, "9310"))
-    children = [
-        subprocess.Popen([sys.executable, "-m", "workers"], env={**os.environ, **env})
-        for env in worker_environments(devices, fake=fake, base_port=base_port)
-    ]
-    print(f"started {len(children)} worker(s) on {', '.join(devices) if devices else 'cpu'}", flush=True)
+    envs = worker_environments(devices, fake=fake, base_port=base_port)
+    names = devices or ["cpu"]
+    return [Slot(name=name, env=env) for name, env in zip(names, envs, strict=True)]
 
-    def forward(signum: int, _frame: object) -> None:
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    while any(child.poll() is None for child in children):
-        time.sleep(0.5)
-    return max((child.returncode or 0) for child in children)
+def main(argv: Sequence[str] | None = None, command: Sequence[str] = WORKER_COMMAND) -> int:
+    """Start the workers, restart any that dies, and stop them all when told to."""
+    args = parse_args(argv)
+    launcher = Launcher(build_slots(args), shlex.split(args.worker_command) if args.worker_command else command)
+    signal.signal(signal.SIGTERM, launcher.stop)
+    signal.signal(signal.SIGINT, launcher.stop)
+    return launcher.run()
 
 
 if __name__ == "__main__":

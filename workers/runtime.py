@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 import redis
 from celery import Celery
 
-from cache.custody import Custody
+from cache.custody import BrokerKeys, Custody
 from cache.jobstore import JobStore
 from cache.schedule import ScheduleBook
 from cache.sentences import build_cache
 from cache.stats import Stats
 from cache.workers import WorkerRegistry
+from celery_config import QUEUES, SYNTHESIZE_TASK, queue_keys
 from core.metrics import BATCH_SIZE, GPU_MEMORY, MODEL_MEMORY, MODELS_RESIDENT, SYNTHESIS_SECONDS
 from core.registry import Registry, load_registry
 from core.settings import Settings, deadline_policy
@@ -189,7 +190,11 @@ def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> Wor
         synthesizer=synthesizer,
         janitor=Janitor(
             store=store,
-            custody=Custody(client),
+            custody=Custody(
+                client,
+                BrokerKeys(queues=[key for lane in QUEUES for key in queue_keys(lane)]),
+                task_name=SYNTHESIZE_TASK,
+            ),
             heartbeats=heartbeats,
             enqueue=enqueue,
             book=book,
@@ -197,6 +202,7 @@ def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> Wor
             dead_after_s=settings.worker_dead_after_s,
             interval_s=settings.heartbeat_s,
             working_on=synthesizer.working_on,
+            account_every_s=settings.reconcile_interval_s,
             use_deadlines=deadlines,
         ),
     )

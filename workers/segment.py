@@ -7,7 +7,7 @@ import enum
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any
 
 import redis
@@ -104,13 +104,28 @@ class SegmentSynthesizer:
         self.policy = policy
         self.use_deadlines = use_deadlines
         self._timelines = Timelines()
-        self._working_on: set[str] = set()
+        self._working_on: Counter[str] = Counter()
         self._working_lock = threading.Lock()
 
     def working_on(self) -> set[str]:
-        """Return the segments (``keys.segment_member``) this worker's threads are on now."""
+        """Return the segments (``keys.segment_member``) delivered to this worker and not yet let go."""
         with self._working_lock:
             return set(self._working_on)
+
+    def received(self, job_id: str, index: int) -> None:
+        """Hold a delivered segment before a thread starts on it: a worker killed meanwhile hands it on too."""
+        with self._working_lock:  # before Redis holds it: the janitor never finds it held and unowned
+            self._working_on[keys.segment_member(job_id, index)] += 1
+        with contextlib.suppress(redis.RedisError):  # START_SEGMENT holds it too
+            self.store.hold(self.worker, job_id, index)
+
+    def let_go(self, job_id: str, index: int) -> None:
+        """Forget a delivered segment whose task has ended (written, skipped, failed or retried)."""
+        member = keys.segment_member(job_id, index)
+        with self._working_lock:
+            self._working_on[member] -= 1
+            if self._working_on[member] <= 0:
+                del self._working_on[member]
 
     def run(self, job_id: str, index: int, *, token: str | None = None) -> Outcome:
         """Make segment ``index`` of ``job_id`` unless it exists or its job is over.
@@ -118,25 +133,18 @@ class SegmentSynthesizer:
         ``token`` names this delivery (see ``JobStore.start_segment``): a redelivery of the same attempt is
         not counted against the segment's attempts.
         """
-        member = keys.segment_member(job_id, index)
-        with self._working_lock:  # before START_SEGMENT holds it in Redis: the janitor never sees it unowned
-            self._working_on.add(member)
+        # One atomic read: the job, whether the segment exists, the attempt, the texts, what is done.
+        start = self.store.start_segment(job_id, index, worker=self.worker, token=token)
+        if start.state in ("gone", "over"):
+            return Outcome.SKIPPED
+        if start.state == "written":
+            return Outcome.DUPLICATE
         try:
-            # One atomic read: the job, whether the segment exists, the attempt, the texts, what is done.
-            start = self.store.start_segment(job_id, index, worker=self.worker, token=token)
-            if start.state in ("gone", "over"):
-                return Outcome.SKIPPED
-            if start.state == "written":
-                return Outcome.DUPLICATE
-            try:
-                return self._make(job_id, index, start)
-            except Exception:
-                with contextlib.suppress(redis.RedisError):  # else the janitor finds the hold stale
-                    self.store.release(self.worker, job_id, index)
-                raise
-        finally:
-            with self._working_lock:
-                self._working_on.discard(member)
+            return self._make(job_id, index, start)
+        except Exception:
+            with contextlib.suppress(redis.RedisError):  # else the janitor finds the hold stale
+                self.store.release(self.worker, job_id, index)
+            raise
 
     def _make(self, job_id: str, index: int, start: SegmentStart) -> Outcome:
         """Synthesise a started segment, write it, and advance its job."""

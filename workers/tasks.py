@@ -10,7 +10,7 @@ from celery import Task, shared_task
 from celery_config import SYNTHESIZE_TASK
 from core.errors import ServiceError
 from core.metrics import SEGMENT_FAILURES, SEGMENT_RETRIES
-from workers.runtime import runtime_of
+from workers.runtime import WorkerRuntime, runtime_of
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,14 @@ def synthesize_segment(self: Task, job_id: str, index: int) -> str:
     # count: one attempt. A retry is a new message with the count raised: a new attempt.
     token = f"{self.request.id}:{self.request.retries}"
     try:
+        return _synthesize(self, runtime, job_id, index, token)
+    finally:
+        runtime.synthesizer.let_go(job_id, index)  # held since its delivery (workers/__main__.py)
+
+
+def _synthesize(task: Task, runtime: WorkerRuntime, job_id: str, index: int, token: str) -> str:
+    """Run one segment; fail its job for requests no retry can serve; raise what a retry should try again."""
+    try:
         return runtime.synthesizer.run(job_id, index, token=token).value
     except (redis.ConnectionError, redis.TimeoutError):
         raise  # Redis is away: autoretry with backoff; the segment is not at fault.
@@ -46,4 +54,4 @@ def synthesize_segment(self: Task, job_id: str, index: int) -> str:
             return "failed"
         log.warning("retrying job %s: %s", job_id, reason)
         SEGMENT_RETRIES.inc()
-        raise self.retry(exc=e, countdown=1) from e
+        raise task.retry(exc=e, countdown=1) from e

@@ -32,15 +32,28 @@ class Audit:
     lost: int = 0  # not ended, ended without a reason, or done with a segment missing
     duplicated: int = 0  # segment events beyond the first per index
     seconds: float = 0.0
+    affected: int = 0  # jobs still unfinished when the fault struck
+    recovery_p99_s: float | None = None  # fault → an affected job's end, 99th percentile
+    recovery_s: float | None = None  # fault → every affected job ended
+    ready_again_s: float | None = None  # fault → /readyz answering 200 for good
     notes: str = ""
     failures: dict[str, str] = field(default_factory=dict)  # job id → the reason it failed with
     problems: list[str] = field(default_factory=list)
+    ended_at: list[float] = field(default_factory=list)  # each ended job's finished_at (epoch seconds)
 
     def row(self) -> dict[str, Any]:
         """Return the scenario's result row, as `make chaos` tabulates it."""
         found = asdict(self)
-        del found["failures"], found["problems"]
+        del found["failures"], found["problems"], found["ended_at"]
         return {**found, "seconds": round(self.seconds, 1), "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+    def recovered_from(self, fault_at: float) -> None:
+        """Set the recovery times of the jobs that ended after a fault struck at ``fault_at`` (epoch seconds)."""
+        after = sorted(end - fault_at for end in self.ended_at if end > fault_at)
+        self.affected = len(after)
+        if after:
+            self.recovery_s = round(after[-1], 1)
+            self.recovery_p99_s = round(after[min(len(after) - 1, int(0.99 * len(after)))], 1)
 
     def record(self) -> None:
         """Append the result row to the results file."""
@@ -75,13 +88,17 @@ def audit_job(
     """Check one accepted job and add what it came to into ``audit``."""
     record = {k.decode(): v.decode() for k, v in client_redis.hgetall(keys.job(job_id)).items()}
     status = record.get("status")
+    if "finished_at" in record:
+        audit.ended_at.append(float(record["finished_at"]))
     if status == "failed" and record.get("error"):
         audit.failed += 1
         audit.failures[job_id] = record["error"]
         return
     if status != "done":
         audit.lost += 1
-        audit.problems.append(f"job {job_id} ended {status!r} with error {record.get('error')!r}")
+        audit.problems.append(
+            f"job {job_id} ended {status!r} with error {record.get('error')!r}; {_whereabouts(client_redis, job_id, record)}"
+        )
         return
     total = int(record["segments_total"])
     stored = sorted(int(k) for k in client_redis.hkeys(keys.audio(job_id)))
@@ -109,6 +126,27 @@ def audit_job(
         audit.problems.extend(f"job {job_id}: {gap}" for gap in gaps)
     else:
         audit.done += 1
+
+
+def _whereabouts(client_redis: redis.Redis, job_id: str, record: dict[str, str]) -> str:
+    """Say where an unfinished job's missing segments are: held by whom, in the outbox, pending, how tried."""
+    total = int(record.get("segments_total", 0))
+    written = {int(k) for k in client_redis.hkeys(keys.audio(job_id))}
+    missing = [i for i in range(total) if i not in written]
+    holders = {
+        key.decode().removeprefix("tts:held:"): {m.decode() for m in client_redis.smembers(key)}
+        for key in client_redis.scan_iter(match="tts:held:*")
+    }
+    where = {}
+    for index in missing:
+        member = keys.segment_member(job_id, index)
+        held_by = [name for name, members in holders.items() if member in members]
+        outbox = client_redis.zscore(keys.OUTBOX, member)
+        where[index] = f"held by {held_by}" if held_by else ("in the outbox" if outbox is not None else "nowhere")
+    attempts = {k.decode(): v.decode() for k, v in client_redis.hgetall(keys.attempts(job_id)).items()}
+    pending = [p.decode() for p in client_redis.lrange(keys.pending(job_id), 0, -1)]
+    beats = {n.decode(): round(s) for n, s in client_redis.zrange(keys.WORKERS, 0, -1, withscores=True)}
+    return f"missing {where}, attempts {attempts}, pending {pending}, workers {beats}"
 
 
 def audit_jobs(

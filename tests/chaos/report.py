@@ -16,7 +16,11 @@ COLUMNS = (
     ("failed", "failed (reason)"),
     ("lost", "lost"),
     ("duplicated", "duplicated segments"),
-    ("seconds", "seconds"),
+    ("affected", "in flight at the fault"),
+    ("recovery_p99_s", "recovery p99 (s)"),
+    ("recovery_s", "recovery, all (s)"),
+    ("ready_again_s", "/readyz 200 again (s)"),
+    ("seconds", "whole scenario (s)"),
     ("notes", "notes"),
 )
 
@@ -39,7 +43,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         "|" + "|".join("---" if key in ("scenario", "notes") else "---:" for key, _ in COLUMNS) + "|",
     ]
     for row in rows:
-        lines.append("| " + " | ".join(str(row.get(key, "")).replace("|", "/") for key, _ in COLUMNS) + " |")
+        cells = ("–" if row.get(key) is None else str(row[key]).replace("|", "/") for key, _ in COLUMNS)
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
