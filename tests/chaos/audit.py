@@ -96,9 +96,8 @@ def audit_job(
         return
     if status != "done":
         audit.lost += 1
-        audit.problems.append(
-            f"job {job_id} ended {status!r} with error {record.get('error')!r}; {_whereabouts(client_redis, job_id, record)}"
-        )
+        where = _whereabouts(client_redis, job_id, record)
+        audit.problems.append(f"job {job_id} ended {status!r} with error {record.get('error')!r}; {where}")
         return
     total = int(record["segments_total"])
     stored = sorted(int(k) for k in client_redis.hkeys(keys.audio(job_id)))
