@@ -71,11 +71,16 @@ class Janitor:
     def run_once(self) -> dict[str, int]:
         """Run one pass; return what it moved. A pass that cannot reach Redis raises RedisError."""
         now = time.time()
-        if self._reachable_since is None or now - self._last_pass > 3 * self.interval_s:
-            # Back from an outage (or a pause that stalled every heartbeat): give live workers time to beat again.
-            self._reachable_since = now
-        self._last_pass = now
         try:
+            if self._reachable_since is None and self._last_pass == 0.0:
+                # A fresh janitor: live workers have been beating since Redis came up (unless it just did).
+                uptime = float(self.store.redis.info("server").get("uptime_in_seconds", 0))
+                self._reachable_since = now - uptime
+            elif self._reachable_since is None:
+                self._reachable_since = now  # back from an outage: live workers need a beat's time to renew
+            elif now - self._last_pass > 3 * self.interval_s:
+                self._reachable_since = now  # a pause stalled every heartbeat, ours too: let them beat again
+            self._last_pass = now
             counts = {"stale": self.release_own_stale(now), "dead": 0, "handed_over": 0, "lost": 0, "published": 0}
             if self.store.redis.set(keys.JANITOR_LOCK, self.worker, nx=True, px=int(self.interval_s * 1000)):
                 counts["dead"], counts["handed_over"] = self.bury_dead(now)
