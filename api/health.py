@@ -21,7 +21,7 @@ def healthz() -> dict[str, str]:
 
 @bp.get("/readyz")
 def readyz() -> dict[str, Any]:
-    """Say whether Redis answers and at least one worker is alive."""
+    """Say whether Redis answers and at least one worker is alive (it may still be loading its models)."""
     svc = services()
     try:
         svc.redis.ping()
@@ -32,7 +32,9 @@ def readyz() -> dict[str, Any]:
         raise ServiceUnavailable("no worker is alive; start one with `make worker`", retry_after=5)
     return {
         "status": "ready",
-        "workers": [{"hostname": w["hostname"], "models": w.get("models", [])} for w in workers],
+        "workers": [
+            {"hostname": w["hostname"], "models": w.get("models", []), "loading": w.get("loading", [])} for w in workers
+        ],
     }
 
 

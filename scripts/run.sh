@@ -182,7 +182,12 @@ echo "==> supervisord restarts whatever dies; see what runs: ${VENV#"$ROOT"/}/bi
 echo "==> waiting for the API and the worker"
 ready=""
 for _ in $(seq 240); do
-  if ready=$(curl -fsS "http://$API_HOST:$API_PORT/readyz" 2>/dev/null); then break; fi
+  # Ready, and no worker still loading its models (a first request would wait for them).
+  if ready=$(curl -fsS "http://$API_HOST:$API_PORT/readyz" 2>/dev/null) \
+    && "$PY" -c 'import json,sys; sys.exit(any(w["loading"] for w in json.load(sys.stdin)["workers"]))' <<<"$ready"; then
+    break
+  fi
+  ready=""
   if ! kill -0 "$sup_pid" 2>/dev/null; then
     echo "supervisord exited during start-up; see the log above" >&2
     exit 1

@@ -51,6 +51,7 @@ class WorkerRuntime:
     reconciler: Reconciler
     janitor: Janitor
     _stop: threading.Event = field(default_factory=threading.Event)
+    _loading: list[str] = field(default_factory=list)
 
     def announce(self) -> None:
         """Write this worker's heartbeat once and refresh the model-pool gauges."""
@@ -67,6 +68,7 @@ class WorkerRuntime:
                 "pid": os.getpid(),
                 "device": self.device,
                 "models": self.backend.loaded_models(),
+                "loading": list(self._loading),
                 "pool": loaded,
                 "mean_batch_size": round(self.backend.batcher.mean_batch_size(), 2),
             },
@@ -93,11 +95,16 @@ class WorkerRuntime:
             self.backend.pool.reap_idle()
 
     def start(self) -> None:
-        """Look after dead workers' segments at once; load the default and pinned models; then announce this worker."""
-        # Before the models load (seconds): a dead predecessor's segments are handed over meanwhile.
-        threading.Thread(target=self._look_after_forever, name="janitor", daemon=True).start()
+        """Announce this worker and look after dead workers' segments at once, then load the default and pinned
+        models (the heartbeat says which are still loading)."""
         default = self.registry.get(None)
         pinned = [s for s in self.registry.models.values() if s.pinned and s.available and s is not default]
+        # Before the models load (seconds, minutes for big ones): a worker that is loading is alive, not dead,
+        # and a dead predecessor's segments are handed over meanwhile.
+        self._loading = [spec.name for spec in [default, *pinned]]
+        self.announce()
+        threading.Thread(target=self._beat_forever, name="heartbeat", daemon=True).start()
+        threading.Thread(target=self._look_after_forever, name="janitor", daemon=True).start()
         for spec in [default, *pinned]:
             log.info(
                 "worker %s: loading model %r (engine %s, device %s)", self.hostname, spec.name, spec.engine, self.device
@@ -105,9 +112,9 @@ class WorkerRuntime:
             # Straight to the pool: a load is not work, and must not skew the throughput stats.
             for replica in range(self.settings.model_replicas):
                 self.backend.pool.synthesize(spec, [SynthesisRequest(text="ready")], replica)
+            self._loading.remove(spec.name)
         log.info("worker %s ready: serving model %r with engine %s", self.hostname, default.name, default.engine)
         self.announce()
-        threading.Thread(target=self._beat_forever, name="heartbeat", daemon=True).start()
 
     def stop(self) -> None:
         """Stop the heartbeat, forget this worker, unload models."""

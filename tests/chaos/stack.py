@@ -136,7 +136,7 @@ class Stack:
             if worker.process is not None and worker.process.poll() is not None:
                 raise RuntimeError(f"worker exited early:\n{worker.log_tail()}")
             beat = self.heartbeat(worker)
-            if beat is not None:
+            if beat is not None and not beat.get("loading"):
                 return beat
             time.sleep(0.1)
         raise TimeoutError(f"worker not ready after {timeout}s:\n{worker.log_tail()}")

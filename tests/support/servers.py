@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -115,8 +116,9 @@ class WorkerProcess:
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"worker exited early:\n{self.log_tail()}")
-            if any(True for _ in client.scan_iter(match="tts:worker:*")):
-                return
+            beats = [client.get(key) for key in client.scan_iter(match="tts:worker:*")]
+            if any(beat and not json.loads(beat).get("loading") for beat in beats):
+                return  # a worker announced, its models loaded
             time.sleep(0.1)
         raise TimeoutError(f"worker not ready after {timeout}s:\n{self.log_tail()}")
 
