@@ -44,7 +44,8 @@ def main() -> int:
         # now, not when a thread starts on it, so a death hands it on within heartbeats.
         if request.name == SYNTHESIZE_TASK:
             job_id, index = request.args
-            runtime.synthesizer.received(str(job_id), int(index))
+            if not runtime.synthesizer.received(str(job_id), int(index)):
+                runtime.janitor.alarm()
 
     @worker_ready.connect(weak=False)  # type: ignore[untyped-decorator]
     def _ready(**_: object) -> None:

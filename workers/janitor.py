@@ -67,6 +67,14 @@ class Janitor:
     _reachable_since: float | None = field(default=None, init=False)
     _last_pass: float = field(default=0.0, init=False)
     _last_account: float = field(default=0.0, init=False)
+    _account_until: float = field(default=0.0, init=False)
+
+    def alarm(self) -> None:
+        """Account for every segment in the next passes: a Redis error may have dropped a delivery or a reply.
+
+        (A delivery counts as lost only once it is ``dead_after_s`` old, hence several passes.)
+        """
+        self._account_until = time.time() + self.dead_after_s + 2 * self.interval_s
 
     def run_once(self) -> dict[str, int]:
         """Run one pass; return what it moved. A pass that cannot reach Redis raises RedisError."""
@@ -84,12 +92,14 @@ class Janitor:
             counts = {"stale": self.release_own_stale(now), "dead": 0, "handed_over": 0, "lost": 0, "published": 0}
             if self.store.redis.set(keys.JANITOR_LOCK, self.worker, nx=True, px=int(self.interval_s * 1000)):
                 counts["dead"], counts["handed_over"] = self.bury_dead(now)
-                if counts["dead"] or now - self._last_account >= self.account_every_s:
+                due = now - self._last_account >= self.account_every_s or now <= self._account_until
+                if counts["dead"] or due:
                     self._last_account = now
                     counts["lost"] = self.account(now)
                 counts["published"] = self.publish_due(now)
         except redis.RedisError:
             self._reachable_since = None
+            self.alarm()
             raise
         return counts
 

@@ -112,12 +112,16 @@ class SegmentSynthesizer:
         with self._working_lock:
             return set(self._working_on)
 
-    def received(self, job_id: str, index: int) -> None:
-        """Hold a delivered segment before a thread starts on it: a worker killed meanwhile hands it on too."""
+    def received(self, job_id: str, index: int) -> bool:
+        """Hold a delivered segment before a thread starts on it (a worker killed meanwhile hands it on too);
+        say whether Redis has the hold (START_SEGMENT records it again)."""
         with self._working_lock:  # before Redis holds it: the janitor never finds it held and unowned
             self._working_on[keys.segment_member(job_id, index)] += 1
-        with contextlib.suppress(redis.RedisError):  # START_SEGMENT holds it too
+        try:
             self.store.hold(self.worker, job_id, index)
+        except redis.RedisError:
+            return False
+        return True
 
     def let_go(self, job_id: str, index: int) -> None:
         """Forget a delivered segment whose task has ended (written, skipped, failed or retried)."""

@@ -39,6 +39,7 @@ def _synthesize(task: Task, runtime: WorkerRuntime, job_id: str, index: int, tok
     try:
         return runtime.synthesizer.run(job_id, index, token=token).value
     except (redis.ConnectionError, redis.TimeoutError):
+        runtime.janitor.alarm()  # a delivery or a reply may be lost with the connection: account soon
         raise  # Redis is away: autoretry with backoff; the segment is not at fault.
     except ServiceError as e:
         # The request itself cannot be served (say, its model left the registry): no retry helps.
