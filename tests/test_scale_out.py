@@ -35,8 +35,7 @@ def fleet(tmp_path: Path, settings_env: dict[str, str]) -> Iterator[tuple[Flask,
     server = RedisServer(tmp_path / "redis")
     server.start()
     env = {**os.environ, **settings_env, "REDIS_URL": server.url, "TTS_METRICS_PORT": "0",
-           "TTS_WORKER_CONCURRENCY": "4", "TTS_RECONCILE_INTERVAL_S": "1", "TTS_RECONCILE_STALL_S": "4",
-           "TTS_DEFAULT_MODEL": "chattts-tiny"}  # fmt: skip
+           "TTS_WORKER_CONCURRENCY": "4", "TTS_DEFAULT_MODEL": "chattts-tiny"}  # fmt: skip
     with (tmp_path / "launch.log").open("ab") as log:
         launcher = subprocess.Popen([sys.executable, "-m", "workers.launch", "--fake-devices", "3"],
                                     cwd=ROOT, env=env, stdout=log, stderr=log)  # fmt: skip
@@ -77,11 +76,13 @@ def test_load_spreads_over_three_workers_and_a_killed_one_loses_nothing(
         response = api.post("/v1/jobs", json={"text": text, "seed": i, "cache": False})
         assert response.status_code == 202, response.get_data(as_text=True)
         jobs.append(response.get_json()["id"])
-    time.sleep(1.5)  # let every worker take work
-    names = [f"tts:worker:{n.decode()}" for n in client.zrange("tts:workers", 0, -1)]
-    heartbeats = [json.loads(v) for v in client.mget(names) if v]
-    victim = heartbeats[0]
-    os.kill(victim["pid"], signal.SIGKILL)
+    workers = [n.decode() for n in client.zrange("tts:workers", 0, -1)]
+    deadline = time.monotonic() + 60
+    while not all(client.scard(f"tts:held:{name}") for name in workers):  # every worker has taken work
+        assert time.monotonic() < deadline, {name: client.scard(f"tts:held:{name}") for name in workers}
+        time.sleep(0.05)
+    victim = json.loads(client.get(f"tts:worker:{workers[0]}") or b"{}")
+    os.kill(victim["pid"], signal.SIGKILL)  # its segments are handed on; the launcher starts another
 
     deadline = time.monotonic() + 180
     for job_id in jobs:
@@ -95,4 +96,5 @@ def test_load_spreads_over_three_workers_and_a_killed_one_loses_nothing(
     writers = Counter(
         json.loads(meta)["worker"] for job_id in jobs for meta in client.hvals(f"tts:job:{{{job_id}}}:segmeta")
     )
-    assert len(writers) == 3, f"all three workers should have made segments: {writers}"
+    # All three took work (above); the two that lived wrote, the dead one's segments were made by others.
+    assert set(workers[1:]) <= set(writers), f"the surviving workers should have made segments: {writers}"
