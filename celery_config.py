@@ -63,8 +63,6 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
         "worker_concurrency": settings.worker_concurrency,
         "worker_prefetch_multiplier": 1,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
-        # Survives the close of a lost connection, which can otherwise stop the worker (see workers/consumer.py).
-        "worker_consumer": "workers.consumer:ResilientConsumer",
         "worker_hijack_root_logger": False,
         "worker_send_task_events": False,
     }

@@ -12,6 +12,7 @@ import pytest
 import redis
 from flask import Flask
 from flask.testing import FlaskClient
+from kombu import Connection
 
 from cache import keys
 from cache.custody import BrokerKeys, Custody
@@ -19,6 +20,8 @@ from cache.idempotency import CLAIM_TTL_S, TTL_S, IdempotencyKeys
 from cache.jobstore import OUTBOX_GRACE_S, JobRequest, JobStore, WriteResult
 from cache.workers import WorkerRegistry
 from celery_config import SYNTHESIZE_TASK
+from tests.support.servers import RedisServer
+from workers import broker
 from workers.janitor import Janitor, dead_workers
 
 REQUEST = JobRequest(model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav",
@@ -211,3 +214,12 @@ def test_a_full_account_finds_segments_that_are_nowhere_and_orphaned_deliveries(
     services.enqueue(job_id, [2], "realtime")  # the queued task, as the worker would have popped it
     assert _wait_done(served, job_id)["status"] == "done"
     assert _segment_events(client, job_id) == {0: 1, 1: 1, 2: 1}
+
+
+def test_a_broker_channel_whose_connection_is_gone_raises_a_connection_error(redis_server: RedisServer) -> None:
+    broker.install()
+    connection = Connection(redis_server.url)
+    channel = connection.default_channel
+    connection.collect()  # what Celery's consumer does on a connection loss, before closing
+    with pytest.raises(redis.ConnectionError):
+        channel._connparams()

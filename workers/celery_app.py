@@ -11,6 +11,7 @@ from celery import Celery
 from celery_config import SYNTHESIZE_TASK, celery_settings
 from core.schedule import priority_step
 from core.settings import Settings
+from workers import broker
 
 
 class Enqueue(Protocol):
@@ -23,6 +24,7 @@ class Enqueue(Protocol):
 
 def create_celery(settings: Settings) -> Celery:
     """Build a Celery app configured from the settings object."""
+    broker.install()  # a lost broker connection must not stop a worker (see workers/broker.py)
     app = Celery("tts")
     app.config_from_object(celery_settings(settings))
     return app
