@@ -223,3 +223,16 @@ def test_a_broker_channel_whose_connection_is_gone_raises_a_connection_error(red
     connection.collect()  # what Celery's consumer does on a connection loss, before closing
     with pytest.raises(redis.ConnectionError):
         channel._connparams()
+
+
+def test_a_full_account_drops_deliveries_of_written_segments(app: Flask) -> None:
+    client: redis.Redis = app.extensions["tts"].redis
+    store = _store(app)
+    job_id = store.create(REQUEST, TEXTS[:1])
+    store.write_segment(job_id, 0, b"\0\0", sample_rate=8000, meta={})
+    # The ack of a written segment, lost with its connection: kombu would deliver it again an hour later.
+    client.hset("unacked", "tag-spent", json.dumps([_kombu_message(job_id, 0), "", "realtime"]))
+    client.zadd("unacked_index", {"tag-spent": time.time() - 60})
+    assert _janitor(app, "w-hygiene").account(time.time()) == 0
+    assert client.hget("unacked", "tag-spent") is None
+    assert client.zscore("unacked_index", "tag-spent") is None

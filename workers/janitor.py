@@ -149,12 +149,18 @@ class Janitor:
         """
         outbox = self.custody.in_outbox()
         queued = self.custody.queued()
-        deliveries = {d.member: d for d in self.custody.deliveries()}
+        delivered = self.custody.deliveries()
+        deliveries = {d.member: d for d in delivered}
         held: set[str] = set()  # a dead worker's too: handing those on is bury_dead's part
         for worker in self.custody.holders():
             held |= self.custody.held(worker)
-        lost, orphaned = [], []
-        for job_id, indexes in self.store.unstarted_or_lost(self.store.live_jobs()).items():
+        lost, orphaned, spent = [], [], []
+        unfinished = self.store.unstarted_or_lost(self.store.live_jobs())
+        for entry in delivered:  # an ack lost with a connection leaves one: kombu would redeliver it in an hour
+            job_id, index = keys.parse_segment_member(entry.member)
+            if now - entry.delivered_at >= self.dead_after_s and index not in unfinished.get(job_id, ()):
+                spent.append(entry.tag)  # written, or its job ended: nothing to redeliver
+        for job_id, indexes in unfinished.items():
             for index in indexes:
                 member = keys.segment_member(job_id, index)
                 if member in outbox or member in queued or member in held:
@@ -166,7 +172,7 @@ class Janitor:
                     orphaned.append(delivery.tag)  # delivered to a worker that died before holding it
                 lost.append(member)
         self.custody.to_outbox(lost, now)
-        self.custody.forget_deliveries(orphaned)
+        self.custody.forget_deliveries(orphaned + spent)
         if lost:
             log.warning("found %d segments nowhere (%d of them delivered to a dead worker): to the outbox",
                         len(lost), len(orphaned), extra={"segments": len(lost)})  # fmt: skip
