@@ -62,7 +62,9 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
         "worker_pool": "threads",
         "worker_concurrency": settings.worker_concurrency,
         "worker_prefetch_multiplier": 1,
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # A thread pool cannot cancel a running task (Celery would log a traceback per task at every connection
+        # loss, and let it run): it runs on, its write is idempotent, and a redelivery of it is skipped.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
         "worker_hijack_root_logger": False,
         "worker_send_task_events": False,
     }

@@ -123,6 +123,10 @@ class SegmentSynthesizer:
             return False
         return True
 
+    def _deliveries_here(self, member: str) -> int:
+        with self._working_lock:
+            return self._working_on[member]
+
     def let_go(self, job_id: str, index: int) -> None:
         """Forget a delivered segment whose task has ended (written, skipped, failed or retried)."""
         member = keys.segment_member(job_id, index)
@@ -143,6 +147,13 @@ class SegmentSynthesizer:
             return Outcome.SKIPPED
         if start.state == "written":
             return Outcome.DUPLICATE
+        if start.redelivered:
+            SEGMENT_REDELIVERIES.inc()
+            if self._deliveries_here(keys.segment_member(job_id, index)) > 1:
+                # kombu put this message back (a lost connection) while its first delivery runs here: that one
+                # writes the segment; making it twice would only double the work of a worker catching up.
+                SEGMENTS.labels(Outcome.DUPLICATE.value).inc()
+                return Outcome.DUPLICATE
         try:
             return self._make(job_id, index, start)
         except Exception:
@@ -153,8 +164,6 @@ class SegmentSynthesizer:
     def _make(self, job_id: str, index: int, start: SegmentStart) -> Outcome:
         """Synthesise a started segment, write it, and advance its job."""
         attempt, record = start.attempt, start.record
-        if start.redelivered:
-            SEGMENT_REDELIVERIES.inc()
         if attempt > self.max_attempts:
             # A redelivery after crashes (the worker died each time): stop the loop.
             self.store.release(self.worker, job_id, index)
