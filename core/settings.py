@@ -63,7 +63,12 @@ class Settings(BaseSettings):
         4, ge=1, description="Segments of one batch-lane job in the queue at once; the rest follow as they finish."
     )
     enqueue_window_realtime: int = Field(64, ge=1, description="The same window for realtime-lane jobs.")
-    reconcile_interval_s: float = Field(15.0, gt=0, description="How often a worker looks for stalled jobs.")
+    reconcile_interval_s: float = Field(
+        15.0,
+        gt=0,
+        description="How often a worker looks for stalled and late jobs, and accounts for every live job's "
+        "segments (also right after a worker dies or Redis errs).",
+    )
     reconcile_stall_s: float = Field(
         900.0,
         gt=0,
