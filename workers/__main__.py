@@ -37,6 +37,7 @@ def main() -> int:
             # Serving beats observing: keep working, and say how to fix it.
             log.error("worker metrics off: port %d: %s; set TTS_METRICS_PORT to a free port", settings.metrics_port, e)
     attach(app, runtime)
+    runtime.preload()  # models load in their own processes while Celery starts (seconds saved on every restart)
 
     @task_received.connect(weak=False)  # type: ignore[untyped-decorator]
     def _received(request: Request, **_: object) -> None:

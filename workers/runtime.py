@@ -21,7 +21,7 @@ from cache.stats import Stats
 from cache.workers import WorkerRegistry
 from celery_config import QUEUES, SYNTHESIZE_TASK, queue_keys
 from core.metrics import BATCH_SIZE, GPU_MEMORY, MODEL_MEMORY, MODELS_RESIDENT, SYNTHESIS_SECONDS
-from core.registry import Registry, load_registry
+from core.registry import ModelSpec, Registry, load_registry
 from core.settings import Settings, deadline_policy
 from workers.backend import PooledBackend
 from workers.batcher import Batcher, BatchObserver
@@ -52,6 +52,7 @@ class WorkerRuntime:
     janitor: Janitor
     _stop: threading.Event = field(default_factory=threading.Event)
     _loading: list[str] = field(default_factory=list)
+    _loader: threading.Thread | None = None
 
     def announce(self) -> None:
         """Write this worker's heartbeat once and refresh the model-pool gauges."""
@@ -94,27 +95,42 @@ class WorkerRuntime:
                 log.warning("janitor or reconcile pass failed: %s", e)
             self.backend.pool.reap_idle()
 
-    def start(self) -> None:
-        """Announce this worker and look after dead workers' segments at once, then load the default and pinned
-        models (the heartbeat says which are still loading)."""
+    def preload(self) -> None:
+        """Start loading the default and pinned models now, each in its own process, while Celery starts."""
         default = self.registry.get(None)
         pinned = [s for s in self.registry.models.values() if s.pinned and s.available and s is not default]
-        # Before the models load (seconds, minutes for big ones): a worker that is loading is alive, not dead,
-        # and a dead predecessor's segments are handed over meanwhile.
         self._loading = [spec.name for spec in [default, *pinned]]
+        self._loader = threading.Thread(target=self._load, args=([default, *pinned],), name="loader", daemon=True)
+        self._loader.start()
+
+    def _load(self, specs: list[ModelSpec]) -> None:
+        try:
+            for spec in specs:
+                log.info("worker %s: loading model %r (engine %s, device %s)", self.hostname, spec.name, spec.engine,
+                         self.device)  # fmt: skip
+                # Straight to the pool: a load is not work, and must not skew the throughput stats.
+                for replica in range(self.settings.model_replicas):
+                    self.backend.pool.synthesize(spec, [SynthesisRequest(text="ready")], replica)
+                self._loading.remove(spec.name)
+        except Exception:
+            log.exception("worker %s: loading its models failed; segments of them will fail and be retried",
+                          self.hostname)  # fmt: skip
+            return
+        log.info("worker %s ready: serving model %r with engine %s", self.hostname, specs[0].name, specs[0].engine)
+        with contextlib.suppress(redis.RedisError):
+            self.announce()
+
+    def start(self) -> None:
+        """Announce this worker, beat, and look after dead workers' segments, while its models load (``preload``).
+
+        A worker that is loading is alive, not dead (loads take seconds, minutes for big models), and a dead
+        predecessor's segments are handed over meanwhile; the heartbeat says what is still loading.
+        """
+        if self._loader is None:
+            self.preload()
         self.announce()
         threading.Thread(target=self._beat_forever, name="heartbeat", daemon=True).start()
         threading.Thread(target=self._look_after_forever, name="janitor", daemon=True).start()
-        for spec in [default, *pinned]:
-            log.info(
-                "worker %s: loading model %r (engine %s, device %s)", self.hostname, spec.name, spec.engine, self.device
-            )
-            # Straight to the pool: a load is not work, and must not skew the throughput stats.
-            for replica in range(self.settings.model_replicas):
-                self.backend.pool.synthesize(spec, [SynthesisRequest(text="ready")], replica)
-            self._loading.remove(spec.name)
-        log.info("worker %s ready: serving model %r with engine %s", self.hostname, default.name, default.engine)
-        self.announce()
 
     def stop(self) -> None:
         """Stop the heartbeat, forget this worker, unload models."""
