@@ -1,0 +1,52 @@
+"""A busy consumer whose Redis dies is closed without an AttributeError, and its late acks land (workers/broker.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import pytest
+from kombu import Connection, Exchange, Queue
+
+from tests.support.servers import RedisServer
+from workers import broker
+
+
+def test_a_busy_consumer_whose_redis_died_closes_cleanly_and_its_late_acks_land(tmp_path: Path) -> None:
+    try:
+        server = RedisServer(tmp_path)
+    except RuntimeError as e:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip(str(e))
+    server.start()
+    broker.install()
+    tasks = Queue("t", Exchange("t"), "t")
+    with Connection(server.url) as producer_connection:
+        producer = producer_connection.Producer()
+        for n in range(2):
+            producer.publish({"n": n}, exchange=tasks.exchange, routing_key="t", declare=[tasks])
+    connection = Connection(server.url)
+    try:
+        held = []  # acks_late: delivered, never acked
+        consumer = connection.Consumer(tasks, callbacks=[lambda _, message: held.append(message)], accept=["json"])
+        consumer.qos(prefetch_count=10)
+        consumer.consume()
+        # Like the worker's remote control: another channel, with an auto-delete fanout queue.
+        control = Queue("c.pidbox", Exchange("c", type="fanout"), auto_delete=True)
+        connection.Consumer(control, channel=connection.channel(), callbacks=[], accept=["json"]).consume()
+        for _ in range(4):  # until both messages are held and a BRPOP waits on the empty queue
+            with contextlib.suppress(TimeoutError):
+                connection.drain_events(timeout=0.3)
+        assert len(held) == 2 and connection.default_channel._in_poll
+        server.kill()
+        # What celery's consumer does on a connection loss (on_connection_error_after_connected):
+        connection.collect(socket_timeout=1)
+        connection.close()  # unpatched: AttributeError from restore_unacked, and the worker stops for good
+        channel = held[0].channel
+        assert channel.closed, "the close gave up at the lost BRPOP reply"
+        server.start()  # Redis is back: a task that finishes after the reconnect acks through the old channel
+        held[0].ack()
+    finally:
+        server.stop()
