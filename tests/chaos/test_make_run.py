@@ -218,7 +218,7 @@ def test_make_run_serves_through_the_fault_and_loses_nothing(
     load = Load(served.api)
     threads = load.run()
     try:
-        wait_for(lambda: len(load.ended) >= CALLERS and len(load.in_flight()) >= CALLERS // 2, 90, "load under way")
+        wait_for(lambda: len(load.ended) >= CALLERS and len(load.in_flight()) >= CALLERS // 2, 180, "load under way")
         affected = load.in_flight()
         fault_at = time.time()
         what = fault(served)
