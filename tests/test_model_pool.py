@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from core.registry import ModelSpec
+from tests.chaos.stack import write_registry
+from tests.support.processes import alive, wait_for
+from tests.support.servers import ROOT
 from workers.engines.base import SynthesisRequest
 from workers.pool.handle import ModelHost
 from workers.pool.pool import ModelPool
@@ -114,3 +120,28 @@ def test_replicas_of_a_model_are_processes_of_their_own_and_unload_together(pool
     assert sorted(m["replica"] for m in pool.loaded()) == [0, 1]
     assert pool.unload("espeak-en")
     assert pool.loaded() == []
+
+
+def test_a_model_host_ends_when_its_worker_is_killed_even_in_the_middle_of_a_batch(tmp_path: Path) -> None:
+    registry = write_registry(tmp_path / "models.json")  # with the faulty engine, which hangs on a marker
+    code = (
+        "import sys, time; from core.settings import load_settings; from core.registry import load_registry; "
+        "from workers.engines.base import SynthesisRequest; from workers.pool.handle import ModelHost; "
+        f"spec = load_registry(load_settings(models_file={str(registry)!r})).get('faulty'); "
+        "host = ModelHost(spec, device='cpu'); print(host.pid, flush=True); "
+        "host.synthesize([SynthesisRequest(text='HANG-ME')], timeout_s=600)"
+    )
+    worker = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE)
+    try:
+        assert worker.stdout is not None
+        host = int(worker.stdout.readline())
+        assert alive(host)
+        worker.kill()  # SIGKILL, mid-batch: the worker gets no chance to stop its host
+        worker.wait(10)
+        wait_for(lambda: not alive(host), 5, "the orphaned host gone")
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(10)
+        assert worker.stdout is not None
+        worker.stdout.close()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
+import time
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -43,8 +45,19 @@ def memory_report() -> dict[str, float]:
     return {"rss_mb": round(resident_mb(), 1), "gpu_mb": round(gpu_mb(), 1)}
 
 
+def exit_with_parent(parent: int, every_s: float = 0.5) -> None:
+    """End this process as soon as its parent is gone (it was reparented), even in the middle of a batch."""
+    while os.getppid() == parent:
+        time.sleep(every_s)
+    os._exit(1)
+
+
 def host_main(conn: Connection, spec: ModelSpec, device: str, log_level: str, torch_threads: int = 0) -> None:
     """Load the engine, say ready, then answer ('synth', requests) messages until told to stop."""
+    # A host whose worker was killed would finish its batch for no one, on the CPU or GPU memory the
+    # worker's replacement is loading its model into. (Not PR_SET_PDEATHSIG: it fires when the thread
+    # that started the host ends, and the pool starts hosts from short-lived threads.)
+    threading.Thread(target=exit_with_parent, args=(os.getppid(),), name="parent-watch", daemon=True).start()
     setup_logging(log_level)
     # Ctrl-C reaches the whole process group; the worker decides when a host stops (or its pipe closes).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
