@@ -75,16 +75,6 @@ class Custody:
         now = time.time() if now is None else now
         return [_text(m) for m in self.redis.zrangebyscore(keys.OUTBOX, "-inf", now, start=0, num=limit)]
 
-    def size(self) -> int:
-        """Return how many segments wait in the outbox."""
-        return int(self.redis.zcard(keys.OUTBOX))
-
-    def published(self, members: Iterable[str]) -> None:
-        """Take members out of the outbox."""
-        members = list(members)
-        if members:
-            self.redis.zrem(keys.OUTBOX, *members)
-
     def to_outbox(self, members: Iterable[str], now: float | None = None) -> None:
         """Put segments in the outbox, due now."""
         now = time.time() if now is None else now

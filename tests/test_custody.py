@@ -21,6 +21,7 @@ from cache.jobstore import OUTBOX_GRACE_S, JobRequest, JobStore, WriteResult
 from cache.workers import WorkerRegistry
 from celery_config import SYNTHESIZE_TASK
 from tests.support.servers import RedisServer
+from tests.test_pipeline import wait_done
 from workers import broker
 from workers.janitor import Janitor, dead_workers
 
@@ -31,16 +32,6 @@ TEXTS = ["First part.", "Second part.", "Third part."]
 
 def _store(app: Flask) -> JobStore:
     return JobStore(app.extensions["tts"].redis, ttl=600)
-
-
-def _wait_done(client: FlaskClient, job_id: str, timeout: float = 30) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}").get_json()
-        if job["status"] in ("done", "failed", "canceled"):
-            return job
-        assert time.monotonic() < deadline, f"job not done within {timeout} s: {job}"
-        time.sleep(0.05)
 
 
 def _segment_events(client: redis.Redis, job_id: str) -> Counter[int]:
@@ -116,7 +107,7 @@ def test_a_dead_workers_segments_are_enqueued_again_and_its_job_finishes(app: Fl
     for index in (0, 1):
         assert store.start_segment(job_id, index, worker="w-ghost", token=f"ghost-{index}:0").state == "go"
     services.redis.zadd(keys.WORKERS, {"w-ghost": time.time() - 60})
-    assert _wait_done(served, job_id)["status"] == "done"
+    assert wait_done(served, job_id)["status"] == "done"
     assert "w-ghost" not in custody.holders() and custody.held("w-ghost") == set()
     assert store.attempts(job_id, 0) == store.attempts(job_id, 1) == 2, "the dead worker's attempt counts, once"
     assert all(meta["worker"] != "w-ghost" for meta in store.segment_meta(job_id).values())
@@ -130,7 +121,7 @@ def test_segments_written_to_the_outbox_but_never_published_are_published_after_
     # What an API killed between writing a job and enqueueing its first window leaves.
     written_at = time.time()
     job_id = _store(app).create(REQUEST, TEXTS[:2], publish=[0, 1])
-    job = _wait_done(served, job_id, timeout=OUTBOX_GRACE_S + 30)
+    job = wait_done(served, job_id, timeout=OUTBOX_GRACE_S + 30)
     assert job["status"] == "done"
     finished_at = float((_store(app).get(job_id) or {})["finished_at"])
     assert finished_at - written_at >= OUTBOX_GRACE_S, "published before its taker's grace ran out"
@@ -212,7 +203,7 @@ def test_a_full_account_finds_segments_that_are_nowhere_and_orphaned_deliveries(
     finally:
         client.delete(WAITING)
     services.enqueue(job_id, [2], "realtime")  # the queued task, as the worker would have popped it
-    assert _wait_done(served, job_id)["status"] == "done"
+    assert wait_done(served, job_id)["status"] == "done"
     assert _segment_events(client, job_id) == {0: 1, 1: 1, 2: 1}
 
 

@@ -198,5 +198,5 @@ class Janitor:
                     OUTBOX_PUBLISHED.inc(len(missing))
                     log.info("published %d segments of job %s from the outbox", len(missing), job_id,
                              extra={"job_id": job_id, "segments": len(missing)})  # fmt: skip
-            self.custody.published(keys.segment_member(job_id, i) for i in indexes)
+            self.store.published(job_id, indexes)
         return published

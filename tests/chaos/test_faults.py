@@ -161,7 +161,7 @@ def test_redis_killed_and_restarted_from_its_aof_loses_nothing(make_stack: MakeS
     assert all(code != 0 for _, code in stack.exits), f"a worker stopped with status 0: {worker.log_tail()}"
 
 
-def test_jobs_written_but_never_enqueued_are_finished_by_the_reconciler(make_stack: MakeStack) -> None:
+def test_jobs_written_but_never_enqueued_are_published_from_the_outbox(make_stack: MakeStack) -> None:
     stack = make_stack()
     stack.start_worker()
     started, fault_at = time.monotonic(), time.time()
