@@ -6,10 +6,11 @@ import math
 import time
 
 from cache.breaker import CircuitBreaker
+from cache.budget import StoreBudget
 from cache.schedule import ScheduleBook
 from cache.stats import Stats
 from cache.workers import WorkerRegistry
-from core.errors import ServiceUnavailable
+from core.errors import ServiceUnavailable, StoreFull
 from core.metrics import ADMISSION_REJECTIONS
 from core.settings import Settings
 
@@ -25,8 +26,10 @@ class Admission:
         workers: WorkerRegistry,
         book: ScheduleBook,
         settings: Settings,
+        budget: StoreBudget | None = None,
     ) -> None:
         self.stats = stats
+        self.budget = budget
         self.breaker = breaker
         self.workers = workers
         self.book = book
@@ -59,6 +62,14 @@ class Admission:
         if not verdict.allowed:
             ADMISSION_REJECTIONS.labels("breaker").inc()
             raise ServiceUnavailable(f"not accepting jobs: {verdict.reason}", retry_after=verdict.retry_after)
+        full = self.budget.full() if self.budget is not None else None
+        if full is not None:
+            ADMISSION_REJECTIONS.labels("store_full").inc()
+            raise StoreFull(
+                f"not accepting jobs: the job store is near its memory budget ({full.describe()}) with live jobs "
+                "alone; retry when they finish",
+                retry_after=10,
+            )
         wait = self.estimated_wait_s(time.time() if due is None else due, workers_alive=alive)
         limit = self.limits[lane]
         if wait > limit:

@@ -8,7 +8,7 @@ import redis
 from flask import Flask, Response, jsonify
 from werkzeug.exceptions import HTTPException
 
-from core.errors import ServiceError, ServiceUnavailable, TooManyRequests
+from core.errors import ServiceError, ServiceUnavailable, StoreFull, TooManyRequests
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,15 @@ def _redis_down(error: redis.RedisError) -> Response:
     return _service_error(ServiceUnavailable("the job store (Redis) is unavailable; retry shortly", retry_after=5))
 
 
+def _store_full(error: redis.OutOfMemoryError) -> Response:
+    log.warning("the job store refused a write at its memory limit: %s", error)
+    return _service_error(
+        StoreFull(
+            "the job store is at its memory limit; finished audio is being removed: retry shortly", retry_after=10
+        )
+    )
+
+
 def _unexpected(error: Exception) -> Response:
     log.exception("unhandled error")
     return error_response(500, "internal_error", "internal error; the service logged the details")
@@ -61,4 +70,5 @@ def init_app(app: Flask) -> None:
     app.register_error_handler(ServiceError, _service_error)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(redis.RedisError, _redis_down)
+    app.register_error_handler(redis.OutOfMemoryError, _store_full)
     app.register_error_handler(Exception, _unexpected)

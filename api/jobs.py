@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from flask import Blueprint, Response, g, request, stream_with_context, url_for
+from flask import Blueprint, Response, g, request, url_for
 
+from api.downloads import FILE_CACHE_MAX_BYTES, download, kept
+from api.holds import Hold, held_response
 from api.services import services
 from api.streaming import STREAMABLE, audio_stream, sse_events
 from api.submission import submit_job
@@ -14,7 +17,7 @@ from cache.idempotency import IdempotencyKeys, body_digest
 from cache.jobstore import JobRequest
 from cache.sentences import file_key, segment_keys
 from core.audio import encode, media_type, pcm16_duration
-from core.errors import JobFailed, NotFound, NotReady, ServiceUnavailable, ValidationFailed
+from core.errors import Gone, JobFailed, NotFound, NotReady, ServiceUnavailable, ValidationFailed
 
 bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 
@@ -46,6 +49,8 @@ def job_view(record: dict[str, str]) -> dict[str, Any]:
         "sample_rate": int(record["sample_rate"]) if "sample_rate" in record else None,
         "first_due_at": float(record["first_due_at"]) if "first_due_at" in record else None,
         "start_estimate_s": float(record["start_estimate_s"]) if "start_estimate_s" in record else None,
+        "audio_expires_at": float(record["audio_expires_at"]) if "audio_expires_at" in record else None,
+        "audio_removed_at": float(record["audio_removed_at"]) if "audio_removed_at" in record else None,
         "urls": {
             "self": url_for("jobs.get_job", job_id=job_id),
             "audio": url_for("jobs.get_audio", job_id=job_id),
@@ -66,8 +71,30 @@ def _record(job_id: str) -> dict[str, str]:
 
 
 def _raise_if_over(record: dict[str, str]) -> None:
+    """Raise when the job's audio cannot come: the job failed or was canceled, or its audio is no longer kept."""
     if record["status"] in ("failed", "canceled"):
         raise JobFailed(f"job {record['status']}: {record.get('error', 'no reason recorded')}", status=record["status"])
+    if record["status"] == "done" and not services().store.has_audio(record["id"]):
+        raise Gone(gone_message(record, job_ttl_s=services().settings.job_ttl_s), job_id=record["id"])
+
+
+def gone_message(record: dict[str, str], *, job_ttl_s: int) -> str:
+    """Say why a finished job's audio is gone, when, and what the caller can do."""
+    finished = float(record.get("finished_at") or record.get("updated_at") or 0)
+    removed = float(record.get("audio_removed_at") or record.get("audio_expires_at") or finished)
+    after = f"{max(0.0, removed - finished) / 60:.0f} min"
+    until = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(finished + job_ttl_s))
+    if record.get("audio_removed_for") == "memory":
+        why = (
+            f"was removed {after} after the job finished, to keep the job store inside its memory budget "
+            "(the oldest finished audio goes first)"
+        )
+    else:
+        why = f"was kept for {after} after the job finished (TTS_AUDIO_TTL_S) and has expired"
+    return (
+        f"job {record['id']}'s audio {why}; its record stays until {until}. Download audio soon after a job "
+        "finishes, or submit the text again (segments still in the sentence cache come back at once)"
+    )
 
 
 @bp.post("")
@@ -141,7 +168,11 @@ def get_segment(job_id: str, index: int) -> Response:
     if not 0 <= index < total:
         raise NotFound(f"job {job_id!r} has segments 0..{total - 1}, not {index}")
     wait = parse_wait(request.args.get("wait"), limit=svc.settings.max_wait_s)
-    pcm = svc.store.wait_segment(job_id, index, wait) if wait else svc.store.segment(job_id, index)
+    if wait:
+        with svc.holds.hold(g.caller):  # a long-poll is held: it counts against the caller's streams
+            pcm = svc.store.wait_segment(job_id, index, wait)
+    else:
+        pcm = svc.store.segment(job_id, index)
     if pcm is None:
         record = _record(job_id)
         _raise_if_over(record)
@@ -167,17 +198,23 @@ def get_segment(job_id: str, index: int) -> Response:
 
 
 def _growing_audio(job_id: str, fmt: str) -> Response:
-    store = services().store
-    limit = services().settings.max_wait_s
+    svc = services()
+    limit = svc.settings.max_wait_s
     wait = parse_wait(request.args.get("wait"), limit=limit) if "wait" in request.args else limit
-    first = store.wait_segment(job_id, 0, wait)  # the sample rate comes with segment 0
-    record = _record(job_id)
-    if first is None:
-        _raise_if_over(record)
-        raise NotReady("segment 0 is not ready yet; retry shortly", segments_done=int(record["segments_done"]))
+    hold = svc.holds.hold(g.caller)
+    try:
+        first = svc.store.wait_segment(job_id, 0, wait)  # the sample rate comes with segment 0
+        record = _record(job_id)
+        if first is None:
+            _raise_if_over(record)
+            raise NotReady("segment 0 is not ready yet; retry shortly", segments_done=int(record["segments_done"]))
+    except BaseException:
+        hold.release()
+        raise
     rate = int(record["sample_rate"])
-    return Response(
-        stream_with_context(audio_stream(store, job_id, fmt=fmt)),
+    return held_response(
+        hold,
+        audio_stream(svc.store, job_id, fmt=fmt, keepalive_s=svc.settings.stream_keepalive_s),
         mimetype=media_type(fmt, rate),
         headers={"X-Sample-Rate": str(rate), "Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
@@ -197,8 +234,13 @@ def get_events(job_id: str) -> Response:
         if start < 0:
             raise ValidationFailed("Last-Event-ID", "must not be negative")
     segment_url = job_view(record)["urls"]["segment"]
-    return Response(
-        stream_with_context(sse_events(services().store, job_id, start=start, segment_url=segment_url)),
+    svc = services()
+    events = sse_events(
+        svc.store, job_id, start=start, segment_url=segment_url, keepalive_s=svc.settings.stream_keepalive_s
+    )
+    return held_response(
+        svc.holds.hold(g.caller),
+        events,
         mimetype="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
@@ -206,7 +248,7 @@ def get_events(job_id: str) -> Response:
 
 @bp.get("/<job_id>/audio")
 def get_audio(job_id: str) -> Response:
-    """Return the whole audio file once the job is done, encoded once and kept."""
+    """Return the whole audio: growing while the job runs, then encoded segment by segment as it is sent."""
     svc = services()
     record = _record(job_id)
     _raise_if_over(record)
@@ -221,19 +263,43 @@ def get_audio(job_id: str) -> Response:
             )
         return _growing_audio(job_id, fmt)
     rate = int(record["sample_rate"])
-    data = svc.store.cached_file(job_id, fmt)
-    if data is None:
-        parts = svc.store.segments(job_id, int(record["segments_total"]))
-        if any(p is None for p in parts):
-            raise NotReady("job is done but a segment is missing; retry shortly")
-        data = encode(b"".join(p for p in parts if p is not None), rate, fmt)
-        svc.store.store_file(job_id, fmt, data)
-        if job_request.cache:
-            spec = svc.registry.get(job_request.model)
-            svc.cache.put_file(file_key(segment_keys(spec, job_request, svc.store.texts(job_id)), fmt), data)
     suffix = "raw" if fmt == "pcm" else fmt
-    return Response(
-        data,
-        mimetype=media_type(fmt, rate),
-        headers={"Content-Disposition": f'attachment; filename="{job_id}.{suffix}"', "X-Sample-Rate": str(rate)},
-    )
+    headers = {"Content-Disposition": f'attachment; filename="{job_id}.{suffix}"', "X-Sample-Rate": str(rate)}
+    data = svc.store.cached_file(job_id, fmt)  # copied in at submission when the whole file was cached
+    cache_key = None
+    if data is None and job_request.cache:
+        spec = svc.registry.get(job_request.model)
+        cache_key = file_key(segment_keys(spec, job_request, svc.store.texts(job_id)), fmt)
+        data = svc.cache.get_file(cache_key)
+    if data is not None:
+        return Response(data, mimetype=media_type(fmt, rate), headers=headers)
+    return finished_file(job_id, fmt, rate, int(record["segments_total"]), headers=headers, cache_key=cache_key)
+
+
+def finished_file(
+    job_id: str,
+    fmt: str,
+    rate: int,
+    total: int,
+    *,
+    headers: dict[str, str],
+    cache_key: str | None = None,
+    hold: Hold | None = None,
+) -> Response:
+    """Stream a finished job's file a segment at a time; a small one also fills the file cache at ``cache_key``."""
+    svc = services()
+    hold = hold or svc.holds.hold(g.caller)  # a long download is held as long as a stream
+    try:
+        found = download(svc.store, job_id, fmt=fmt, sample_rate=rate, total=total)
+        if found is None:
+            raise NotReady("job is done but a segment is missing; retry shortly")
+    except BaseException:
+        hold.release()
+        raise
+    chunks = found.chunks
+    if cache_key is not None and found.pcm_bytes <= FILE_CACHE_MAX_BYTES:
+        key = cache_key
+        chunks = kept(chunks, lambda data: svc.cache.put_file(key, data))
+    if found.length is not None:
+        headers = {**headers, "Content-Length": str(found.length)}
+    return held_response(hold, chunks, mimetype=media_type(fmt, rate), headers=headers)

@@ -38,6 +38,16 @@ _JOB = {
             "nullable": True,
             "description": "Estimated seconds from acceptance until the first segment starts.",
         },
+        "audio_expires_at": {
+            "type": "number",
+            "nullable": True,
+            "description": "When a finished job's audio stops being kept (epoch seconds); 410 gone after it.",
+        },
+        "audio_removed_at": {
+            "type": "number",
+            "nullable": True,
+            "description": "When the memory budget removed a finished job's audio early (epoch seconds).",
+        },
         "error": {"type": "string"},
         "urls": {"type": "object"},
     },
@@ -100,13 +110,13 @@ DOCUMENT: dict[str, Any] = {
                 "parameters": [_JOB_ID, {"name": "index", "in": "path", "required": True,
                                          "schema": {"type": "integer", "minimum": 0}},
                                _WAIT],
-                "responses": {"200": _audio("segment audio"), **_errors(401, 404, 409, 422)},
+                "responses": {"200": _audio("segment audio"), **_errors(401, 404, 409, 410, 422)},
             }
         },
         "/v1/jobs/{job_id}/audio": {
             "get": {"summary": "The whole audio; grows while the job runs (wav, pcm, mp3, opus).",
                     "parameters": [_JOB_ID, {"name": "wait", "in": "query", "schema": {"type": "number"}}],
-                    "responses": {"200": _audio("whole audio"), **_errors(401, 404, 409, 422)}},
+                    "responses": {"200": _audio("whole audio"), **_errors(401, 404, 409, 410, 422)}},
         },
         "/v1/jobs/{job_id}/events": {
             "get": {"summary": "Server-sent events: one per finished segment (id = index), then the end.",

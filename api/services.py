@@ -8,11 +8,15 @@ import redis
 from flask import Flask, current_app
 
 from api.admission import Admission
+from api.holds import StreamHolds
 from cache.breaker import CircuitBreaker
-from cache.jobstore import JobStore
+from cache.budget import StoreBudget, build_budget
+from cache.events import EventHub
+from cache.jobstore import JobStore, store_of
 from cache.schedule import ScheduleBook
 from cache.sentences import SentenceCache, build_cache
 from cache.stats import Stats
+from cache.streams import CallerStreams
 from cache.workers import WorkerRegistry
 from core.registry import Registry, load_registry
 from core.settings import Settings
@@ -32,6 +36,9 @@ class Services:
     admission: Admission
     enqueue: Enqueue
     book: ScheduleBook
+    budget: StoreBudget
+    hub: EventHub
+    holds: StreamHolds
 
 
 def build_services(settings: Settings) -> Services:
@@ -49,16 +56,28 @@ def build_services(settings: Settings) -> Services:
         cooldown_s=settings.breaker_cooldown_s,
     )
     book = ScheduleBook(client, default_seconds_per_char=settings.seconds_per_char)
+    budget = build_budget(client, settings)
+    # Every stream and long-poll of this process waits through one loop on one connection, not one each.
+    hub = EventHub(client)
+    holds = StreamHolds(
+        CallerStreams(client, ttl_s=settings.stream_slot_ttl_s),
+        per_caller=settings.max_streams_per_caller,
+        per_process=settings.max_streams_per_process,
+        ttl_s=settings.stream_slot_ttl_s,
+    )
     return Services(
         settings=settings,
         redis=client,
-        store=JobStore(client, ttl=settings.job_ttl_s),
+        store=store_of(client, settings, waiter=hub),
         registry=load_registry(settings),
         workers=workers,
         cache=build_cache(settings),
-        admission=Admission(stats=stats, breaker=breaker, workers=workers, book=book, settings=settings),
+        admission=Admission(stats=stats, breaker=breaker, workers=workers, book=book, settings=settings, budget=budget),
         enqueue=celery_enqueue(celery),
         book=book,
+        budget=budget,
+        hub=hub,
+        holds=holds,
     )
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, Response, request, stream_with_context
+from flask import Blueprint, Response, g, request
 
-from api.jobs import submit_input
+from api.holds import held_response
+from api.jobs import finished_file, submit_input
 from api.services import services
 from api.streaming import audio_stream
 from api.validation import JobInput, read_json_object
@@ -64,26 +65,37 @@ def speech() -> Response:
     svc = services()
     body = read_json_object(request, max_bytes=svc.settings.max_body_bytes)
     job_input = _speech_input(body, max_chars=svc.settings.max_text_chars)
-    job_id = submit_input(job_input)
     fmt = job_input.format
-    if fmt == "flac":  # flac cannot grow by concatenation: wait for the whole file
-        data, rate = _whole_file(job_id, fmt)
-        return Response(data, mimetype=media_type(fmt, rate), headers={"X-Job-Id": job_id, "X-Sample-Rate": str(rate)})
+    hold = svc.holds.hold(g.caller)  # before submitting: a refused stream leaves no job behind
+    try:
+        job_id = submit_input(job_input)
+        rate, total = _wait_whole(job_id) if fmt == "flac" else _wait_first(job_id)
+    except BaseException:
+        hold.release()
+        raise
+    headers = {"X-Job-Id": job_id, "X-Sample-Rate": str(rate)}
+    if fmt == "flac":  # FLAC's header states the length: wait for every segment, then send them one at a time
+        return finished_file(job_id, fmt, rate, total, headers=headers, hold=hold)
+    return held_response(
+        hold,
+        audio_stream(svc.store, job_id, fmt=fmt, keepalive_s=svc.settings.stream_keepalive_s),
+        mimetype=media_type(fmt, rate),
+        headers={**headers, "X-Accel-Buffering": "no"},
+    )
+
+
+def _wait_first(job_id: str) -> tuple[int, int]:
+    """Wait for the job's first segment; return its sample rate and segment count."""
+    svc = services()
     first = svc.store.wait_segment(job_id, 0, svc.settings.max_wait_s)
     record = svc.store.get(job_id)
     if first is None or record is None:
         raise NotReady(f"job {job_id} has produced no audio yet; follow it at /v1/jobs/{job_id}")
-    rate = int(record["sample_rate"])
-    return Response(
-        stream_with_context(audio_stream(svc.store, job_id, fmt=fmt)),
-        mimetype=media_type(fmt, rate),
-        headers={"X-Job-Id": job_id, "X-Sample-Rate": str(rate), "X-Accel-Buffering": "no"},
-    )
+    return int(record["sample_rate"]), int(record["segments_total"])
 
 
-def _whole_file(job_id: str, fmt: str) -> tuple[bytes, int]:
-    from core.audio import encode
-
+def _wait_whole(job_id: str) -> tuple[int, int]:
+    """Wait for every segment of the job; return its sample rate and segment count."""
     svc = services()
     record = svc.store.get(job_id)
     total = int(record["segments_total"]) if record else 0
@@ -91,6 +103,4 @@ def _whole_file(job_id: str, fmt: str) -> tuple[bytes, int]:
         if svc.store.wait_segment(job_id, index, svc.settings.max_wait_s) is None:
             raise NotReady(f"job {job_id} is still running; follow it at /v1/jobs/{job_id}")
     record = svc.store.get(job_id)
-    parts = svc.store.segments(job_id, total)
-    rate = int(record["sample_rate"]) if record else 0
-    return encode(b"".join(p for p in parts if p is not None), rate, fmt), rate
+    return (int(record["sample_rate"]) if record else 0), total

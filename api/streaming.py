@@ -1,14 +1,17 @@
-"""Follow a job as its segments finish: in order, without busy polling (XREAD BLOCK on its event stream)."""
+"""Follow a job as its segments finish: in order, without busy polling.
+
+A follower waits on the job's event stream through the job store's waiter: in the API, one loop per process
+blocks in XREAD for every follower at once (cache/events.py), so held streams cost no Redis connection each.
+"""
 
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cache.jobstore import TERMINAL, JobStore
-from core.audio import OpusStream, encode, mp3_frames
+from core.audio import StreamEncoder
 
 KEEPALIVE_S = 15.0
 
@@ -58,10 +61,12 @@ def follow(
             yield Idle()
 
 
-def sse_events(store: JobStore, job_id: str, *, start: int, segment_url: str) -> Iterator[str]:
+def sse_events(
+    store: JobStore, job_id: str, *, start: int, segment_url: str, keepalive_s: float = KEEPALIVE_S
+) -> Iterator[str]:
     """Render server-sent events: one per finished segment (id = index), then a final status event."""
     yield "retry: 1000\n\n"
-    for event in follow(store, job_id, start=start):
+    for event in follow(store, job_id, start=start, keepalive_s=keepalive_s):
         if isinstance(event, Idle):
             yield ": keep-alive\n\n"
         elif isinstance(event, Ready):
@@ -77,48 +82,25 @@ def sse_events(store: JobStore, job_id: str, *, start: int, segment_url: str) ->
             yield f"event: {event.status}\ndata: {json.dumps(final)}\n\n"
 
 
-def wav_stream_header(sample_rate: int) -> bytes:
-    """Return a 16-bit mono WAV header with unknown (maximal) sizes, for a stream still growing."""
-    unknown = 0xFFFFFFFF
-    return (
-        b"RIFF"
-        + struct.pack("<I", unknown)
-        + b"WAVE"
-        + b"fmt "
-        + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
-        + b"data"
-        + struct.pack("<I", unknown)
-    )
+#: Formats a growing stream can carry. FLAC cannot: its header states the length, unknown until the job is done.
+STREAMABLE = frozenset({"wav", "pcm", "mp3", "opus", "ogg"})
 
 
-#: Formats a growing stream can carry. Ogg Vorbis and FLAC cannot grow piece by piece.
-STREAMABLE = frozenset({"wav", "pcm", "mp3", "opus"})
-
-
-def audio_stream(store: JobStore, job_id: str, *, fmt: str) -> Iterator[bytes]:
-    """Yield the job's audio as it grows: a streaming header, then each segment in order."""
-    opus: OpusStream | None = None
-    rate = 0
-    for event in follow(store, job_id):
+def audio_stream(store: JobStore, job_id: str, *, fmt: str, keepalive_s: float = KEEPALIVE_S) -> Iterator[bytes]:
+    """Yield the job's audio as it grows: a streaming header, then each segment in order, encoded as one file."""
+    encoder: StreamEncoder | None = None
+    for event in follow(store, job_id, keepalive_s=keepalive_s):
         if isinstance(event, Ended):
-            if opus is not None:
-                yield opus.close()
+            if encoder is not None:
+                yield encoder.close()
             return
         if isinstance(event, Idle):
-            continue  # keep-alives carry nothing in audio
+            yield b""  # no bytes for the client (an audio stream has no keep-alive), but a turn to renew its slot
+            continue
         pcm = store.segment(job_id, event.index)
         if pcm is None:
             return
-        if not rate:
+        if encoder is None:
             record = store.get(job_id)
-            rate = int(record["sample_rate"]) if record else 0
-            if fmt == "wav":
-                yield wav_stream_header(rate)
-            elif fmt == "opus":
-                opus = OpusStream(rate)
-        if opus is not None:
-            yield opus.write(pcm)
-        elif fmt == "mp3":
-            yield mp3_frames(encode(pcm, rate, fmt))
-        else:
-            yield pcm
+            encoder = StreamEncoder(fmt, int(record["sample_rate"]) if record else 0)
+        yield encoder.write(pcm)

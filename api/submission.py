@@ -65,7 +65,7 @@ def submit_job(
     cached = cache.get_many(keys) if request.cache else [None] * len(texts)
     accepted_at = time.time()
     hits = {
-        i: (c.pcm, c.sample_rate, {**c.meta, "cached": True, "finished_at": round(accepted_at, 4)})
+        i: (c.audio, c.sample_rate, {**c.meta, "cached": True, "finished_at": round(accepted_at, 4)})
         for i, c in enumerate(cached)
         if c is not None
     }

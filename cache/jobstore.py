@@ -6,7 +6,7 @@ import enum
 import json
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +14,9 @@ import redis
 from redis.typing import EncodableT, FieldT
 
 from cache import keys, scripts
+from cache.events import EventWaiter
+from core.audio import PackedAudio
+from core.settings import Settings
 
 TERMINAL = frozenset({"done", "failed", "canceled"})
 
@@ -85,13 +88,16 @@ class SegmentStart:
     ``state`` is "gone" (no such job), "over" (the job ended), "written" (the segment exists) or
     "go", in which case the segment is held by the worker, the attempt is known and the rest is filled in.
     ``redelivered`` says the delivery's token already held the segment: the same attempt, not a new one.
+    ``text`` is this segment's text (None past the job's end). A start that said it knows the job carries a few
+    record fields and the metadata of the segments just before this one; otherwise the whole record (with
+    ``segment_chars``, every segment's length) and all metadata.
     """
 
     state: str
     record: dict[str, str] = field(default_factory=dict)
     attempt: int = 0
     redelivered: bool = False
-    texts: list[str] = field(default_factory=list)
+    text: str | None = None
     meta: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
@@ -99,6 +105,12 @@ class SegmentStart:
         """Return what the caller asked for (None when the record has no request)."""
         raw = self.record.get("request")
         return None if raw is None else JobRequest.from_json(raw)
+
+    @property
+    def chars(self) -> list[int] | None:
+        """Return every segment's length in characters, when the whole record was read."""
+        raw = self.record.get("segment_chars")
+        return None if raw is None else [int(n) for n in raw.split(",")]
 
 
 def _pairs(flat: list[Any]) -> dict[bytes, bytes]:
@@ -108,9 +120,21 @@ def _pairs(flat: list[Any]) -> dict[bytes, bytes]:
 class JobStore:
     """Read and change jobs in Redis; every change of a job is atomic."""
 
-    def __init__(self, client: redis.Redis, *, ttl: int, outbox_grace_s: float = OUTBOX_GRACE_S) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        ttl: int,
+        audio_ttl: int | None = None,
+        codec: str = "flac",
+        outbox_grace_s: float = OUTBOX_GRACE_S,
+        waiter: EventWaiter | None = None,
+    ) -> None:
         self.redis = client
-        self.ttl = ttl
+        self.waiter = waiter  # shares one blocked connection among every wait (cache/events.py); None blocks here
+        self.ttl = ttl  # a finished job's record
+        self.audio_ttl = min(ttl, audio_ttl or ttl)  # a finished job's audio
+        self.codec = codec  # how segment audio is kept (core.audio.STORE_CODECS)
         self.outbox_grace_s = outbox_grace_s
         self._write_segment = client.register_script(scripts.WRITE_SEGMENT)
         self._finish = client.register_script(scripts.FINISH)
@@ -145,6 +169,7 @@ class JobStore:
             "segments_done": 0,
             "cached_segments": cached,
             "chars_total": sum(len(t) for t in texts),
+            "segment_chars": ",".join(str(len(t)) for t in texts),
             "created_at": now,
             "updated_at": now,
         }
@@ -220,28 +245,31 @@ class JobStore:
         """Say whether a segment's audio is already written."""
         return bool(self.redis.hexists(keys.audio(job_id), str(index)))
 
-    def start_segment(self, job_id: str, index: int, *, worker: str = "", token: str | None = None) -> SegmentStart:
+    def start_segment(
+        self, job_id: str, index: int, *, worker: str = "", token: str | None = None, known: bool = False
+    ) -> SegmentStart:
         """Read what making one segment needs, hold it for ``worker`` and count the attempt (see START_SEGMENT).
 
         ``token`` names the delivery (a task id and its retry count): a redelivery with the same token is
-        the same attempt. Without one, every call is a new attempt.
+        the same attempt. Without one, every call is a new attempt. ``known`` says the caller already has the
+        job's timeline, so only the metadata of the segments just before this one is read.
         """
         reply = self._start_segment(
             keys=[keys.job(job_id), keys.audio(job_id), keys.attempts(job_id), keys.texts(job_id),
                   keys.segment_meta(job_id), keys.claims(job_id), keys.held(worker), keys.HOLDERS],
             args=[str(index), f"{time.time():.6f}", token or uuid.uuid4().hex, keys.segment_member(job_id, index),
-                  worker, *sorted(TERMINAL)],
+                  worker, "1" if known else "0", *sorted(TERMINAL)],
         )  # fmt: skip
         state = ("gone", "over", "written", "go")[int(reply[0])]
         if state != "go":
             return SegmentStart(state)
-        _, record, attempt, texts, meta, redelivered = reply
+        _, record, attempt, text, meta, redelivered = reply
         return SegmentStart(
             state,
             record={k.decode(): v.decode() for k, v in _pairs(record).items()},
             attempt=int(attempt),
             redelivered=bool(int(redelivered)),
-            texts=[_raw(t).decode() for t in texts],
+            text=_text(text) if text else None,
             meta={int(k): json.loads(v) for k, v in _pairs(meta).items()},
         )
 
@@ -249,22 +277,39 @@ class JobStore:
         """Return how many synthesis attempts a segment has had."""
         return int(self.redis.hget(keys.attempts(job_id), str(index)) or 0)
 
+    def pack(self, audio: bytes | PackedAudio, sample_rate: int) -> PackedAudio:
+        """Return segment audio as the store keeps it: raw PCM is encoded with the store's codec."""
+        return audio if isinstance(audio, PackedAudio) else PackedAudio.pack(audio, sample_rate, self.codec)
+
     def _write_args(
-        self, job_id: str, index: int, pcm: bytes, rate: int, meta: dict[str, Any], *, worker: str, advance: bool
+        self,
+        job_id: str,
+        index: int,
+        audio: bytes | PackedAudio,
+        rate: int,
+        meta: dict[str, Any],
+        *,
+        worker: str,
+        advance: bool,
     ) -> tuple[list[str], list[EncodableT]]:
         now = time.time()
-        script_keys = [*keys.all_job_keys(job_id), keys.held(worker), keys.OUTBOX, keys.LIVE_JOBS, keys.DUE]
+        script_keys = [
+            *keys.all_job_keys(job_id), keys.held(worker), keys.OUTBOX, keys.LIVE_JOBS, keys.DUE, keys.AUDIO_KEPT,
+        ]  # fmt: skip
         args: list[EncodableT] = [
-            index, pcm, json.dumps(meta), f"{now:.6f}", self.ttl, rate, keys.segment_member(job_id, index), job_id,
-            f"{now + self.outbox_grace_s:.6f}", "1" if advance else "0",
+            index, self.pack(audio, rate).data, json.dumps(meta), f"{now:.6f}", self.ttl, rate,
+            keys.segment_member(job_id, index), job_id, f"{now + self.outbox_grace_s:.6f}", "1" if advance else "0",
+            self.audio_ttl, f"{now + self.audio_ttl:.3f}",
         ]  # fmt: skip
         return script_keys, args
 
-    def write_segments(self, job_id: str, segments: dict[int, tuple[bytes, int, dict[str, Any]]]) -> list[WriteResult]:
-        """Store several finished segments (index → pcm, rate, meta) in one round trip, advancing nothing."""
+    def write_segments(
+        self, job_id: str, segments: Mapping[int, tuple[bytes | PackedAudio, int, dict[str, Any]]]
+    ) -> list[WriteResult]:
+        """Store several finished segments (index → audio, rate, meta) in one round trip, advancing nothing."""
         pipe = self.redis.pipeline(transaction=False)
-        for index, (pcm, rate, meta) in sorted(segments.items()):
-            script_keys, args = self._write_args(job_id, index, pcm, rate, meta, worker="", advance=False)
+        for index, (audio, rate, meta) in sorted(segments.items()):
+            script_keys, args = self._write_args(job_id, index, audio, rate, meta, worker="", advance=False)
             self._write_segment(keys=script_keys, args=args, client=pipe)
         return [WriteResult(int(reply[0])) for reply in pipe.execute()]
 
@@ -272,16 +317,19 @@ class JobStore:
         self,
         job_id: str,
         index: int,
-        pcm: bytes,
+        audio: bytes | PackedAudio,
         *,
         sample_rate: int,
         meta: dict[str, Any],
         worker: str = "",
         advance: bool = False,
     ) -> SegmentWrite:
-        """Store a finished segment once, releasing ``worker``'s hold; with ``advance``, move the next pending one
-        to the outbox (the caller publishes it, then calls ``published``)."""
-        script_keys, args = self._write_args(job_id, index, pcm, sample_rate, meta, worker=worker, advance=advance)
+        """Store a finished segment once (raw PCM, or audio already packed), releasing ``worker``'s hold; with
+        ``advance``, move the next pending one to the outbox (the caller publishes it, then calls ``published``).
+
+        A store at its memory limit raises ``redis.OutOfMemoryError`` having changed nothing.
+        """
+        script_keys, args = self._write_args(job_id, index, audio, sample_rate, meta, worker=worker, advance=advance)
         result, next_index = self._write_segment(keys=script_keys, args=args)
         return SegmentWrite(WriteResult(int(result)), None if int(next_index) < 0 else int(next_index))
 
@@ -305,17 +353,30 @@ class JobStore:
         return self._end(job_id, "canceled", "canceled by the client")
 
     def _end(self, job_id: str, status: str, reason: str) -> bool:
+        now = time.time()
         result = int(
-            self._finish(keys=keys.all_job_keys(job_id), args=[status, reason, f"{time.time():.6f}", self.ttl])
+            self._finish(
+                keys=[*keys.all_job_keys(job_id), keys.AUDIO_KEPT],
+                args=[status, reason, f"{now:.6f}", self.ttl, self.audio_ttl, f"{now + self.audio_ttl:.3f}", job_id],
+            )
         )
         if result != 0:
             self.forget_live(job_id)
         return result == 1
 
     def segment(self, job_id: str, index: int) -> bytes | None:
-        """Return a finished segment's PCM bytes, or None when not ready."""
+        """Return a finished segment's PCM bytes, or None when not ready (or no longer kept)."""
         value = self.redis.hget(keys.audio(job_id), str(index))
-        return _opt_raw(value)
+        return None if value is None else PackedAudio(_raw(value)).pcm()
+
+    def packed_segment(self, job_id: str, index: int) -> PackedAudio | None:
+        """Return a finished segment as the store keeps it (to copy it on without decoding it)."""
+        value = self.redis.hget(keys.audio(job_id), str(index))
+        return None if value is None else PackedAudio(_raw(value))
+
+    def has_audio(self, job_id: str) -> bool:
+        """Say whether any of the job's audio is still kept (its audio TTL or the memory budget removes it)."""
+        return bool(self.redis.exists(keys.audio(job_id)))
 
     def segment_meta(self, job_id: str) -> dict[int, dict[str, Any]]:
         """Return the metadata of every finished segment by index."""
@@ -330,7 +391,7 @@ class JobStore:
     def segments(self, job_id: str, total: int) -> list[bytes | None]:
         """Return every segment's PCM bytes in order, None where not ready."""
         values = self.redis.hmget(keys.audio(job_id), [str(i) for i in range(total)])
-        return [_opt_raw(v) for v in values]
+        return [None if v is None else PackedAudio(_raw(v)).pcm() for v in values]
 
     def last_event_id(self, job_id: str) -> str:
         """Return the id of the newest event of the job, or '0-0' when none."""
@@ -339,6 +400,8 @@ class JobStore:
 
     def wait_for_event(self, job_id: str, after: str, timeout_s: float) -> str:
         """Block until an event newer than ``after`` arrives or time runs out; return the newest id seen."""
+        if self.waiter is not None:
+            return self.waiter.wait(keys.events(job_id), after, timeout_s)
         block_ms = max(1, int(timeout_s * 1000))
         reply = self.redis.xread({keys.events(job_id): after}, block=block_ms)
         if not reply:
@@ -368,4 +431,11 @@ class JobStore:
 
     def store_file(self, job_id: str, fmt: str, data: bytes) -> None:
         """Keep the job's whole encoded file for as long as the job lives."""
-        self.redis.set(keys.file(job_id, fmt), data, ex=self.ttl)
+        self.redis.set(keys.file(job_id, fmt), data, ex=self.audio_ttl)
+
+
+def store_of(client: redis.Redis, settings: Settings, *, waiter: EventWaiter | None = None) -> JobStore:
+    """Return the job store on ``client`` with the settings' retention and audio codec."""
+    return JobStore(
+        client, ttl=settings.job_ttl_s, audio_ttl=settings.audio_ttl_s, codec=settings.audio_store_codec, waiter=waiter
+    )

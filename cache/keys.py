@@ -107,6 +107,13 @@ OUTBOX = f"{PREFIX}:outbox"
 #: Held by the one worker sweeping the outbox and dead workers at a time.
 JANITOR_LOCK = f"{PREFIX}:janitor:lock"
 
+#: Finished jobs whose audio may still be in the store, scored by when they ended: the memory budget
+#: removes the oldest first (cache/budget.py).
+AUDIO_KEPT = f"{PREFIX}:audio:kept"
+#: Sentence-cache entries (segments and whole files) scored by when they were stored, when the cache
+#: shares the job store's Redis: the memory budget removes the oldest first.
+CACHE_KEPT = f"{PREFIX}:cache:kept"
+
 
 def sentence(digest: str) -> str:
     """Return the key of one cached segment (a hash: pcm, rate, meta)."""
@@ -133,3 +140,8 @@ def stats(bucket: int) -> str:
 
 
 BREAKER = f"{PREFIX}:breaker"
+
+
+def streams(caller: str) -> str:
+    """Return the key of a caller's open streams (a sorted set: slot id → when it lapses unless renewed, in ms)."""
+    return f"{PREFIX}:streams:{caller}"

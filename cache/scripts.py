@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 # KEYS: record, audio, segmeta, events, texts, attempts, pending, claims (the job's own, as keys.all_job_keys),
-#       then the writer's held set, the outbox, the live-job index, the deadline books.
-# ARGV: index, pcm, meta_json, now, ttl, sample_rate, segment member, job id, outbox time, advance ('1' or '0').
+#       then the writer's held set, the outbox, the live-job index, the deadline books, the kept-audio index.
+# ARGV: index, audio, meta_json, now, ttl, sample_rate, segment member, job id, outbox time, advance ('1' or '0'),
+#       audio ttl, when the audio expires.
 # Stores the segment only if absent (a redelivered task cannot duplicate it or its event), and advances the
 # job in the same step: the segment leaves its writer's held set and the deadline books; when written and
 # `advance` is set, the job's next pending segment moves to the outbox (so a crash before its publish cannot
-# strand the job); a finished job leaves the live index. Returns {result, next index or -1}, result being
-# 1 written, 2 written and it finished the job, 0 already there (a redelivery), -1 job gone, -2 job over.
+# strand the job); a finished job leaves the live index and its audio starts its own, shorter TTL. Returns
+# {result, next index or -1}, result being 1 written, 2 written and it finished the job, 0 already there (a
+# redelivery), -1 job gone, -2 job over. The first command that can grow memory is HSETNX: a store at its
+# maxmemory refuses the script there, before it changed anything (the writer keeps its hold and retries).
 WRITE_SEGMENT = """
-redis.call('SREM', KEYS[9], ARGV[7])
-redis.call('ZREM', KEYS[12], ARGV[7])
-if redis.call('EXISTS', KEYS[1]) == 0 then return {-1, -1} end
+local function let_go()
+  redis.call('SREM', KEYS[9], ARGV[7])
+  redis.call('ZREM', KEYS[12], ARGV[7])
+end
+if redis.call('EXISTS', KEYS[1]) == 0 then let_go() return {-1, -1} end
 local status = redis.call('HGET', KEYS[1], 'status')
-if status == 'failed' or status == 'canceled' then return {-2, -1} end
-if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return {0, -1} end
+if status == 'failed' or status == 'canceled' then let_go() return {-2, -1} end
+if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then let_go() return {0, -1} end
+let_go()
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
 redis.call('HSETNX', KEYS[1], 'sample_rate', ARGV[6])
 local done = redis.call('HINCRBY', KEYS[1], 'segments_done', 1)
@@ -27,11 +33,13 @@ if status == 'queued' then
 end
 redis.call('XADD', KEYS[4], '*', 'type', 'segment', 'index', ARGV[1])
 if done >= total then
-  redis.call('HSET', KEYS[1], 'status', 'done', 'finished_at', ARGV[4])
+  redis.call('HSET', KEYS[1], 'status', 'done', 'finished_at', ARGV[4], 'audio_expires_at', ARGV[12])
   redis.call('XADD', KEYS[4], '*', 'type', 'status', 'status', 'done')
   redis.call('DEL', KEYS[7])
   for i = 1, 8 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
+  redis.call('EXPIRE', KEYS[2], ARGV[11])
   redis.call('ZREM', KEYS[11], ARGV[8])
+  redis.call('ZADD', KEYS[13], ARGV[4], ARGV[8])
   return {2, -1}
 end
 if ARGV[10] == '1' then
@@ -44,32 +52,38 @@ end
 return {1, -1}
 """
 
-# KEYS: record, audio, segmeta, events, texts, attempts, pending
-# ARGV: new_status ('failed' or 'canceled'), reason, now, ttl
+# KEYS: the job's own (keys.all_job_keys), then the kept-audio index.
+# ARGV: new_status ('failed' or 'canceled'), reason, now, ttl, audio ttl, when the audio expires, job id.
 # Returns 1 when the job moved to new_status, 0 when it was already terminal, -1 when gone.
 FINISH = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 local status = redis.call('HGET', KEYS[1], 'status')
 if status == 'done' or status == 'failed' or status == 'canceled' then return 0 end
-redis.call('HSET', KEYS[1], 'status', ARGV[1], 'error', ARGV[2], 'finished_at', ARGV[3], 'updated_at', ARGV[3])
+redis.call('HSET', KEYS[1], 'status', ARGV[1], 'error', ARGV[2], 'finished_at', ARGV[3], 'updated_at', ARGV[3],
+           'audio_expires_at', ARGV[6])
 redis.call('XADD', KEYS[4], '*', 'type', 'status', 'status', ARGV[1], 'error', ARGV[2])
 redis.call('DEL', KEYS[7])
-for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ARGV[4]) end
+for i = 1, 8 do redis.call('EXPIRE', KEYS[i], ARGV[4]) end
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+redis.call('ZADD', KEYS[9], ARGV[3], ARGV[7])
 return 1
 """
 
 # KEYS: record, audio, attempts, texts, segmeta, claims, the worker's held set, the holders index.
-# ARGV: index, now, delivery token, segment member, worker name, then the terminal statuses.
+# ARGV: index, now, delivery token, segment member, worker name, known ('1' when the worker already has the
+#       job's timeline), then the terminal statuses.
 # What a worker reads before making a segment, in one atomic step. Returns {0} when the job is gone, {1} when
 # it is over, {2} when the segment is already written. Otherwise it records the segment as held by this worker
 # (so its death hands the segment on), counts an attempt unless this delivery's token already holds the claim
 # (a redelivery of the same attempt), moves a queued job to running, and returns
-# {3, record, attempt, texts, segment metadata, 1 if a redelivery else 0}.
+# {3, record, attempt, text, segment metadata, 1 if a redelivery else 0}. Its cost does not grow with the job:
+# it reads this segment's text only, and a worker that knows the job gets a few record fields and the metadata
+# of the segments just before this one; only a worker new to the job gets the whole record (with every
+# segment's length) and all metadata, once.
 START_SEGMENT = """
-local record = redis.call('HGETALL', KEYS[1])
-if #record == 0 then return {0} end
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
 local status = redis.call('HGET', KEYS[1], 'status')
-for i = 6, #ARGV do
+for i = 7, #ARGV do
   if status == ARGV[i] then return {1} end
 end
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return {2} end
@@ -84,10 +98,29 @@ else
 end
 redis.call('SADD', KEYS[7], ARGV[4])
 redis.call('SADD', KEYS[8], ARGV[5])
+local index = tonumber(ARGV[1])
+local text = redis.call('LINDEX', KEYS[4], index)
+local record, meta
+if ARGV[6] == '1' then
+  local names = {'id', 'status', 'request', 'created_at', 'seconds_per_char', 'segments_total'}
+  local values = redis.call('HMGET', KEYS[1], unpack(names))
+  record = {}
+  for i, name in ipairs(names) do
+    if values[i] then record[#record + 1] = name record[#record + 1] = values[i] end
+  end
+  meta = {}
+  for i = math.max(0, index - 32), index - 1 do
+    local m = redis.call('HGET', KEYS[5], tostring(i))
+    if m then meta[#meta + 1] = tostring(i) meta[#meta + 1] = m end
+  end
+else
+  record = redis.call('HGETALL', KEYS[1])
+  meta = redis.call('HGETALL', KEYS[5])
+end
 if status == 'queued' then
   redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[2], 'updated_at', ARGV[2])
 end
-return {3, record, attempt, redis.call('LRANGE', KEYS[4], 0, -1), redis.call('HGETALL', KEYS[5]), redelivered}
+return {3, record, attempt, text or false, meta, redelivered}
 """
 
 # KEYS: a dead worker's held set, the outbox, the heartbeat index, the holders index, its heartbeat key.

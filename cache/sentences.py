@@ -2,8 +2,10 @@
 
 A segment's audio is determined by the model (and its version), voice, seed,
 mode, speed and normalised text; the key is a hash of exactly those. Values are
-raw PCM plus JSON metadata in a hash, never pickle. The cache may live on its own
-Redis with an evicting policy: every failure here degrades to a miss.
+the segment's packed audio (as the job store keeps it, core.audio.PackedAudio) plus
+JSON metadata in a hash, never pickle. The cache may live on its own Redis with an
+evicting policy: every failure here degrades to a miss. On the job store's Redis,
+entries are listed by age (keys.CACHE_KEPT) for the memory budget to remove.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +21,7 @@ import redis
 
 from cache import keys
 from cache.jobstore import JobRequest
+from core.audio import PackedAudio
 from core.registry import ModelSpec
 from core.settings import Settings
 
@@ -26,9 +30,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class CachedSegment:
-    """One cached segment: PCM bytes and what is needed to serve them."""
+    """One cached segment: its packed audio and what is needed to serve it."""
 
-    pcm: bytes
+    audio: PackedAudio
     sample_rate: int
     meta: dict[str, Any]
 
@@ -76,10 +80,11 @@ def file_key(segment_keys: list[str], fmt: str) -> str:
 class SentenceCache:
     """Look up and store segment audio; a cache Redis that is down or evicting only causes misses."""
 
-    def __init__(self, client: redis.Redis, *, ttl_s: int, enabled: bool = True) -> None:
+    def __init__(self, client: redis.Redis, *, ttl_s: int, enabled: bool = True, listed: bool = False) -> None:
         self.redis = client
         self.ttl_s = ttl_s
         self.enabled = enabled
+        self.listed = listed  # list entries by age for the job store's memory budget (a shared Redis)
 
     def get_many(self, segment_keys: list[str]) -> list[CachedSegment | None]:
         """Return each key's cached segment or None, in one round trip."""
@@ -88,17 +93,17 @@ class SentenceCache:
         try:
             pipe = self.redis.pipeline(transaction=False)
             for key in segment_keys:
-                pipe.hmget(key, ["pcm", "rate", "meta"])
+                pipe.hmget(key, ["audio", "rate", "meta"])
             replies = pipe.execute()
         except redis.RedisError as e:
             log.warning("sentence cache unavailable, treating as misses: %s", e)
             return [None] * len(segment_keys)
         found: list[CachedSegment | None] = []
-        for pcm, rate, meta in replies:
-            if pcm is None or rate is None or meta is None:
+        for audio, rate, meta in replies:
+            if audio is None or rate is None or meta is None:
                 found.append(None)  # absent, or partly evicted
                 continue
-            found.append(CachedSegment(bytes(pcm), int(rate), json.loads(meta)))
+            found.append(CachedSegment(PackedAudio(bytes(audio)), int(rate), json.loads(meta)))
         return found
 
     def put(self, segment_key: str, segment: CachedSegment) -> int:
@@ -108,14 +113,20 @@ class SentenceCache:
         try:
             pipe = self.redis.pipeline(transaction=True)
             pipe.hset(
-                segment_key, mapping={"pcm": segment.pcm, "rate": segment.sample_rate, "meta": json.dumps(segment.meta)}
+                segment_key,
+                mapping={"audio": segment.audio.data, "rate": segment.sample_rate, "meta": json.dumps(segment.meta)},
             )
             pipe.expire(segment_key, self.ttl_s)
+            self._list(pipe, segment_key)
             pipe.execute()
         except redis.RedisError as e:
             log.warning("sentence cache write failed: %s", e)
             return 0
-        return len(segment.pcm)
+        return len(segment.audio.data)
+
+    def _list(self, pipe: redis.client.Pipeline, key: str) -> None:
+        if self.listed:
+            pipe.zadd(keys.CACHE_KEPT, {key: time.time()})
 
     def get_file(self, key: str) -> bytes | None:
         """Return a cached whole file, or None."""
@@ -133,7 +144,10 @@ class SentenceCache:
         if not self.enabled:
             return
         try:
-            self.redis.set(key, data, ex=self.ttl_s)
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.set(key, data, ex=self.ttl_s)
+            self._list(pipe, key)
+            pipe.execute()
         except redis.RedisError as e:
             log.warning("file cache write failed: %s", e)
 
@@ -144,4 +158,5 @@ def build_cache(settings: Settings) -> SentenceCache:
     client = redis.Redis.from_url(
         settings.cache_redis_url or settings.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0
     )
-    return SentenceCache(client, ttl_s=settings.cache_ttl_s, enabled=settings.cache_enabled)
+    shared = settings.cache_redis_url in (None, "", settings.redis_url)
+    return SentenceCache(client, ttl_s=settings.cache_ttl_s, enabled=settings.cache_enabled, listed=shared)

@@ -96,3 +96,16 @@ class ServiceUnavailable(ServiceError):
     def __init__(self, message: str, *, retry_after: int = 5, **details: Any) -> None:
         super().__init__(message, **details)
         self.retry_after = retry_after
+
+
+class StoreFull(ServiceUnavailable):
+    """Raised when the job store is at its memory budget: no new work until finished audio makes room."""
+
+    code = "store_full"
+
+
+class Gone(ServiceError):
+    """Raised when a finished job's audio is no longer kept (its audio TTL passed, or the memory budget needed it)."""
+
+    status = 410
+    code = "gone"

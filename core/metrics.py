@@ -61,6 +61,17 @@ OUTBOX_PUBLISHED = Counter(
     "tts_outbox_published_total",
     "Segments the janitor published from the outbox (their taker died or lost Redis first).",
 )
+STORE_FULL_WAITS = Counter(
+    "tts_store_full_waits_total", "Segment writes refused by a job store at its memory limit (retried, not failed)."
+)
+STORE_TRIMMED = Counter(
+    "tts_store_trimmed_total",
+    "Finished jobs' audio and cache entries removed early to keep the job store inside its memory budget.",
+    ["kind"],
+)
+STORE_USED = Gauge(
+    "tts_store_used_ratio", "The job store's used memory as a share of its budget.", multiprocess_mode="mostrecent"
+)
 MODEL_LOADS = Counter("tts_model_loads_total", "Model host processes started.", ["model"])
 MODEL_LOAD_SECONDS = Histogram("tts_model_load_seconds", "Time to start a model host and load its model.", ["model"],
                                buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120))  # fmt: skip

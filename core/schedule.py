@@ -64,10 +64,16 @@ class Timeline:
 
     def merge(self, newer: Timeline) -> None:
         """Take arrivals and durations another view of the job knows (segments other workers wrote)."""
-        for index, at in newer.arrivals.items():
+        known = range(min(len(self.durations), len(newer.durations)))
+        self.learn(newer.arrivals, {i: newer.durations[i] for i in newer.arrivals if i in known})
+
+    def learn(self, arrivals: Mapping[int, float], durations: Mapping[int, float]) -> None:
+        """Take what the store says of written segments: when they arrived, and their (stretched) durations."""
+        for index, at in arrivals.items():
             self.arrivals.setdefault(index, at)
-            if index < min(len(self.durations), len(newer.durations)):
-                self.durations[index] = newer.durations[index]
+        for index, duration in durations.items():
+            if index < len(self.durations):
+                self.durations[index] = duration
 
     def deadline(self, index: int, now: float | None = None) -> float:
         """Return when the listener needs segment ``index``, as far as is known at ``now``."""

@@ -77,8 +77,57 @@ class Settings(BaseSettings):
     )
     job_deadline_s: float = Field(6 * 3600.0, gt=0, description="A job not done this long after submission fails.")
     max_wait_s: float = Field(30.0, gt=0, description="Longest long-poll a client may ask for with ?wait=.")
+    max_streams_per_caller: int = Field(
+        100,
+        ge=1,
+        description="Streams and long-polls (events, growing or downloading audio, speech, ?wait=) one caller may "
+        "hold open at once across every API process; beyond it 429 with Retry-After.",
+    )
+    max_streams_per_process: int = Field(
+        2000,
+        ge=1,
+        description="The same, for all callers together in one API process (beyond it 503 with Retry-After); "
+        "gunicorn's worker_connections is set above it, so the rest of the API always finds a connection.",
+    )
+    stream_keepalive_s: float = Field(
+        15.0,
+        gt=0,
+        description="An idle event stream sends a keep-alive this often; a client that left is noticed at the "
+        "next one, and its stream slot freed.",
+    )
 
-    job_ttl_s: int = Field(24 * 3600, ge=60, description="How long a finished job and its audio stay in Redis.")
+    job_ttl_s: int = Field(
+        24 * 3600, ge=60, description="How long a finished job's record (status, progress, error) stays in Redis."
+    )
+    audio_ttl_s: int = Field(
+        3600,
+        ge=60,
+        description="How long a finished job's audio stays in Redis (at most job_ttl_s); after it, the audio "
+        "routes answer 410 Gone. The memory budget may remove the oldest finished audio sooner.",
+    )
+    audio_store_codec: str = Field(
+        "flac",
+        pattern="^(flac|vorbis|pcm)$",
+        description="How segment audio is kept in Redis: flac (lossless, about half of raw PCM for speech), "
+        "vorbis (lossy, about a fifth), pcm (raw).",
+    )
+    store_budget_mb: int = Field(
+        0,
+        ge=0,
+        description="The job store's memory budget; 0 takes Redis's own maxmemory (and no budget if it has none).",
+    )
+    store_trim_at: float = Field(
+        0.8,
+        gt=0,
+        lt=1,
+        description="Past this share of the budget, the oldest finished audio and cache entries are removed.",
+    )
+    store_full_at: float = Field(
+        0.9,
+        gt=0,
+        lt=1,
+        description="Past this share of the budget (live jobs alone fill it), new jobs get 503 with Retry-After.",
+    )
     segment_max_attempts: int = Field(3, ge=1, description="Attempts per segment before its job fails.")
     task_time_limit_s: int = Field(300, ge=10, description="Hard limit for one segment's synthesis.")
     visibility_timeout_s: int = Field(
@@ -186,6 +235,12 @@ class Settings(BaseSettings):
     def worker_dead_after_s(self) -> float:
         """Return how old a worker's last heartbeat is when the worker counts as dead."""
         return self.heartbeat_misses * self.heartbeat_s
+
+    @property
+    def stream_slot_ttl_s(self) -> float:
+        """Return how long an open stream's slot counts without being renewed (a crashed process's slots lapse)."""
+        # A stream renews its slot at each keep-alive; a long-poll holds it for up to max_wait_s unrenewed.
+        return 2 * max(self.stream_keepalive_s, self.max_wait_s) + 10
 
 
 def deadline_policy(settings: Settings) -> DeadlinePolicy:

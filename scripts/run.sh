@@ -10,6 +10,9 @@ PY="$VENV/bin/python"
 # Resolved once, so that a relative or an absolute TTS_RUN_DIR both work below.
 RUN_DIR=$(mkdir -p "${TTS_RUN_DIR:-var}" && cd "${TTS_RUN_DIR:-var}" && pwd)
 REDIS_PORT=${TTS_REDIS_PORT:-6390}
+# The job store's memory budget (Redis maxmemory): past 80% of it the oldest finished audio is removed,
+# past 90% new jobs get 503 (cache/budget.py). Live jobs are never evicted (noeviction).
+REDIS_MAXMEMORY=${TTS_REDIS_MAXMEMORY:-4gb}
 API_HOST=${TTS_API_HOST:-127.0.0.1}
 API_PORT=${TTS_API_PORT:-8000}
 API_WORKERS=${TTS_API_PROCESSES:-2}
@@ -87,7 +90,7 @@ if [ -z "${REDIS_URL:-}" ]; then
   redis_program="[program:redis]
 $common
 autostart=true
-command=${pdeath}$(arg "$(command -v redis-server)") --port $REDIS_PORT --bind 127.0.0.1 --dir $(arg "$RUN_DIR/redis") --appendonly yes --appendfsync everysec --maxmemory-policy noeviction --save '' --daemonize no --logfile $(arg "$RUN_DIR/log/redis.log")
+command=${pdeath}$(arg "$(command -v redis-server)") --port $REDIS_PORT --bind 127.0.0.1 --dir $(arg "$RUN_DIR/redis") --appendonly yes --appendfsync everysec --maxmemory $(arg "$REDIS_MAXMEMORY") --maxmemory-policy noeviction --save '' --daemonize no --logfile $(arg "$RUN_DIR/log/redis.log")
 ; Started first and stopped last (supervisord stops in reverse priority): the worker writes to it until it stops.
 priority=10
 stopwaitsecs=30"
@@ -147,7 +150,7 @@ stopwaitsecs=60
 [program:api]
 $common
 autostart=false
-command=${pdeath}$(arg "$VENV/bin/gunicorn") --access-logformat '%%(h)s "%%(r)s" %%(s)s %%(M)sms' --bind $(arg "$API_HOST:$API_PORT") --workers $API_WORKERS --worker-class gthread --threads 32 --timeout 120 --graceful-timeout 10 --access-logfile - 'api:create_app()'
+command=${pdeath}$(arg "$VENV/bin/gunicorn") -c $(arg "$ROOT/api/gunicorn_conf.py") --bind $(arg "$API_HOST:$API_PORT") --workers $API_WORKERS 'api:create_app()'
 ; Stopped first: no new jobs while the worker finishes its segments.
 priority=30
 stopwaitsecs=20
@@ -167,7 +170,7 @@ fi
 
 if [ -n "$redis_program" ]; then
   for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
-  echo "==> Redis on $REDIS_URL (data in $RUN_DIR/redis, AOF on, noeviction)"
+  echo "==> Redis on $REDIS_URL (data in $RUN_DIR/redis, AOF on, noeviction, maxmemory $REDIS_MAXMEMORY)"
 else
   echo "==> using Redis at ${REDIS_URL%%@*}... (REDIS_URL)"
 fi

@@ -99,7 +99,7 @@ def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
 
 def _drop_jobs(client: redis.Redis) -> None:
     # Only our job, deadline-book, breaker and stats keys: the broker's bindings and the workers' heartbeats stay.
-    for pattern in ("tts:job:*", "tts:sched:*", "tts:stats:*", "tts:breaker", "tts:outbox"):
+    for pattern in ("tts:job:*", "tts:sched:*", "tts:stats:*", "tts:breaker", "tts:outbox", "tts:*:kept"):
         for key in client.scan_iter(match=pattern, count=500):
             client.delete(key)
 

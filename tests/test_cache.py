@@ -11,6 +11,7 @@ from flask.testing import FlaskClient
 
 from api import create_app
 from cache.sentences import CachedSegment, SentenceCache, segment_key
+from core.audio import PackedAudio
 from tests.support.servers import free_port
 
 PARAGRAPHS = [
@@ -133,9 +134,10 @@ def test_a_cache_redis_that_is_down_degrades_to_misses(settings_env: dict[str, s
 def test_a_partly_evicted_entry_is_a_miss_not_wrong_audio(redis_client: redis.Redis) -> None:
     cache = SentenceCache(redis_client, ttl_s=60)
     key = segment_key(model="m", version="v", voice="d", seed=None, mode="balanced", speed=1.0, text="evict me")
-    cache.put(key, CachedSegment(b"\x01\x02", 22050, {"duration_s": 0.0}))
-    assert cache.get_many([key])[0] == CachedSegment(b"\x01\x02", 22050, {"duration_s": 0.0})
-    redis_client.hdel(key, "pcm")
+    audio = PackedAudio.pack(b"\x01\x02" * 100, 22050)
+    cache.put(key, CachedSegment(audio, 22050, {"duration_s": 0.0}))
+    assert cache.get_many([key])[0] == CachedSegment(audio, 22050, {"duration_s": 0.0})
+    redis_client.hdel(key, "audio")
     assert cache.get_many([key]) == [None]
     redis_client.delete(key)
     assert cache.get_many([key]) == [None]

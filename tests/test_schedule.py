@@ -102,9 +102,11 @@ def test_a_batch_lane_job_is_due_later_and_accepted_with_a_start_estimate(app: F
 class _VanishingStore(JobStore):
     """A real job store whose job is deleted just before a worker reads it, as an expiry or a cleanup can do."""
 
-    def start_segment(self, job_id: str, index: int, *, worker: str = "", token: str | None = None) -> SegmentStart:
+    def start_segment(
+        self, job_id: str, index: int, *, worker: str = "", token: str | None = None, known: bool = False
+    ) -> SegmentStart:
         self.redis.delete(*keys.all_job_keys(job_id))
-        return super().start_segment(job_id, index, worker=worker, token=token)
+        return super().start_segment(job_id, index, worker=worker, token=token, known=known)
 
 
 class _UnusedBackend:
@@ -142,7 +144,8 @@ def test_starting_a_segment_reads_its_job_counts_the_attempt_and_marks_the_job_r
     first = store.start_segment(job_id, 1)
     assert first.state == "go"
     assert first.request == request
-    assert first.texts == ["First part.", "Second part."]
+    assert first.text == "Second part.", "its own text, never the job's whole list"
+    assert first.chars == [11, 12], "and, read whole once, every segment's length"
     assert first.attempt == 1 and first.meta == {}
     assert first.record["status"] == "queued"  # as read; the job is running from now on
     assert (store.get(job_id) or {})["status"] == "running"
@@ -151,7 +154,10 @@ def test_starting_a_segment_reads_its_job_counts_the_attempt_and_marks_the_job_r
     store.write_segment(job_id, 0, b"\0\0", sample_rate=24000, meta={"duration_s": 0.5, "finished_at": 1.0})
     assert store.start_segment(job_id, 0).state == "written"
     assert store.start_segment(job_id, 1).meta == {0: {"duration_s": 0.5, "finished_at": 1.0}}
+    known = store.start_segment(job_id, 1, known=True)
+    assert known.text == "Second part." and known.meta == {0: {"duration_s": 0.5, "finished_at": 1.0}}
+    assert known.chars is None and known.request == request, "a worker that knows the job gets a few fields"
     store.cancel(job_id)
     assert store.start_segment(job_id, 1).state == "over"
-    assert store.attempts(job_id, 1) == 3, "an ended job's segments count no more attempts"
+    assert store.attempts(job_id, 1) == 4, "an ended job's segments count no more attempts"
     assert store.start_segment("no-such-job", 0).state == "gone"

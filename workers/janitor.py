@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import redis
 
 from cache import keys
+from cache.budget import StoreBudget
 from cache.custody import Custody
 from cache.jobstore import TERMINAL, JobRequest, JobStore
 from cache.schedule import ScheduleBook
@@ -64,6 +65,7 @@ class Janitor:
     working_on: Callable[[], set[str]]
     account_every_s: float = 15.0
     use_deadlines: bool = True
+    budget: StoreBudget | None = None  # trimmed under the lock, each pass
     _reachable_since: float | None = field(default=None, init=False)
     _last_pass: float = field(default=0.0, init=False)
     _last_account: float = field(default=0.0, init=False)
@@ -89,7 +91,8 @@ class Janitor:
             elif now - self._last_pass > 3 * self.interval_s:
                 self._reachable_since = now  # a pause stalled every heartbeat, ours too: let them beat again
             self._last_pass = now
-            counts = {"stale": self.release_own_stale(now), "dead": 0, "handed_over": 0, "lost": 0, "published": 0}
+            counts = dict.fromkeys(("dead", "handed_over", "lost", "published", "trimmed"), 0)
+            counts["stale"] = self.release_own_stale(now)
             if self.store.redis.set(keys.JANITOR_LOCK, self.worker, nx=True, px=int(self.interval_s * 1000)):
                 counts["dead"], counts["handed_over"] = self.bury_dead(now)
                 due = now - self._last_account >= self.account_every_s or now <= self._account_until
@@ -97,11 +100,27 @@ class Janitor:
                     self._last_account = now
                     counts["lost"] = self.account(now)
                 counts["published"] = self.publish_due(now)
+                counts["trimmed"] = self.keep_budget(now)
         except redis.RedisError:
             self._reachable_since = None
             self.alarm()
             raise
         return counts
+
+    def keep_budget(self, now: float) -> int:
+        """Keep the store inside its memory budget (cache/budget.py); return how many jobs' audio it removed."""
+        if self.budget is None:
+            return 0
+        trimmed = self.budget.trim(now)
+        if trimmed.jobs or trimmed.cache_entries:
+            log.warning(
+                "job store over %.0f%% of its memory budget (%s): removed the audio of the %d oldest finished "
+                "jobs and %d cache entries (now %s)",
+                self.budget.trim_at * 100, trimmed.before.describe() if trimmed.before else "?", trimmed.jobs,
+                trimmed.cache_entries, trimmed.after.describe() if trimmed.after else "?",
+                extra={"jobs": trimmed.jobs, "cache_entries": trimmed.cache_entries},
+            )  # fmt: skip
+        return trimmed.jobs
 
     def release_own_stale(self, now: float) -> int:
         """Move to the outbox what Redis says this worker holds but no thread of it works on; return how many."""

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 import redis
 from celery import Celery
 
+from cache.budget import build_budget
 from cache.custody import BrokerKeys, Custody
-from cache.jobstore import JobStore
+from cache.jobstore import JobStore, store_of
 from cache.schedule import ScheduleBook
 from cache.sentences import build_cache
 from cache.stats import Stats
@@ -155,7 +156,8 @@ def batch_observer(stats: Stats) -> BatchObserver:
 def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> WorkerRuntime:
     """Wire a worker's dependencies from the settings."""
     client = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
-    store = JobStore(client, ttl=settings.job_ttl_s)
+    store = store_of(client, settings)
+    budget = build_budget(client, settings)
     stats = Stats(client)
     book = ScheduleBook(client, default_seconds_per_char=settings.seconds_per_char)
     heartbeats = WorkerRegistry(client, ttl_s=settings.worker_dead_after_s)
@@ -194,6 +196,7 @@ def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> Wor
         book=book,
         policy=deadline_policy(settings),
         use_deadlines=deadlines,
+        wait_for_room=budget.wait_for_room,
     )
     return WorkerRuntime(
         settings=settings,
@@ -227,6 +230,7 @@ def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> Wor
             working_on=synthesizer.working_on,
             account_every_s=settings.reconcile_interval_s,
             use_deadlines=deadlines,
+            budget=budget,
         ),
     )
 

@@ -8,16 +8,18 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import redis
 
 from cache import keys
-from cache.jobstore import JobStore, SegmentStart, WriteResult
+from cache.jobstore import JobStore, SegmentStart, SegmentWrite, WriteResult
 from cache.schedule import ScheduleBook
 from cache.sentences import CachedSegment, SentenceCache, segment_keys
 from cache.stats import Stats
-from core.audio import to_pcm16
+from core.audio import PackedAudio, to_pcm16
+from core.errors import StoreFull
 from core.metrics import (
     AUDIO_SECONDS,
     CACHE_BYTES_STORED,
@@ -28,6 +30,7 @@ from core.metrics import (
     SEGMENT_LATENESS,
     SEGMENT_REDELIVERIES,
     SEGMENTS,
+    STORE_FULL_WAITS,
     TIME_TO_FIRST_SEGMENT,
 )
 from core.registry import Registry
@@ -55,6 +58,11 @@ class Timelines:
         self._timelines: OrderedDict[str, Timeline] = OrderedDict()
         self._lock = threading.Lock()
         self._limit = limit
+
+    def known(self, job_id: str) -> Timeline | None:
+        """Return the job's shared timeline if this worker has one."""
+        with self._lock:
+            return self._timelines.get(job_id)
 
     def get(self, job_id: str, fresh: Timeline) -> Timeline:
         """Return the job's shared timeline, updated with what ``fresh`` (read from the store now) knows."""
@@ -91,6 +99,8 @@ class SegmentSynthesizer:
         book: ScheduleBook,
         policy: DeadlinePolicy,
         use_deadlines: bool = True,
+        wait_for_room: Callable[[float], bool] | None = None,
+        room_wait_s: float = 60.0,
     ) -> None:
         self.store = store
         self.cache = cache
@@ -103,6 +113,8 @@ class SegmentSynthesizer:
         self.book = book
         self.policy = policy
         self.use_deadlines = use_deadlines
+        self.wait_for_room = wait_for_room  # blocks until the store has room (cache/budget.py), or says it timed out
+        self.room_wait_s = room_wait_s
         self._timelines = Timelines()
         self._working_on: Counter[str] = Counter()
         self._working_lock = threading.Lock()
@@ -141,8 +153,10 @@ class SegmentSynthesizer:
         ``token`` names this delivery (see ``JobStore.start_segment``): a redelivery of the same attempt is
         not counted against the segment's attempts.
         """
-        # One atomic read: the job, whether the segment exists, the attempt, the texts, what is done.
-        start = self.store.start_segment(job_id, index, worker=self.worker, token=token)
+        # One atomic read: the job, whether the segment exists, the attempt, its text, what is done (all of it
+        # only when this worker does not know the job yet: a segment's start never reads the whole job).
+        known = self._timelines.known(job_id) is not None
+        start = self.store.start_segment(job_id, index, worker=self.worker, token=token, known=known)
         if start.state in ("gone", "over"):
             return Outcome.SKIPPED
         if start.state == "written":
@@ -170,14 +184,14 @@ class SegmentSynthesizer:
             self.store.fail(job_id, f"segment {index} was attempted {self.max_attempts} times without finishing")
             return Outcome.GAVE_UP
         request = start.request
-        if request is None or index >= len(start.texts):
+        if request is None or start.text is None:
             self.store.release(self.worker, job_id, index)
             return Outcome.SKIPPED
-        text = start.texts[index]
+        text = start.text
         QUEUE_WAIT.observe(max(0.0, time.time() - float(record["created_at"])))
         spec = self.registry.get(request.model)
         lane = request.priority
-        plan = self._timelines.get(job_id, self.timeline(record, lane, start.texts, start.meta))
+        plan = self._plan(job_id, start, lane)
 
         def due() -> float:  # moves with the job's listener as its earlier segments arrive
             return plan.deadline(index)
@@ -190,7 +204,7 @@ class SegmentSynthesizer:
             early=index > 0,
         )
         synth_s = time.perf_counter() - started
-        pcm = to_pcm16(wave)
+        audio = self.store.pack(to_pcm16(wave), rate)  # encoded once: the store and the cache keep these bytes
         duration = len(wave) / rate
         finished = time.time()
         deadline = due()
@@ -201,9 +215,7 @@ class SegmentSynthesizer:
             "finished_at": round(finished, 4),
             "lateness_s": round(finished - deadline, 4),
         }
-        write = self.store.write_segment(
-            job_id, index, pcm, sample_rate=rate, meta={**meta, "attempt": attempt}, worker=self.worker, advance=True
-        )
+        write = self._write(job_id, index, audio, rate, {**meta, "attempt": attempt})
         outcome = _OUTCOMES[write.result]
         SEGMENTS.labels(outcome.value).inc()
         self.stats.record(ok=1)
@@ -219,7 +231,7 @@ class SegmentSynthesizer:
         if request.cache:
             key = segment_keys(spec, request, [text])[0]
             kept = {k: meta[k] for k in ("duration_s", "synth_s", "worker")}  # not this job's times
-            CACHE_BYTES_STORED.inc(self.cache.put(key, CachedSegment(pcm, rate, kept)))
+            CACHE_BYTES_STORED.inc(self.cache.put(key, CachedSegment(audio, rate, kept)))
         log.info(
             "segment %s/%d %s: %d chars, %.2fs audio in %.2fs",
             job_id,
@@ -244,18 +256,59 @@ class SegmentSynthesizer:
             self._feed_next(job_id, write.next_index, plan, lane)
         return outcome
 
+    def _write(self, job_id: str, index: int, audio: PackedAudio, rate: int, meta: dict[str, Any]) -> SegmentWrite:
+        """Write a made segment; while the store is at its memory limit, wait for room rather than lose the work.
+
+        A full store is not the engine's fault: nothing is counted against the segment or the breaker. After
+        ``room_wait_s`` the StoreFull error lets the task retry later; the segment stays held meanwhile.
+        """
+        waited_from = time.monotonic()
+        while True:
+            try:
+                return self.store.write_segment(
+                    job_id, index, audio, sample_rate=rate, meta=meta, worker=self.worker, advance=True
+                )
+            except redis.OutOfMemoryError as e:
+                STORE_FULL_WAITS.inc()
+                left = self.room_wait_s - (time.monotonic() - waited_from)
+                if left <= 0 or self.wait_for_room is None or not self.wait_for_room(left):
+                    raise StoreFull(f"the job store stayed at its memory limit for {self.room_wait_s:g} s") from e
+                log.warning("job %s: the store is full; segment %d waits for room to be written", job_id, index)
+
+    def _plan(self, job_id: str, start: SegmentStart, lane: str) -> Timeline:
+        """Return the job's shared timeline: built from the whole record the first time, then kept up to date."""
+        durations = {i: float(m["duration_s"]) for i, m in start.meta.items() if "duration_s" in m}
+        arrivals = {i: float(m["finished_at"]) for i, m in start.meta.items() if "finished_at" in m}
+        plan = self._timelines.known(job_id)
+        if plan is not None:
+            stretch = self.policy.stretch(lane)
+            plan.learn(arrivals, {i: d * stretch for i, d in durations.items()})
+            return plan
+        # Only a start that said it knew the job lacks the lengths: the job was forgotten here meanwhile.
+        record = start.record if start.chars is not None else {**start.record, **(self.store.get(job_id) or {})}
+        chars = SegmentStart(start.state, record=record).chars or []
+        total = int(record.get("segments_total", 0))
+        if len(chars) != total:  # a job written without the lengths: estimate every segment like this one
+            chars = [len(start.text or "")] * total
+        return self._timelines.get(job_id, self.timeline(record, lane, chars, durations, arrivals))
+
     def timeline(
-        self, record: dict[str, str], lane: str, texts: list[str], meta: dict[int, dict[str, Any]]
+        self,
+        record: dict[str, str],
+        lane: str,
+        chars: list[int],
+        durations: dict[int, float],
+        arrivals: dict[int, float],
     ) -> Timeline:
         """Return the job's deadlines, with the real durations and first-audio time known so far."""
         return timeline(
             lane=lane,
             accepted_at=float(record["created_at"]),
-            chars=[len(t) for t in texts],
+            chars=chars,
             seconds_per_char=float(record.get("seconds_per_char") or self.book.default_seconds_per_char),
             policy=self.policy,
-            durations={i: float(m["duration_s"]) for i, m in meta.items() if "duration_s" in m},
-            arrivals={i: float(m["finished_at"]) for i, m in meta.items() if "finished_at" in m},
+            durations=durations,
+            arrivals=arrivals,
         )
 
     def _feed_next(self, job_id: str, index: int, plan: Timeline, lane: str) -> None:

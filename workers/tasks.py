@@ -8,7 +8,7 @@ import redis
 from celery import Task, shared_task
 
 from celery_config import SYNTHESIZE_TASK
-from core.errors import ServiceError
+from core.errors import ServiceError, StoreFull
 from core.metrics import SEGMENT_FAILURES, SEGMENT_RETRIES
 from workers.runtime import WorkerRuntime, runtime_of
 
@@ -41,6 +41,12 @@ def _synthesize(task: Task, runtime: WorkerRuntime, job_id: str, index: int, tok
     except (redis.ConnectionError, redis.TimeoutError):
         runtime.janitor.alarm()  # a delivery or a reply may be lost with the connection: account soon
         raise  # Redis is away: autoretry with backoff; the segment is not at fault.
+    except (StoreFull, redis.OutOfMemoryError) as e:
+        # The store is at its memory limit: not the segment's fault, and no engine failure (the breaker stays
+        # shut). The segment stays held; this delivery's retry comes back once finished audio makes room.
+        log.warning("job %s segment %d waits for room in the store: %s", job_id, index, e)
+        runtime.janitor.alarm()
+        raise task.retry(exc=e, countdown=10) from e
     except ServiceError as e:
         # The request itself cannot be served (say, its model left the registry): no retry helps.
         runtime.store.fail(job_id, f"segment {index}: {e.message}")

@@ -1,7 +1,6 @@
 """Classify characters by script and by whether a voice can speak them."""
 
 import re
-import unicodedata
 
 # Han ideographs, kana and the two CJK letters that are not in the Han blocks
 # (々 iteration mark, 〇 zero): the scripts written without spaces and with
@@ -18,6 +17,9 @@ CJK_RANGES: tuple[tuple[int, int], ...] = (
 )
 CJK_CLASS = "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in CJK_RANGES)
 _CJK = re.compile(f"[{CJK_CLASS}]")
+# str.isalnum() is exactly Unicode categories L and N, so the regex class [^\W_] is too.
+_SPEAKABLE = re.compile(r"[^\W_]")
+_UNSPEAKABLE_RUN = re.compile(r"[\W_]+")
 
 # Punctuation set tight against CJK text; curly quotes are shared with English.
 WIDE_PUNCTUATION = "，。！？；：、…「」『』《》〈〉【】〔〕"
@@ -27,6 +29,32 @@ CLOSERS = "\"'”’」』》〉】〕)]"
 # How far a number or a mark looks for the letters that decide its language;
 # the bound keeps long runs of digits or symbols linear.
 NEAREST_REACH = 32
+
+# One letter per character for script_weights: a CJK letter, other CJK (〇, ・, ゛),
+# a letter of a space-separated script, anything else.
+CJK_LETTER, CJK_OTHER, WORD_LETTER, OTHER = "C", "K", "a", "."
+_WORD_RUN = re.compile(WORD_LETTER + "+")
+_LETTER_CLASS = re.compile(f"[{CJK_LETTER}{WORD_LETTER}]")
+# Distinct characters seen; a bound keeps a stream of exotic texts from growing the table forever.
+_CLASS_TABLE_SIZE = 1 << 16
+
+
+class _ClassTable(dict[int, str]):
+    """Map code points to their class letter for str.translate, classifying each character once."""
+
+    def __missing__(self, code: int) -> str:
+        if len(self) >= _CLASS_TABLE_SIZE:
+            self.clear()
+        ch = chr(code)
+        if is_cjk(ch):
+            value = CJK_LETTER if ch.isalpha() else CJK_OTHER
+        else:
+            value = WORD_LETTER if ch.isalpha() else OTHER
+        self[code] = value
+        return value
+
+
+_CLASSES = _ClassTable()
 
 
 def is_cjk(ch: str) -> bool:
@@ -41,7 +69,7 @@ def is_wide(ch: str) -> bool:
 
 def is_speakable(ch: str) -> bool:
     """Return whether the character is a letter or a number a voice reads."""
-    return unicodedata.category(ch)[0] in "LN"
+    return ch.isalnum()
 
 
 def is_word_letter(ch: str) -> bool:
@@ -51,28 +79,33 @@ def is_word_letter(ch: str) -> bool:
 
 def count_speakable(text: str) -> int:
     """Count the characters of text that a voice reads aloud."""
-    return sum(1 for ch in text if is_speakable(ch))
+    return len(text) - sum(map(len, _UNSPEAKABLE_RUN.findall(text)))
 
 
-def has_speakable(text: str) -> bool:
-    """Return whether text holds anything a voice reads aloud."""
-    return any(is_speakable(ch) for ch in text)
+def has_speakable(text: str, start: int = 0, end: int | None = None) -> bool:
+    """Return whether text (or text[start:end]) holds anything a voice reads aloud."""
+    return _SPEAKABLE.search(text, start, len(text) if end is None else end) is not None
+
+
+def char_classes(text: str) -> str:
+    """Return one class letter per character of text (CJK_LETTER, CJK_OTHER, WORD_LETTER or OTHER)."""
+    return text.translate(_CLASSES)
+
+
+def class_weights(classes: str, start: int, end: int) -> tuple[int, int]:
+    """Count CJK characters and words of other scripts in classes[start:end]."""
+    cjk = classes.count(CJK_LETTER, start, end) + classes.count(CJK_OTHER, start, end)
+    return cjk, len(_WORD_RUN.findall(classes, start, end))
+
+
+def has_letter(classes: str, start: int, end: int) -> bool:
+    """Return whether classes[start:end] holds a letter of any script."""
+    return _LETTER_CLASS.search(classes, start, end) is not None
 
 
 def script_weights(text: str) -> tuple[int, int]:
     """Count CJK characters and words of other scripts in text."""
-    cjk = words = 0
-    in_word = False
-    for ch in text:
-        if is_cjk(ch):
-            cjk += 1
-            in_word = False
-        elif ch.isalpha():
-            words += 0 if in_word else 1
-            in_word = True
-        else:
-            in_word = False
-    return cjk, words
+    return class_weights(char_classes(text), 0, len(text))
 
 
 def nearest_letter(text: str, index: int, step: int, *, reach: int = NEAREST_REACH) -> tuple[int, str] | None:

@@ -1,0 +1,142 @@
+"""Held requests (streams, long-polls, downloads): a slot each, so that no caller and no flood holds them all."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
+
+import redis
+from flask import Response, stream_with_context
+
+from cache.streams import CallerStreams
+from core.errors import ServiceUnavailable, TooManyRequests
+from core.metrics import ADMISSION_REJECTIONS
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Seconds a refused caller is told to wait: a slot frees the moment one of its streams closes.
+RETRY_AFTER_S = 5
+
+
+class Hold:
+    """One open stream's slot: renewed as the stream goes on, given back once (its close, or its end)."""
+
+    def __init__(self, holds: StreamHolds, caller: str, slot: str) -> None:
+        self._holds = holds
+        self.caller = caller
+        self.slot = slot
+        self._renewed = time.monotonic()
+        self._released = False
+
+    def keep(self) -> None:
+        """Renew the slot if a third of its ttl has passed (a stream calls this at every chunk)."""
+        now = time.monotonic()
+        if self._released or now - self._renewed < self._holds.ttl_s / 3:
+            return
+        self._renewed = now
+        try:
+            self._holds.streams.renew(self.caller, self.slot)
+        except redis.RedisError as e:  # the stream goes on; at worst its slot lapses early
+            log.warning("could not renew stream slot of %s: %s", self.caller, e)
+
+    def release(self) -> None:
+        """Give the slot back (again is a no-op)."""
+        if self._released:
+            return
+        self._released = True
+        self._holds.closed()
+        try:
+            self._holds.streams.close(self.caller, self.slot)
+        except redis.RedisError as e:  # it lapses on its own
+            log.warning("could not give back stream slot of %s: %s", self.caller, e)
+
+    def __enter__(self) -> Hold:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class StreamHolds:
+    """Admit held requests: at most ``per_caller`` per caller across processes, ``per_process`` in this one."""
+
+    def __init__(self, streams: CallerStreams, *, per_caller: int, per_process: int, ttl_s: float) -> None:
+        self.streams = streams
+        self.per_caller = per_caller
+        self.per_process = per_process
+        self.ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._open = 0
+
+    @property
+    def open_here(self) -> int:
+        """Return how many holds this process has open."""
+        return self._open
+
+    def hold(self, caller: str) -> Hold:
+        """Take a slot for ``caller``, or raise 503 (this process is full) or 429 (the caller is)."""
+        with self._lock:
+            if self._open >= self.per_process:
+                full = True
+            else:
+                full = False
+                self._open += 1
+        if full:
+            ADMISSION_REJECTIONS.labels("streams_process").inc()
+            raise ServiceUnavailable(
+                f"this API process holds its limit of {self.per_process} open streams (max_streams_per_process); "
+                "retry shortly",
+                retry_after=1,
+                limit="max_streams_per_process",
+                max=self.per_process,
+            )
+        try:
+            slot = self.streams.open(caller, limit=self.per_caller)
+        except BaseException:
+            self.closed()
+            raise
+        if slot is None:
+            self.closed()
+            ADMISSION_REJECTIONS.labels("streams_caller").inc()
+            raise TooManyRequests(
+                f"you hold your limit of {self.per_caller} open streams and long-polls (max_streams_per_caller); "
+                f"close one, or retry in {RETRY_AFTER_S} s",
+                retry_after=RETRY_AFTER_S,
+                limit="max_streams_per_caller",
+                max=self.per_caller,
+            )
+        return Hold(self, caller, slot)
+
+    def closed(self) -> None:
+        """Count one of this process's holds as given back."""
+        with self._lock:
+            self._open -= 1
+
+
+def held(hold: Hold, chunks: Iterable[T]) -> Iterator[T]:
+    """Yield the chunks, renewing the hold at each; give it back when they end or the client leaves."""
+    try:
+        for chunk in chunks:
+            hold.keep()
+            yield chunk
+    finally:  # GeneratorExit too: the server closes the body when a write to a departed client fails
+        hold.release()
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+
+
+def held_response(hold: Hold, chunks: Iterable[Any], **response: Any) -> Response:
+    """Return a streamed response whose hold is given back however it ends, even if it never starts."""
+    try:
+        answer = Response(stream_with_context(held(hold, chunks)), **response)
+    except BaseException:
+        hold.release()
+        raise
+    answer.call_on_close(hold.release)
+    return answer

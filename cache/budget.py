@@ -1,0 +1,213 @@
+"""The job store's memory budget: how full Redis is, making room, and refusing work when there is none.
+
+The budget is Redis's own ``maxmemory`` (or ``TTS_STORE_BUDGET_MB``). Live jobs are never touched. Past
+``trim_at`` of it, the oldest finished jobs' audio and the oldest sentence-cache entries (when the cache
+shares this Redis) are removed, oldest first, down to ``trim_at - TRIM_MARGIN``; the jobs' records stay,
+so their audio routes answer 410 Gone saying why. Past ``full_at``, with nothing finished left to remove,
+admission answers 503 (``full``), so that Redis never reaches the limit where it refuses writes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from cache import keys
+from core.audio import MEDIA_TYPES
+from core.metrics import STORE_TRIMMED, STORE_USED
+from core.settings import Settings
+
+#: Trimming goes this far below the trim mark, so that it runs in bursts rather than on every write.
+TRIM_MARGIN = 0.1
+#: Entries removed in the first round trip of a trim, then the used memory is read again; each further
+#: round removes twice as many, up to TRIM_BATCH_MAX.
+TRIM_BATCH = 4
+TRIM_BATCH_MAX = 512
+
+# KEYS: the kept-audio index. ARGV: key prefix, now, then job ids. Removes each job's audio and encoded
+# files, notes on its record (if the record is still there) when and why, and drops it from the index;
+# returns how many jobs still had audio.
+# The note may fail on a store past its limit (pcall): the audio is removed all the same.
+_DROP_AUDIO = (
+    "local files = {"
+    + ", ".join(f"'{fmt}'" for fmt in MEDIA_TYPES)
+    + """}
+local removed = 0
+for i = 3, #ARGV do
+  local base = ARGV[1] .. ARGV[i] .. '}:'
+  removed = removed + redis.call('DEL', base .. 'audio')
+  for _, fmt in ipairs(files) do redis.call('DEL', base .. 'file:' .. fmt) end
+  if redis.call('EXISTS', base .. 'record') == 1 then
+    redis.pcall('HSET', base .. 'record', 'audio_removed_at', ARGV[2], 'audio_removed_for', 'memory')
+  end
+  redis.call('ZREM', KEYS[1], ARGV[i])
+end
+return removed
+"""
+)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """The job store's used memory and budget, in bytes (budget 0: none set)."""
+
+    used: int
+    budget: int
+
+    @property
+    def share(self) -> float:
+        """Return the used share of the budget (0 without one)."""
+        return self.used / self.budget if self.budget else 0.0
+
+    def describe(self) -> str:
+        """Say how full the store is, for logs and error messages."""
+        if not self.budget:
+            return f"{self.used / 2**20:.0f} MB used, no budget"
+        return f"{self.used / 2**20:.0f} of {self.budget / 2**20:.0f} MB ({self.share:.0%})"
+
+
+@dataclass(frozen=True)
+class Trimmed:
+    """What one trim removed."""
+
+    jobs: int = 0
+    cache_entries: int = 0
+    before: Usage | None = None
+    after: Usage | None = None
+
+
+class StoreBudget:
+    """Read the store's memory use against its budget; trim finished audio; say when it is full."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        budget_bytes: int = 0,
+        trim_at: float = 0.8,
+        full_at: float = 0.9,
+        audio_ttl_s: int = 3600,
+        cache_ttl_s: int = 7 * 24 * 3600,
+        trim_cache: bool = True,
+        read_every_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.redis = client
+        self.budget_bytes = budget_bytes
+        self.trim_at = trim_at
+        self.full_at = full_at
+        self.audio_ttl_s = audio_ttl_s
+        self.cache_ttl_s = cache_ttl_s
+        self.trim_cache = trim_cache  # the sentence cache lives on this Redis (keys.CACHE_KEPT lists it)
+        self.read_every_s = read_every_s
+        self._clock = clock
+        self._drop_audio = client.register_script(_DROP_AUDIO)
+        self._lock = threading.Lock()
+        self._last: tuple[float, Usage] | None = None
+
+    def usage(self) -> Usage:
+        """Read the used memory (as Redis counts it against maxmemory) and the budget, now."""
+        info = self.redis.info("memory")
+        used = int(info.get("used_memory", 0)) - int(info.get("mem_not_counted_for_evict", 0))
+        found = Usage(max(0, used), self.budget_bytes or int(info.get("maxmemory", 0)))
+        STORE_USED.set(found.share)
+        with self._lock:
+            self._last = (self._clock(), found)
+        return found
+
+    def recent(self) -> Usage:
+        """Return the usage read at most ``read_every_s`` ago (one INFO a second per process, not per request)."""
+        with self._lock:
+            last = self._last
+        if last is not None and self._clock() - last[0] < self.read_every_s:
+            return last[1]
+        return self.usage()
+
+    def full(self) -> Usage | None:
+        """Return the usage when the store is past ``full_at`` of its budget (new work must wait), else None."""
+        usage = self.recent()
+        return usage if usage.budget and usage.share >= self.full_at else None
+
+    def trim(self, now: float | None = None) -> Trimmed:
+        """Forget index entries whose TTL removed them; past ``trim_at``, remove the oldest finished audio and
+        cache entries until below ``trim_at - TRIM_MARGIN``. Return what was removed."""
+        now = time.time() if now is None else now
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zremrangebyscore(keys.AUDIO_KEPT, "-inf", now - self.audio_ttl_s)
+        pipe.zremrangebyscore(keys.CACHE_KEPT, "-inf", now - self.cache_ttl_s)
+        pipe.execute()
+        before = usage = self.usage()
+        if not usage.budget or usage.share < self.trim_at:
+            return Trimmed(before=before, after=usage)
+        jobs = entries = 0
+        low = max(0.0, self.trim_at - TRIM_MARGIN)
+        batch = TRIM_BATCH
+        while usage.share >= low:
+            removed_jobs, removed_entries, listed = self._drop_oldest(now, batch)
+            batch = min(TRIM_BATCH_MAX, 2 * batch)
+            if not listed:
+                break  # nothing finished is left: live work fills the budget (admission refuses past full_at)
+            jobs += removed_jobs
+            entries += removed_entries
+            usage = self.usage()
+        STORE_TRIMMED.labels("job_audio").inc(jobs)
+        STORE_TRIMMED.labels("cache_entry").inc(entries)
+        return Trimmed(jobs, entries, before, usage)
+
+    def _drop_oldest(self, now: float, count: int) -> tuple[int, int, int]:
+        """Remove the oldest ``count`` of finished audio and cache entries together, by age; return how many
+        jobs' audio and cache entries were removed, and how many entries the indexes listed."""
+        oldest = [(score, "job", member) for member, score in self._oldest(keys.AUDIO_KEPT, count)]
+        if self.trim_cache:
+            oldest += [(score, "cache", member) for member, score in self._oldest(keys.CACHE_KEPT, count)]
+        oldest = sorted(oldest)[:count]
+        jobs = [member for _, kind, member in oldest if kind == "job"]
+        cached = [member for _, kind, member in oldest if kind == "cache"]
+        removed_jobs = removed_entries = 0
+        if jobs:
+            removed_jobs = int(
+                self._drop_audio(keys=[keys.AUDIO_KEPT], args=[f"{keys.PREFIX}:job:{{", f"{now:.3f}", *jobs])
+            )
+        if cached:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.delete(*cached)
+            pipe.zrem(keys.CACHE_KEPT, *cached)
+            removed_entries = int(pipe.execute()[0])
+        return removed_jobs, removed_entries, len(oldest)
+
+    def _oldest(self, index: str, count: int) -> list[tuple[str, float]]:
+        reply: Any = self.redis.zrange(index, 0, count - 1, withscores=True)
+        return [(member.decode(), float(score)) for member, score in reply]
+
+    def wait_for_room(self, timeout_s: float, *, poll_s: float = 0.5) -> bool:
+        """Block until the store is below its limit for writes again (``full_at``), up to ``timeout_s``.
+
+        Polls the used memory: room is made by other processes (a janitor's trim, TTLs expiring).
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            usage = self.usage()
+            if not usage.budget or usage.share < self.full_at:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(poll_s, left))
+
+
+def build_budget(client: redis.Redis, settings: Settings) -> StoreBudget:
+    """Return the job store's budget as the settings configure it."""
+    return StoreBudget(
+        client,
+        budget_bytes=settings.store_budget_mb * 2**20,
+        trim_at=settings.store_trim_at,
+        full_at=settings.store_full_at,
+        audio_ttl_s=settings.audio_ttl_s,
+        cache_ttl_s=settings.cache_ttl_s,
+        trim_cache=settings.cache_redis_url in (None, "", settings.redis_url),
+    )

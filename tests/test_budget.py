@@ -1,0 +1,269 @@
+"""The job store stays inside its memory budget: compact audio, audio retention apart from the record, 410 Gone
+after it, trimming of the oldest finished audio, 503 when live work fills the budget, and a full Redis at
+write time that is waited out rather than counted as an engine failure."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+from flask import Flask
+
+from api import create_app
+from cache import keys
+from cache.budget import StoreBudget
+from cache.jobstore import JobRequest, JobStore, WriteResult
+from cache.stats import Stats
+from core.audio import PackedAudio, to_pcm16
+from core.errors import StoreFull
+from core.settings import Settings
+from tests.support.servers import RedisServer, WorkerProcess
+from workers.engines.base import SynthesisRequest
+from workers.engines.espeak import EspeakEngine
+from workers.segment import SegmentSynthesizer
+
+REQUEST = JobRequest(model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav",
+                     priority="realtime", seed=None, cache=False)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def speech() -> tuple[bytes, int]:
+    """Return a few seconds of real speech (eSpeak NG) as 16-bit PCM and its rate."""
+    engine = EspeakEngine(language="en-us", voices={"default": ""})
+    engine.load()
+    text = "The job store keeps every finished segment compactly, and only for as long as it was told to."
+    [wave] = engine.synthesize([SynthesisRequest(text=text, voice="default")])
+    return to_pcm16(wave), engine.sample_rate
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[redis.Redis]:
+    """Return a client of a Redis of this test's own, whose maxmemory the test may set."""
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        yield redis.Redis.from_url(server.url)
+    finally:
+        server.stop()
+
+
+def _done_job(store: JobStore, pcm: bytes, rate: int, segments: int = 1) -> str:
+    job_id = store.create(REQUEST, [f"Segment {i}." for i in range(segments)])
+    for i in range(segments):
+        store.write_segment(job_id, i, pcm, sample_rate=rate, meta={"duration_s": 1.0})
+    return job_id
+
+
+def test_segment_audio_is_kept_losslessly_in_at_most_sixty_percent_of_raw_pcm(
+    redis_client: redis.Redis, speech: tuple[bytes, int]
+) -> None:
+    pcm, rate = speech
+    store = JobStore(redis_client, ttl=600, codec="flac")
+    job_id = _done_job(store, pcm, rate)
+    kept = redis_client.hstrlen(keys.audio(job_id), "0")
+    assert kept <= 0.6 * len(pcm), f"FLAC kept {kept} bytes of {len(pcm)}"
+    assert store.segment(job_id, 0) == pcm, "lossless: the same samples come back"
+
+
+def test_vorbis_keeps_at_most_a_quarter_of_raw_pcm_and_the_same_length(
+    redis_client: redis.Redis, speech: tuple[bytes, int]
+) -> None:
+    pcm, rate = speech
+    store = JobStore(redis_client, ttl=600, codec="vorbis")
+    job_id = _done_job(store, pcm, rate)
+    assert redis_client.hstrlen(keys.audio(job_id), "0") <= 0.25 * len(pcm)
+    back = store.segment(job_id, 0)
+    assert back is not None and len(back) == len(pcm)
+    a, b = np.frombuffer(pcm, "<i2").astype(float), np.frombuffer(back, "<i2").astype(float)
+    assert np.corrcoef(a, b)[0, 1] > 0.9, "lossy, but the same speech"
+
+
+def test_a_finished_jobs_audio_expires_before_its_record(redis_client: redis.Redis, speech: tuple[bytes, int]) -> None:
+    pcm, rate = speech
+    store = JobStore(redis_client, ttl=86_400, audio_ttl=3600)
+    job_id = _done_job(store, pcm, rate)
+    assert 3500 < redis_client.ttl(keys.audio(job_id)) <= 3600
+    assert redis_client.ttl(keys.job(job_id)) > 80_000
+    record = store.get(job_id) or {}
+    assert float(record["audio_expires_at"]) == pytest.approx(float(record["finished_at"]) + 3600, abs=1)
+    assert redis_client.zscore(keys.AUDIO_KEPT, job_id) is not None, "listed for the memory budget"
+
+
+def _wait_until(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_audio_routes_answer_410_gone_saying_why_once_the_audio_expired(
+    app: Flask, redis_client: redis.Redis, speech: tuple[bytes, int]
+) -> None:
+    pcm, rate = speech
+    store = JobStore(redis_client, ttl=600, audio_ttl=1)  # a one-second audio TTL: real expiry, not a DEL
+    job_id = _done_job(store, pcm, rate)
+    client = app.test_client()
+    assert client.get(f"/v1/jobs/{job_id}/segments/0").status_code == 200
+    _wait_until(lambda: not redis_client.exists(keys.audio(job_id)))
+    for url in (f"/v1/jobs/{job_id}/segments/0", f"/v1/jobs/{job_id}/audio", f"/v1/jobs/{job_id}/segments/0?wait=1"):
+        response = client.get(url)
+        assert response.status_code == 410, url
+        error = response.get_json()["error"]
+        assert error["code"] == "gone" and "TTS_AUDIO_TTL_S" in error["message"] and "record stays" in error["message"]
+    view = client.get(f"/v1/jobs/{job_id}").get_json()
+    assert view["status"] == "done" and view["audio_expires_at"] is not None, "the record is still there"
+
+
+def test_past_the_trim_mark_the_oldest_finished_audio_goes_first_and_live_jobs_stay(
+    app: Flask, redis_client: redis.Redis, speech: tuple[bytes, int]
+) -> None:
+    pcm, rate = speech
+    store = JobStore(redis_client, ttl=600)
+    live = store.create(REQUEST, ["Still being made.", "Second."])
+    store.write_segment(live, 0, pcm, sample_rate=rate, meta={})
+    finished = [_done_job(store, pcm, rate, segments=4) for _ in range(12)]
+    used = StoreBudget(redis_client).usage().used
+    budget = StoreBudget(redis_client, budget_bytes=int(used / 0.85), trim_at=0.8)  # 85% used: past the mark
+    trimmed = budget.trim()
+    assert trimmed.after is not None and trimmed.after.share < 0.7, "down to 10 points below the mark"
+    assert 1 <= trimmed.jobs < len(finished)
+    gone = [j for j in finished if not redis_client.exists(keys.audio(j))]
+    assert gone == finished[: len(gone)], "oldest first"
+    assert redis_client.exists(keys.audio(live)), "a live job's audio is never removed"
+    response = app.test_client().get(f"/v1/jobs/{gone[0]}/audio")
+    assert response.status_code == 410
+    assert "memory budget" in response.get_json()["error"]["message"]
+    assert app.test_client().get(f"/v1/jobs/{finished[-1]}/segments/0").status_code == 200
+
+
+def test_admission_answers_503_with_retry_after_when_live_work_fills_the_store(
+    settings_env: dict[str, str], redis_client: redis.Redis, worker: WorkerProcess
+) -> None:
+    used_mb = StoreBudget(redis_client).usage().used / 2**20
+    budget_mb = max(1, int(used_mb / 0.95))  # already past the 90% mark
+    app = create_app(
+        {"redis_url": settings_env["REDIS_URL"], "models_file": settings_env["TTS_MODELS_FILE"],
+         "store_budget_mb": budget_mb}
+    )  # fmt: skip
+    response = app.test_client().post("/v1/jobs", json={"text": "Is there room?", "model": "espeak-en"})
+    assert response.status_code == 503
+    assert response.headers["Retry-After"] == "10"
+    error = response.get_json()["error"]
+    assert error["code"] == "store_full" and "memory budget" in error["message"]
+
+
+def _fill(client: redis.Redis) -> int:
+    """Write junk until Redis refuses writes at its maxmemory; return how many keys it took."""
+    n = 0
+    while True:
+        try:
+            client.set(f"junk:{n}", b"x" * 65536)
+        except redis.OutOfMemoryError:
+            return n
+        n += 1
+
+
+def test_a_write_to_a_full_store_changes_nothing_and_is_refused_as_out_of_memory(
+    own_redis: redis.Redis, speech: tuple[bytes, int]
+) -> None:
+    pcm, rate = speech
+    store = JobStore(own_redis, ttl=600)
+    job_id = store.create(REQUEST, ["One.", "Two."], pending=[1])
+    assert store.start_segment(job_id, 0, worker="w1").state == "go"
+    own_redis.config_set("maxmemory", own_redis.info("memory")["used_memory"] + 4 * 2**20)
+    _fill(own_redis)
+    with pytest.raises(redis.OutOfMemoryError):
+        store.write_segment(job_id, 0, pcm, sample_rate=rate, meta={}, worker="w1", advance=True)
+    assert own_redis.sismember(keys.held("w1"), keys.segment_member(job_id, 0)), "still held: nothing changed"
+    assert store.pending(job_id) == [1] and not store.has_segment(job_id, 0)
+    own_redis.delete(*[f"junk:{i}" for i in range(20)])
+    write = store.write_segment(job_id, 0, pcm, sample_rate=rate, meta={}, worker="w1", advance=True)
+    assert write.result is WriteResult.WRITTEN and write.next_index == 1
+
+
+class _OneShotBackend:
+    """Returns one fixed waveform, as an engine would."""
+
+    def __init__(self, wave: np.ndarray, rate: int) -> None:
+        self.wave, self.rate = wave, rate
+
+    def synthesize(self, *_: object, **__: object) -> tuple[np.ndarray, int]:
+        return self.wave, self.rate
+
+
+def _synthesizer(client: redis.Redis, store: JobStore, budget: StoreBudget, wave: np.ndarray, rate: int,
+                 **extra: Any) -> SegmentSynthesizer:  # fmt: skip
+    from cache.schedule import ScheduleBook
+    from cache.sentences import SentenceCache
+    from core.registry import load_registry
+    from core.settings import deadline_policy
+
+    settings = Settings()
+    return SegmentSynthesizer(
+        store=store,
+        cache=SentenceCache(client, ttl_s=60, enabled=False),
+        stats=Stats(client),
+        enqueue=lambda *_args: None,
+        registry=load_registry(settings),
+        backend=_OneShotBackend(wave, rate),  # type: ignore[arg-type]
+        max_attempts=3,
+        worker="w1",
+        book=ScheduleBook(client, default_seconds_per_char=0.08),
+        policy=deadline_policy(settings),
+        wait_for_room=budget.wait_for_room,
+        **extra,
+    )
+
+
+def test_a_worker_waits_for_room_in_a_full_store_and_counts_no_engine_failure(
+    own_redis: redis.Redis, speech: tuple[bytes, int]
+) -> None:
+    pcm, rate = speech
+    wave = np.frombuffer(pcm, "<i2").astype(np.float32) / 32767
+    store = JobStore(own_redis, ttl=600)
+    job_id = store.create(REQUEST, ["Wait for room, then speak."])
+    own_redis.config_set("maxmemory", own_redis.info("memory")["used_memory"] + 4 * 2**20)
+    budget = StoreBudget(own_redis, full_at=0.9)
+    synthesizer = _synthesizer(own_redis, store, budget, wave, rate)
+    start = store.start_segment(job_id, 0, worker="w1")
+    filled = _fill(own_redis)
+    outcome: list[Any] = []
+    worker = threading.Thread(target=lambda: outcome.append(synthesizer._make(job_id, 0, start)))
+    worker.start()
+    _wait_until(lambda: own_redis.info("stats")["total_error_replies"] > 0 and worker.is_alive())
+    assert not store.has_segment(job_id, 0), "refused while full"
+    own_redis.delete(*[f"junk:{i}" for i in range(filled)])  # room: what a trim or an expiry would make
+    worker.join(30)
+    assert outcome and outcome[0].value == "written"
+    assert store.segment(job_id, 0) == pcm
+    assert Stats(own_redis).window().failed == 0, "a full store is no engine failure: the breaker stays shut"
+
+
+def test_a_store_that_stays_full_raises_store_full_for_the_task_to_retry(
+    own_redis: redis.Redis, speech: tuple[bytes, int]
+) -> None:
+    pcm, rate = speech
+    wave = np.frombuffer(pcm, "<i2").astype(np.float32) / 32767
+    store = JobStore(own_redis, ttl=600)
+    job_id = store.create(REQUEST, ["No room at all."])
+    own_redis.config_set("maxmemory", own_redis.info("memory")["used_memory"] + 4 * 2**20)
+    synthesizer = _synthesizer(own_redis, store, StoreBudget(own_redis), wave, rate, room_wait_s=1.0)
+    start = store.start_segment(job_id, 0, worker="w1")
+    _fill(own_redis)
+    with pytest.raises(StoreFull):
+        synthesizer._make(job_id, 0, start)
+    assert own_redis.sismember(keys.held("w1"), keys.segment_member(job_id, 0)), "kept: the janitor hands it on"
+
+
+def test_packed_audio_round_trips_every_codec_and_empty_audio() -> None:
+    pcm = to_pcm16(np.sin(np.arange(2400) / 7).astype(np.float32) * 0.3)
+    for codec in ("flac", "vorbis", "pcm"):
+        packed = PackedAudio.pack(pcm, 24000, codec)
+        assert packed.codec == codec and len(packed.pcm()) == len(pcm)
+    assert PackedAudio.pack(b"", 24000).pcm() == b""
