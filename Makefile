@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install install-dev install-bench run worker test chaos lint tiny-model bench bench-batch bench-cache bench-stream bench-schedule clean
+.PHONY: help install install-dev install-bench run worker test chaos lint tiny-model bench bench-batch bench-cache bench-stream bench-schedule bench-held soak clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -62,6 +62,14 @@ bench-stream: install-bench  ## Time to first audio: one sentence vs a 3,000-cha
 bench-schedule: install-bench  ## FIFO vs deadline scheduling at 10 and 50 callers (first audio, stalls, jobs/s).
 	scripts/ensure_redis_server.sh
 	$(PY) -m bench.schedule $(BENCH_ARGS)
+
+bench-held: install-bench  ## /healthz and POST /v1/jobs p50/p99 on `make run` while 1,000 event streams are held open.
+	scripts/ensure_redis_server.sh
+	$(PY) -m bench.held_connections $(BENCH_ARGS)
+
+soak: install-bench  ## Saturate a `make run` stack for SOAK_MINUTES (30): Redis memory, RSS, jobs/s, errors over time.
+	scripts/ensure_redis_server.sh
+	$(PY) -m bench.soak $(BENCH_ARGS)
 
 lint: install-dev  ## Run ruff and mypy.
 	$(VENV)/bin/ruff check .

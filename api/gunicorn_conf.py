@@ -19,3 +19,5 @@ timeout = 120
 graceful_timeout = 10
 accesslog = "-"
 access_log_format = '%(h)s "%(r)s" %(s)s %(M)sms'
+# supervisord (or the tests) run and stop gunicorn; a control socket in $HOME would only collide between runs.
+control_socket_disable = True

@@ -42,11 +42,14 @@ def submit_job(
     """
     spec = registry.get(job.model)
     voice = spec.resolve_voice(job.voice)
+    # Raises TextOverLimit (413) as soon as the normalised text is over either limit: nothing is written.
     texts = plan_segments(
         job.text,
         max_chars=settings.segment_max_chars,
         first_max_chars=settings.first_segment_max_chars,
         language=spec.language,
+        max_total_chars=settings.max_text_chars,
+        max_segments=settings.max_segments,
     )
     if not texts:
         raise ValidationFailed("text", "has nothing a voice can speak (only symbols or emoji?)")

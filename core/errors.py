@@ -109,3 +109,11 @@ class Gone(ServiceError):
 
     status = 410
     code = "gone"
+
+
+class TextOverLimit(PayloadTooLarge):
+    """Raised when a text is over a job's limit once normalised: too many characters, or too many segments."""
+
+    def __init__(self, problem: str, *, limit: int, setting: str) -> None:
+        env = f"TTS_{setting.upper()}"
+        super().__init__(f"text: {problem}; the limit is {limit:,} ({env})", field="text", limit=limit, setting=env)

@@ -44,7 +44,18 @@ class Settings(BaseSettings):
     )
     device: str = Field("auto", description="Worker device: auto, cpu, cuda, cuda:N.")
 
-    max_text_chars: int = Field(20_000, ge=1, description="Longest text accepted by POST /v1/jobs.")
+    max_text_chars: int = Field(
+        20_000,
+        ge=1,
+        description="Longest text accepted by POST /v1/jobs and /v1/audio/speech, in characters both as sent and "
+        "after normalisation (numbers and symbols spelled out, compatibility characters expanded).",
+    )
+    max_segments: int = Field(
+        2_000,
+        ge=1,
+        description="Most segments one job may plan into; a 20,000-character book plans into about 200 to 400. "
+        "Over it, or over max_text_chars once normalised, a job is refused with 413 before any work is queued.",
+    )
     max_body_bytes: int = Field(256 * 1024, ge=1024, description="Largest request body accepted.")
     segment_max_chars: int = Field(
         60,

@@ -14,6 +14,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from api import create_app
+from tests.support.gunicorn import GunicornApi
 from tests.support.servers import ROOT, RedisServer, WorkerProcess, free_port
 
 IN_CI = os.environ.get("CI") == "true"
@@ -131,6 +132,28 @@ def client(app: Flask, worker: WorkerProcess) -> FlaskClient:
 def served(app: Flask, worker: WorkerProcess) -> FlaskClient:
     """Return a test client of an API whose jobs a real worker serves."""
     return app.test_client()
+
+
+#: The real server's stream limits and keep-alive, small so that tests reach them quickly.
+GUNICORN_STREAMS_PER_CALLER = 20
+GUNICORN_KEEPALIVE_S = 1.0
+
+
+@pytest.fixture(scope="session")
+def gunicorn_api(settings_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[GunicornApi]:
+    """Serve the API with `make run`'s gunicorn command (two gevent processes, shared metrics folder)."""
+    env = {
+        **settings_env,
+        "TTS_MAX_STREAMS_PER_CALLER": str(GUNICORN_STREAMS_PER_CALLER),
+        "TTS_STREAM_KEEPALIVE_S": str(GUNICORN_KEEPALIVE_S),
+    }
+    workdir = tmp_path_factory.mktemp("gunicorn")
+    server = GunicornApi(env, workdir / "gunicorn.log", workdir / "prometheus")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.hookimpl(hookwrapper=True)

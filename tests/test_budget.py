@@ -127,12 +127,15 @@ def test_past_the_trim_mark_the_oldest_finished_audio_goes_first_and_live_jobs_s
     store = JobStore(redis_client, ttl=600)
     live = store.create(REQUEST, ["Still being made.", "Second."])
     store.write_segment(live, 0, pcm, sample_rate=rate, meta={})
-    finished = [_done_job(store, pcm, rate, segments=4) for _ in range(12)]
+    finished = [_done_job(store, pcm, rate, segments=6) for _ in range(12)]
+    per_job = sum(redis_client.memory_usage(keys.audio(j), samples=0) or 0 for j in finished) / len(finished)
     used = StoreBudget(redis_client).usage().used
-    budget = StoreBudget(redis_client, budget_bytes=int(used / 0.85), trim_at=0.8)  # 85% used: past the mark
+    # A budget whose trim mark (95%) is passed now, and whose low mark (85%) lies three jobs' audio below.
+    budget = StoreBudget(redis_client, budget_bytes=int((used - 3 * per_job) / 0.85), trim_at=0.95)
+    assert budget.usage().share > 0.95
     trimmed = budget.trim()
-    assert trimmed.after is not None and trimmed.after.share < 0.7, "down to 10 points below the mark"
-    assert 1 <= trimmed.jobs < len(finished)
+    assert trimmed.after is not None and trimmed.after.share < 0.85, "down to 10 points below the mark"
+    assert 3 <= trimmed.jobs < len(finished)
     gone = [j for j in finished if not redis_client.exists(keys.audio(j))]
     assert gone == finished[: len(gone)], "oldest first"
     assert redis_client.exists(keys.audio(live)), "a live job's audio is never removed"

@@ -19,7 +19,7 @@ CJK_CLASS = "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in CJK_RANGES)
 _CJK = re.compile(f"[{CJK_CLASS}]")
 # str.isalnum() is exactly Unicode categories L and N, so the regex class [^\W_] is too.
 _SPEAKABLE = re.compile(r"[^\W_]")
-_UNSPEAKABLE_RUN = re.compile(r"[\W_]+")
+_UNSPEAKABLE_RUN = re.compile(r"[\W_][\W_]*")
 
 # Punctuation set tight against CJK text; curly quotes are shared with English.
 WIDE_PUNCTUATION = "，。！？；：、…「」『』《》〈〉【】〔〕"
@@ -33,7 +33,7 @@ NEAREST_REACH = 32
 # One letter per character for script_weights: a CJK letter, other CJK (〇, ・, ゛),
 # a letter of a space-separated script, anything else.
 CJK_LETTER, CJK_OTHER, WORD_LETTER, OTHER = "C", "K", "a", "."
-_WORD_RUN = re.compile(WORD_LETTER + "+")
+_WORD_RUN = re.compile(WORD_LETTER + WORD_LETTER + "*")
 _LETTER_CLASS = re.compile(f"[{CJK_LETTER}{WORD_LETTER}]")
 # Distinct characters seen; a bound keeps a stream of exotic texts from growing the table forever.
 _CLASS_TABLE_SIZE = 1 << 16
@@ -59,7 +59,7 @@ _CLASSES = _ClassTable()
 
 def is_cjk(ch: str) -> bool:
     """Return whether the character is a Han ideograph or kana."""
-    return _CJK.fullmatch(ch) is not None
+    return ch >= "\u3005" and _CJK.fullmatch(ch) is not None  # every CJK range starts at U+3005 or later
 
 
 def is_wide(ch: str) -> bool:

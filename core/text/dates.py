@@ -16,6 +16,8 @@ MONTH_DATE = re.compile(
     r"(?<![^\W\d_])(?P<month>" + "|".join(sorted(_MONTH_BY_NAME, key=len, reverse=True)) + r")"
     r"\.?\s+(?P<n>\d{1,2})(?:st|nd|rd|th)?(?:,?\s+(?P<year>\d{4}))?(?![\d:])"
 )
+# What a text needs for MONTH_DATE to match: a month's name, then a number.
+MONTH_HINT = re.compile("(?:" + "|".join(sorted(_MONTH_BY_NAME, key=len, reverse=True)) + r")\.?\s++\d")
 # 2024-05-01, 2024/5/1, 2024.05.01 and the American 05/01/2024.
 NUMERIC_DATE = re.compile(
     r"(?<!\d)(?<!\d[.\-/])(?:(?P<y>\d{4})(?P<sep>[-/.])(?P<m>\d{1,2})(?P=sep)(?P<d>\d{1,2})"

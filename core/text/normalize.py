@@ -1,22 +1,109 @@
 """Turn raw input text into text a TTS model can read aloud."""
 
+import functools
+import re
 import unicodedata
 
 from core.text.clean import drop_unspeakable, join_digit_groups, remove_invisible
+from core.text.limits import TextBudget
 from core.text.punctuation import tidy_punctuation
 from core.text.verbalize import verbalize_numbers
 
 LANGUAGES = ("auto", "zh", "en")
 
+# NFKC expands some characters a lot (U+FDFA is 18 characters): with a budget it runs in
+# pieces of about this many characters and stops as soon as the result is certain to be too long.
+NFKC_PIECE = 2048
+# Letters no later step removes or merges (no Hangul jamo, no compatibility forms): a lower
+# bound on the length of the normalised text. tests/test_text_adversarial.py checks each is a letter.
+KEPT_LETTER_RANGES: tuple[tuple[int, int], ...] = (
+    (0x41, 0x5A),
+    (0x61, 0x7A),
+    (0xC0, 0xD6),
+    (0xD8, 0xF6),
+    (0xF8, 0x24F),
+    (0x391, 0x3A1),
+    (0x3A3, 0x3C9),
+    (0x410, 0x44F),
+    (0x5D0, 0x5EA),
+    (0x620, 0x64A),
+    (0x3041, 0x3096),
+    (0x30A1, 0x30FA),
+    (0x3400, 0x4DBF),
+    (0x4E00, 0x9FFF),
+    (0xAC00, 0xD7A3),
+)
+_KEPT_LETTER_CLASS = "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in KEPT_LETTER_RANGES)
+_OTHER_THAN_KEPT_LETTERS = re.compile(f"[^{_KEPT_LETTER_CLASS}][^{_KEPT_LETTER_CLASS}]*")
+_DIGITS = re.compile(r"\d\d*")
+# The most letters one number can take away: "$5 thousand" is read 五千美元 (one character for eight letters).
+LETTERS_PER_DIGIT_REMOVED = 8
+# Where a character may compose with the one before it although it is a starter (Hangul jamo,
+# Indic vowel signs): NFKC is only cut before characters outside these blocks.
+_COMPOSING_BLOCKS = ((0x0900, 0x1DFF), (0x11000, 0x11FFF))
 
-def normalize(text: str, *, language: str = "auto") -> str:
-    """Clean text, spell its numbers in language and unify its punctuation."""
+
+def kept_letters(text: str) -> int:
+    """Count the letters of text that normalisation keeps: a lower bound on its normalised length."""
+    return len(_OTHER_THAN_KEPT_LETTERS.sub("", text))
+
+
+def _digit_count(text: str) -> int:
+    return sum(map(len, _DIGITS.findall(text)))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def starts_fresh(ch: str) -> bool:
+    """Return whether NFKC of a text may be cut just before ch (nothing before it composes with it)."""
+    head = unicodedata.normalize("NFKD", ch)[0]
+    code = ord(head)
+    return unicodedata.combining(head) == 0 and not any(lo <= code <= hi for lo, hi in _COMPOSING_BLOCKS)
+
+
+def _next_cut(text: str, at: int) -> int:
+    while at < len(text) and not starts_fresh(text[at]):
+        at += 1
+    return at
+
+
+def nfkc(text: str, budget: TextBudget | None = None) -> str:
+    """Apply NFKC; with a budget, raise TextOverLimit as soon as the text is certain to be too long."""
+    if unicodedata.is_normalized("NFKC", text):
+        return text
+    room = None if budget is None else budget.room()
+    if budget is None or room is None:
+        return unicodedata.normalize("NFKC", text)
+    pieces: list[str] = []
+    length = letters = digits = counted = start = 0
+    while start < len(text):
+        end = _next_cut(text, min(start + NFKC_PIECE, len(text)))
+        pieces.append(unicodedata.normalize("NFKC", text[start:end]))
+        length += len(pieces[-1])
+        if length > room:  # only then can it be too long: count the letters sure to stay
+            letters += sum(map(kept_letters, pieces[counted:]))
+            digits += sum(map(_digit_count, pieces[counted:]))
+            counted = len(pieces)
+            # Only a number with a currency scale word loses letters (see LETTERS_PER_DIGIT_REMOVED).
+            budget.expect_chars(max(0, letters - LETTERS_PER_DIGIT_REMOVED * digits))
+        start = end
+    return "".join(pieces)
+
+
+def normalize(text: str, *, language: str = "auto", budget: TextBudget | None = None) -> str:
+    """Clean text, spell its numbers in language and unify its punctuation.
+
+    With a budget, raise TextOverLimit as soon as the result is certain to be longer than the
+    characters left in it, before the expensive steps run on an input that expands.
+    """
     if language not in LANGUAGES:
         raise ValueError(f"language must be one of {LANGUAGES}, got {language!r}")
     text = remove_invisible(text)
     text = join_digit_groups(text)
-    text = unicodedata.normalize("NFKC", text)
+    text = nfkc(text, budget)
     text = verbalize_numbers(text, language=language)
+    room = None if budget is None else budget.room()
+    if budget is not None and room is not None and len(text) > room:
+        budget.expect_chars(kept_letters(text))
     text = drop_unspeakable(text)
     text = tidy_punctuation(text, language=language)
     # Dropping spaces can join a combining mark to its letter ("チ ゙" → "ヂ").

@@ -19,6 +19,8 @@ _EN_IRREGULAR_ORDINALS = {
     "twelve": "twelfth",
 }
 _DECIMAL = re.compile(r"(-)?(\d+)(?:\.(\d+))?", re.ASCII)
+_ZH_DIGIT_TABLE = str.maketrans("0123456789", ZH_DIGITS)
+_EN_DIGIT_TABLE = str.maketrans({str(d): _EN_ONES[d] + " " for d in range(10)})
 
 
 def _check_digits(digits: str) -> str:
@@ -37,7 +39,7 @@ def _parse(value: int | str) -> tuple[bool, int, str]:
 
 def zh_digits(digits: str) -> str:
     """Read a string of ASCII digits one by one in Chinese."""
-    return "".join(ZH_DIGITS[int(d)] for d in _check_digits(digits))
+    return _check_digits(digits).translate(_ZH_DIGIT_TABLE)
 
 
 def _zh_below_10000(n: int) -> str:
@@ -91,7 +93,7 @@ def zh_fraction(numerator: int, denominator: int) -> str:
 
 def en_digits(digits: str) -> str:
     """Read a string of ASCII digits one by one in English."""
-    return " ".join(_EN_ONES[int(d)] for d in _check_digits(digits))
+    return _check_digits(digits).translate(_EN_DIGIT_TABLE)[:-1]  # each word brings its space
 
 
 def _en_below_1000(n: int) -> str:

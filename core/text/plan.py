@@ -1,14 +1,12 @@
 """Plan the segments a text is synthesised in: whole sentences up to a length cap."""
 
+import bisect
 import re
-from collections.abc import Callable
 
-from core.text.chars import count_speakable, has_speakable
+from core.text.chars import has_speakable
+from core.text.limits import TextBudget
 from core.text.normalize import normalize
-from core.text.split import char_spans, clause_spans, merge_unspeakable, sentence_spans, word_spans
-
-# From coarse to fine: a piece too long for its segment is cut at the next level.
-_LEVELS: tuple[Callable[[str], list[str]], ...] = (sentence_spans, clause_spans, word_spans, char_spans)
+from core.text.split import LEVELS, merged_starts
 
 
 def _tidy(piece: str) -> str:
@@ -18,10 +16,12 @@ def _tidy(piece: str) -> str:
 class _Packer:
     """Pack pieces of text greedily into segments under per-segment caps."""
 
-    def __init__(self, *, first_cap: int, cap: int) -> None:
+    def __init__(self, *, first_cap: int, cap: int, budget: TextBudget | None = None) -> None:
         self.first_cap = first_cap
         self.cap = cap
+        self.budget = budget
         self.segments: list[str] = []
+        self.planned_chars = 0
 
     def limit(self) -> int:
         """Return the cap of the segment being filled now: the first cap, then the length of all before it.
@@ -29,39 +29,64 @@ class _Packer:
         No segment is longer than the segments before it together, so it can be made while they
         play; the caps grow from the first cap to the full cap as the buffered audio grows.
         """
-        return min(self.cap, max(self.first_cap, sum(map(len, self.segments))))
+        return min(self.cap, max(self.first_cap, self.planned_chars))
 
     def flush(self, piece: str) -> None:
         """Close a segment if the piece has anything to say."""
         if has_speakable(piece):
-            self.segments.append(_tidy(piece))
+            segment = _tidy(piece)
+            self.segments.append(segment)
+            self.planned_chars += len(segment)
+            if self.budget is not None:
+                self.budget.add_segment()
 
     def pack(self, text: str, level: int = 0) -> str:
-        """Pack text cut at the given level; return the open, unflushed tail."""
-        current = ""
-        for unit in merge_unspeakable(_LEVELS[level](text)):
-            if len(_tidy(current + unit)) <= self.limit():
-                current += unit
+        """Pack text cut at the given level; return the open, unflushed tail.
+
+        The open segment is text[start:end]. Units that end within the cap of its start fit for
+        certain (tidying only shortens), so they are taken in one step: the work is linear in the
+        units, not in units times segments.
+        """
+        cuts, every_piece_speaks = LEVELS[level]
+        starts = merged_starts(text, cuts(text), every_piece_speaks=every_piece_speaks)
+        ends = [*starts[1:], len(text)]
+        start = end = 0
+        k = 0
+        while k < len(starts):
+            if start == end:
+                start = end = starts[k]
+            limit = self.limit()
+            sure = bisect.bisect_right(ends, start + limit, lo=k) - 1
+            if sure >= k:
+                end, k = ends[sure], sure + 1
                 continue
-            self.flush(current)
-            current = ""
+            unit_end = ends[k]
+            if len(_tidy(text[start:unit_end])) <= limit:
+                end, k = unit_end, k + 1
+                continue
+            self.flush(text[start:end])
+            unit = text[starts[k] : unit_end]
             if len(_tidy(unit)) <= self.limit():
-                current = unit
-            elif level + 1 < len(_LEVELS):
-                current = self.pack(unit, level + 1)
+                start, end = starts[k], unit_end
+            elif level + 1 < len(LEVELS):
+                tail = self.pack(unit, level + 1)
+                start, end = unit_end - len(tail), unit_end
             else:
                 self.hard_cut(unit)
-        return current
+                start = end = unit_end
+            k += 1
+        return text[start:end]
 
     def hard_cut(self, unit: str) -> None:
         """Cut a single character and its punctuation that exceed the cap."""
         # Only reachable with caps smaller than a run of punctuation; the
         # pieces without a letter are punctuation and are dropped.
         rest = _tidy(unit)
-        while rest:
+        at = 0
+        while at < len(rest):
             limit = self.limit()
-            self.flush(rest[:limit])
-            rest = rest[limit:]
+            self.flush(rest[at : at + limit])
+            at += limit
 
 
 _PARAGRAPH_BREAK = re.compile(r"\n[^\S\n]*\n\s*")
@@ -72,18 +97,30 @@ def paragraphs(text: str) -> list[str]:
     return _PARAGRAPH_BREAK.split(text)
 
 
-def plan_segments(text: str, *, max_chars: int = 120, first_max_chars: int = 40, language: str = "auto") -> list[str]:
+def plan_segments(
+    text: str,
+    *,
+    max_chars: int = 120,
+    first_max_chars: int = 40,
+    language: str = "auto",
+    max_total_chars: int | None = None,
+    max_segments: int | None = None,
+) -> list[str]:
     """Normalise text and cut it into segments, the first one short for a quick start.
 
     Segments never span a blank line: each paragraph is packed on its own, so
     editing one paragraph leaves every other paragraph's segments (and their
-    cached audio) unchanged.
+    cached audio) unchanged. With max_total_chars (normalised characters) or
+    max_segments, raise TextOverLimit as soon as the text is certain to be over
+    either, so that an input which expands costs no more than the limit.
     """
     if max_chars < 1 or first_max_chars < 1:
         raise ValueError(f"caps must be positive, got {max_chars} and {first_max_chars}")
-    packer = _Packer(first_cap=min(first_max_chars, max_chars), cap=max_chars)
+    budget = TextBudget(max_chars=max_total_chars, max_segments=max_segments)
+    packer = _Packer(first_cap=min(first_max_chars, max_chars), cap=max_chars, budget=budget)
     for paragraph in paragraphs(text):
-        normalized = normalize(paragraph, language=language)
-        if count_speakable(normalized):
+        normalized = normalize(paragraph, language=language, budget=budget)
+        if has_speakable(normalized):
+            budget.add_chars(len(normalized))
             packer.flush(packer.pack(normalized))
     return packer.segments

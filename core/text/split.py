@@ -1,10 +1,14 @@
-"""Find sentence, clause, word and character boundaries in Chinese, English and mixed text."""
+"""Find sentence, clause, word and character boundaries in Chinese, English and mixed text.
+
+Every scan moves forward only (the next candidate mark is found with one regex search from
+where the last one ended), so each boundary finder is linear in its text.
+"""
 
 import itertools
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable
 
-from core.text.chars import CLOSERS, has_speakable, is_cjk, is_speakable, is_wide
+from core.text.chars import CJK_CLASS, CLOSERS, has_speakable, is_cjk, is_wide
 
 SENTENCE_ENDS = frozenset("。！？!?；;")
 CLAUSE_ENDS = frozenset("，,、：:…")
@@ -16,6 +20,17 @@ ABBREVIATIONS = frozenset(
 )  # fmt: skip
 _INITIALS = re.compile(r"[A-Z]|[A-Za-z](?:\.[A-Za-z])+")
 _TAIL = SENTENCE_ENDS | CLAUSE_ENDS | frozenset(CLOSERS) | {"."}
+_TAIL_AND_SPACE = re.compile("[" + re.escape("".join(sorted(_TAIL))) + r"]*\s*")
+_CLOSER_RUN = re.compile("[" + re.escape(CLOSERS) + "]*")
+# A dot right before an ASCII letter or digit is never a full stop (3.14, e.g, example.com).
+_SENTENCE_MARK = re.compile("[" + re.escape("".join(sorted(SENTENCE_ENDS))) + r".\n](?:(?<!\.)|(?![A-Za-z0-9]))")
+_CLAUSE_MARK = re.compile("[" + re.escape("".join(sorted(CLAUSE_ENDS))) + r".](?:(?<!\.)|(?=\.))")
+# A pattern that starts with a character class lets re skip ahead to candidates at C speed.
+_SPEAKABLE_RUN = re.compile(r"[^\W_][^\W_]*")
+# From the start of a gap between two words to just after its last space.
+_TO_LAST_SPACE = re.compile(r"[\W_]*\s")
+_CJK = re.compile(f"[{CJK_CLASS}]")
+_ALL_CJK = re.compile(f"[{CJK_CLASS}]+")
 
 
 def is_abbreviation(text: str, dot: int) -> bool:
@@ -30,108 +45,146 @@ def is_abbreviation(text: str, dot: int) -> bool:
 def _is_full_stop(text: str, i: int) -> bool:
     if text[i - 1 : i] == "." or text[i + 1 : i + 2] == ".":
         return False  # part of an ellipsis
-    j = i + 1
-    while j < len(text) and text[j] in CLOSERS:
-        j += 1
+    j = _CLOSER_RUN.match(text, i + 1).end()  # type: ignore[union-attr]  # a * pattern always matches
     if j < len(text) and not (text[j].isspace() or is_wide(text[j])):
         return False  # 3.14, e.g, example.com
     return not is_abbreviation(text, i)
 
 
 def _skip_tail(text: str, j: int) -> int:
-    while j < len(text) and text[j] in _TAIL:
-        j += 1
-    while j < len(text) and text[j].isspace():
-        j += 1
-    return j
+    return _TAIL_AND_SPACE.match(text, j).end()  # type: ignore[union-attr]  # a * pattern always matches
 
 
-def _sentence_cuts(text: str) -> Iterator[int]:
+def sentence_cuts(text: str) -> list[int]:
+    """Return the offsets just after each sentence end (and its closing marks and spaces)."""
+    cuts = []
     i = 0
-    while i < len(text):
+    while (mark := _SENTENCE_MARK.search(text, i)) is not None:
+        i = mark.start()
         ch = text[i]
         if ch == "\n":
             i = _skip_tail(text, i)
-            yield i
-        elif ch in SENTENCE_ENDS or (ch == "." and _is_full_stop(text, i)):
+            cuts.append(i)
+        elif ch != "." or _is_full_stop(text, i):
             j = _skip_tail(text, i + 1)
             # "Stop!" she said. / "e.g. this": a lowercase word continues the sentence.
             if not (ch in ".!?" and j < len(text) and text[j].islower()):
-                yield j
+                cuts.append(j)
             i = j
         else:
             i += 1
+    return cuts
 
 
-def _clause_cuts(text: str) -> Iterator[int]:
+def clause_cuts(text: str) -> list[int]:
+    """Return the offsets just after each comma, enumeration comma, colon or ellipsis."""
+    cuts = []
     i = 0
-    while i < len(text):
+    while (mark := _CLAUSE_MARK.search(text, i)) is not None:
+        i = mark.start()
         between_digits = text[i - 1 : i].isdigit() and text[i + 1 : i + 2].isdigit()
         if (text[i] in CLAUSE_ENDS and not between_digits) or text.startswith("..", i):
             i = _skip_tail(text, i + 1)
-            yield i
+            cuts.append(i)
         else:
             i += 1
+    return cuts
 
 
-def _word_cuts(text: str) -> Iterator[int]:
-    previous = -1
-    for i, ch in enumerate(text):
-        if not is_speakable(ch):
-            continue
-        if previous >= 0:
-            gap = text[previous + 1 : i]
-            spaces = [k for k, c in enumerate(gap) if c.isspace()]
-            if spaces:
-                yield previous + 2 + spaces[-1]  # opening quotes stay with their word
-            elif is_cjk(ch) or is_cjk(text[previous]):
-                yield i
-        previous = i
+def word_cuts(text: str) -> list[int]:
+    """Return the offsets between words (after the spaces, before opening quotes) and between CJK characters."""
+    cuts: list[int] = []
+    previous_end = -1
+    for run in _SPEAKABLE_RUN.finditer(text):
+        start, end = run.span()
+        if previous_end >= 0:  # the gap between two speakable characters
+            spaced = _TO_LAST_SPACE.match(text, previous_end, start)
+            if spaced is not None:
+                cuts.append(spaced.end())  # opening quotes stay with their word
+            elif is_cjk(text[start]) or is_cjk(text[previous_end - 1]):
+                cuts.append(start)
+        if _ALL_CJK.fullmatch(text, start, end):
+            cuts.extend(range(start + 1, end))
+        elif _CJK.search(text, start, end):
+            cuts.extend(i for i in range(start + 1, end) if is_cjk(text[i - 1]) or is_cjk(text[i]))
+        previous_end = end
+    return cuts
 
 
-def _char_cuts(text: str) -> Iterator[int]:
-    speakable = [i for i, ch in enumerate(text) if is_speakable(ch)]
-    return iter(speakable[1:])
+def char_cuts(text: str) -> list[int]:
+    """Return the offsets of every speakable character but the first."""
+    cuts = [i for run in _SPEAKABLE_RUN.finditer(text) for i in range(*run.span())]
+    return cuts[1:]
+
+
+def _bounds(text: str, cuts: Iterable[int]) -> list[int]:
+    return [0, *sorted({c for c in cuts if 0 < c < len(text)}), len(text)]
 
 
 def _cut(text: str, cuts: Iterable[int]) -> list[str]:
-    bounds = [0, *sorted({c for c in cuts if 0 < c < len(text)}), len(text)]
-    return [text[a:b] for a, b in itertools.pairwise(bounds) if a < b]
+    return [text[a:b] for a, b in itertools.pairwise(_bounds(text, cuts)) if a < b]
+
+
+def merged_starts(text: str, cuts: list[int], *, every_piece_speaks: bool = False) -> list[int]:
+    """Return where each piece starts once pieces with nothing to say join a neighbour (as merge_unspeakable).
+
+    cuts must be increasing. every_piece_speaks says that each piece between them holds a speakable
+    character whenever text does (true of word and character cuts), which saves checking each piece.
+    """
+    inner = [c for c in cuts if 0 < c < len(text)] if cuts and (cuts[0] <= 0 or cuts[-1] >= len(text)) else cuts
+    if every_piece_speaks:
+        return [0, *inner] if has_speakable(text) else []
+    bounds = [0, *inner, len(text)]
+    starts = [a for a, b in itertools.pairwise(bounds) if has_speakable(text, a, b)]
+    if starts:
+        starts[0] = 0  # what comes before the first speakable piece leads into it
+    return starts
 
 
 def sentence_spans(text: str) -> list[str]:
     """Cut text after each sentence end; the pieces concatenate back to text."""
-    return _cut(text, _sentence_cuts(text))
+    return _cut(text, sentence_cuts(text))
 
 
 def clause_spans(text: str) -> list[str]:
     """Cut text after each comma, enumeration comma, colon or ellipsis."""
-    return _cut(text, _clause_cuts(text))
+    return _cut(text, clause_cuts(text))
 
 
 def word_spans(text: str) -> list[str]:
     """Cut text between words and between CJK characters."""
-    return _cut(text, _word_cuts(text))
+    return _cut(text, word_cuts(text))
 
 
 def char_spans(text: str) -> list[str]:
     """Cut text before every speakable character."""
-    return _cut(text, _char_cuts(text))
+    return _cut(text, char_cuts(text))
+
+
+# From coarse to fine: a piece too long for its segment is cut at the next level. The flag
+# says whether every piece between two cuts of that level holds something to say.
+LEVELS: tuple[tuple[Callable[[str], list[int]], bool], ...] = (
+    (sentence_cuts, False),
+    (clause_cuts, False),
+    (word_cuts, True),
+    (char_cuts, True),
+)
 
 
 def merge_unspeakable(spans: Iterable[str]) -> list[str]:
     """Attach pieces with nothing to say to their neighbour, keeping order."""
-    merged: list[str] = []
-    carry = ""
+    # Lists joined once: adding many pieces to one string, piece by piece, would copy it each time.
+    merged: list[list[str]] = []
+    carry: list[str] = []
     for span in spans:
         if has_speakable(span):
-            merged.append(carry + span)
-            carry = ""
+            merged.append([*carry, span])
+            carry = []
         elif merged:
-            merged[-1] += span
+            merged[-1].append(span)
         else:
-            carry += span
-    return merged
+            carry.append(span)
+    return ["".join(pieces) for pieces in merged]
 
 
 def split_sentences(text: str) -> list[str]:

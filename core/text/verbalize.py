@@ -42,7 +42,8 @@ RANGE = re.compile(rf"(?<!\d)(?<!\d\.)(?P<a>{_NUMBER})\s*[~–]\s*(?P<b>{_NUMBER
 CURRENCY = re.compile(
     rf"(?P<sign>-)?(?P<unit>[$€£¥])\s?(?P<n>{_NUMBER})(?:\s?(?P<scale>(?:thousand|million|billion|trillion)\b|万|亿))?"
 )
-SUFFIX_UNIT = re.compile(rf"(?P<sign>-)?(?P<n>{_NUMBER})\s?(?P<unit>%|‰|°(?:[CF](?![^\W\d_]))?)")
+# The digits start where their run starts: tried from every digit, a long run was quadratic.
+SUFFIX_UNIT = re.compile(rf"(?P<sign>-)?(?<!\d)(?P<n>{_NUMBER})\s?(?P<unit>%|‰|°(?:[CF](?![^\W\d_]))?)")
 ORDINAL = re.compile(r"(?<!\d)(?P<n>\d+)(?:st|nd|rd|th)(?![^\W\d_])")
 FRACTION = re.compile(r"(?<!\d)(?<!\d[/.])(?P<a>\d+)/(?P<b>\d+)(?![\d/]|\.\d)")
 DOTTED = re.compile(r"(?<!\d)(?<!\d\.)\d+(?:\.\d+){2,}(?!\d|\.\d)")
@@ -64,12 +65,23 @@ def integer_words(digits: str, lang: str) -> str:
 
 def number_words(number: str, lang: str) -> str:
     """Spell an unsigned integer or decimal such as "3.14"."""
+    if len(number) <= _CACHED_NUMBER_LENGTH:
+        return _short_number_words(number, lang)
+    return _number_words(number, lang)
+
+
+def _number_words(number: str, lang: str) -> str:
     whole, _, fraction = number.partition(".")
     if _reads_as_digits(whole):
         head = integer_words(whole, lang)
         tail = (zh_digits(fraction) if lang == "zh" else en_digits(fraction)) if fraction else ""
         return head + (("点" if lang == "zh" else " point ") + tail if tail else "")
     return zh_number(number) if lang == "zh" else en_number(number)
+
+
+# A text of ten thousand numbers often repeats them; only short ones are kept, so the cache stays small.
+_CACHED_NUMBER_LENGTH = 24
+_short_number_words = functools.lru_cache(maxsize=4096)(_number_words)
 
 
 def _is_minus(match: re.Match[str]) -> bool:
@@ -178,33 +190,33 @@ def read_plain(match: re.Match[str], lang: str) -> str:
 
 
 # Order matters: specific shapes (dates, times, phone numbers) go before the
-# generic number so that their digits are read as a whole.
-PASSES: tuple[tuple[re.Pattern[str], Reader], ...] = (
-    (dates.MONTH_DATE, dates.read_month_date),
-    (dates.NUMERIC_DATE, dates.read_numeric_date),
-    (dates.YEAR_BEFORE_NIAN, dates.read_year_before_nian),
-    (dates.DECADE, dates.read_decade),
-    (dates.YEAR_AFTER_WORD, dates.read_year_after_word),
-    (dates.CLOCK_TIME, dates.read_clock_time),
-    (INTERNATIONAL_PHONE, read_international_phone),
-    (HYPHENATED, read_hyphenated),
-    (RANGE, read_range),
-    (CURRENCY, read_currency),
-    (SUFFIX_UNIT, read_suffix_unit),
-    (ORDINAL, read_ordinal),
-    (FRACTION, read_fraction),
-    (DOTTED, read_dotted),
-    (PLAIN, read_plain),
+# generic number so that their digits are read as a whole. Each pattern comes with
+# what a text must hold for it to match (a quick scan): a text without it skips the pass.
+PASSES: tuple[tuple[re.Pattern[str], Reader, re.Pattern[str] | None], ...] = (
+    (dates.MONTH_DATE, dates.read_month_date, dates.MONTH_HINT),
+    (dates.NUMERIC_DATE, dates.read_numeric_date, re.compile(r"\d[-/.]\d")),
+    (dates.YEAR_BEFORE_NIAN, dates.read_year_before_nian, re.compile("年")),
+    (dates.DECADE, dates.read_decade, re.compile("0s")),
+    (dates.YEAR_AFTER_WORD, dates.read_year_after_word, re.compile(r"\s(?:1[1-9]|20)\d\d")),
+    (dates.CLOCK_TIME, dates.read_clock_time, re.compile(r"\d:\d")),
+    (INTERNATIONAL_PHONE, read_international_phone, re.compile(r"\+\d")),
+    (HYPHENATED, read_hyphenated, re.compile(r"\d-\d")),
+    (RANGE, read_range, re.compile("[~–]")),
+    (CURRENCY, read_currency, re.compile("[$€£¥]")),
+    (SUFFIX_UNIT, read_suffix_unit, re.compile("[%‰°]")),
+    (ORDINAL, read_ordinal, re.compile(r"\d(?:st|nd|rd|th)")),
+    (FRACTION, read_fraction, re.compile(r"\d/\d")),
+    (DOTTED, read_dotted, re.compile(r"\d\.\d++\.\d")),
+    (PLAIN, read_plain, None),
 )
+_DIGIT = re.compile(r"\d")
 
 
 def _needs_space(left: str, right: str) -> bool:
     return left.isalnum() and right.isalnum() and not (is_cjk(left) and is_cjk(right))
 
 
-def _replace(match: re.Match[str], reader: Reader, language: str) -> str:
-    span = match.span("n") if "n" in match.re.groupindex else match.span()
-    lang = context_language(match.string, *span) if language == "auto" else language
+def _replace(match: re.Match[str], reader: Reader, lang: str) -> str:
     words = reader(match, lang)
     if words is None:
         return match.group(0)
@@ -216,9 +228,33 @@ def _replace(match: re.Match[str], reader: Reader, language: str) -> str:
     return words
 
 
+def _replacer(reader: Reader, language: str, number_group: int | str) -> Callable[[re.Match[str]], str]:
+    """Return a re.sub callback that reads each match once per distinct match and surroundings."""
+    # What a reading depends on: the language, the match, and (for the patterns' look-arounds, the
+    # sign, 两 and ¥100元) at most two characters either side. A list of ten thousand numbers
+    # then costs ten thousand lookups, not ten thousand readings.
+    memo: dict[tuple[str, int, int, str], str] = {}
+
+    def replace(match: re.Match[str]) -> str:
+        text, start, end = match.string, match.start(), match.end()
+        lang = context_language(text, *match.span(number_group)) if language == "auto" else language
+        before = min(start, 2)
+        key = (lang, before, end - start, text[start - before : end + 2])
+        words = memo.get(key)
+        if words is None:
+            words = memo[key] = _replace(match, reader, lang)
+        return words
+
+    return replace
+
+
 def verbalize_numbers(text: str, *, language: str) -> str:
     """Replace every digit in text with words in "zh", "en" or, per number, "auto"."""
     text = unify_digits(text)
-    for pattern, reader in PASSES:
-        text = pattern.sub(functools.partial(_replace, reader=reader, language=language), text)
+    for pattern, reader, hint in PASSES:
+        if _DIGIT.search(text) is None:
+            break  # every pass reads digits
+        if hint is not None and hint.search(text) is None:
+            continue
+        text = pattern.sub(_replacer(reader, language, "n" if "n" in pattern.groupindex else 0), text)
     return text

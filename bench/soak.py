@@ -1,0 +1,341 @@
+"""`make soak`: drive a `make run` stack at saturation for a long while and watch what grows.
+
+Closed-loop callers submit a mix of short, paragraph-length and a few book-length jobs (most follow their
+job's event stream, some download the whole audio), backing off as admission says. Every sample interval it
+prints Redis's used memory against its budget, the API's and the workers' resident memory (every process of
+each, model hosts included), jobs finished per second, admission answers and errors. At the
+end it waits for every accepted job to end and says whether the targets held:
+
+- Redis memory levels off below its budget;
+- API and worker RSS grow less than 5% after warm-up (the first third of the run);
+- no errors other than deliberate admission answers (429/503), and every accepted job is done.
+
+    python -m bench.soak [--minutes 30] [--callers 24] [--sample-s 30]
+
+It runs scripts/run.sh exactly as `make run` does (default model, Redis maxmemory, two API processes), in
+var/soak/ on ports of its own. Results go to bench/results/soak.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import shutil
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from tests.support.processes import descendants
+from tests.support.run_script import RunScript, readyz
+from tests.support.servers import ROOT
+
+RESULTS = ROOT / "bench" / "results" / "soak.md"
+SENTENCES = [line.strip() for line in (ROOT / "bench" / "corpus_zh.txt").read_text().splitlines() if line.strip()]
+
+
+def text_of(kind: str, rng: random.Random) -> str:
+    """Return a text of the kind: short (1–2 sentences), paragraph (~400 chars) or book (~12,000 chars)."""
+    target = {"short": 30, "paragraph": 400, "book": 12_000}[kind]
+    parts: list[str] = []
+    while sum(map(len, parts)) < target:
+        parts.append(rng.choice(SENTENCES))
+        if kind == "book" and rng.random() < 0.15:
+            parts.append("\n\n")
+    return "".join(parts)
+
+
+def rss_mb(pids: list[int]) -> float:
+    """Return the summed resident memory of these processes in MB (gone ones count 0)."""
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total / 1024
+
+
+@dataclass
+class Tally:
+    """What the callers saw, counted under a lock."""
+
+    accepted: int = 0
+    admission: int = 0  # 429 and 503: deliberate answers
+    errors: list[str] = field(default_factory=list)
+    done: int = 0
+    downloads: int = 0
+    open_jobs: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def error(self, what: str) -> None:
+        with self.lock:
+            self.errors.append(what)
+
+
+class Caller:
+    """One closed-loop caller: submit, follow (events) or poll, sometimes download, repeat."""
+
+    def __init__(self, port: int, tally: Tally, seed: int, stop: threading.Event, *, books: bool) -> None:
+        self.port, self.tally, self.stop, self.books = port, tally, stop, books
+        self.rng = random.Random(seed)
+
+    def request(
+        self, method: str, path: str, body: dict[str, object] | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        try:
+            payload = json.dumps(body).encode() if body is not None else None
+            conn.request(method, path, body=payload, headers={"Content-Type": "application/json"} if body else {})
+            response = conn.getresponse()
+            return response.status, dict(response.getheaders()), response.read()
+        finally:
+            conn.close()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.one()
+            except (OSError, http.client.HTTPException) as e:
+                self.tally.error(f"connection: {e!r}")
+                self.stop.wait(1)
+
+    def one(self) -> None:
+        kind = "book" if self.books else ("short" if self.rng.random() < 0.65 else "paragraph")
+        status, headers, data = self.request("POST", "/v1/jobs", {"text": text_of(kind, self.rng)})
+        if status in (429, 503):
+            with self.tally.lock:
+                self.tally.admission += 1
+            self.stop.wait(min(10.0, float(headers.get("Retry-After", "1"))))
+            return
+        if status != 202:
+            self.tally.error(f"submit {status}: {data[:200]!r}")
+            return
+        job_id = json.loads(data)["id"]
+        with self.tally.lock:
+            self.tally.accepted += 1
+            self.tally.open_jobs.add(job_id)
+        view = self.follow(job_id) if kind != "book" else self.poll(job_id)
+        if view is None:
+            return
+        if view["status"] != "done":
+            self.tally.error(f"job {job_id} ended {view['status']}: {view.get('error')}")
+        elif kind == "book" or self.rng.random() < 0.3:
+            status, _, audio = self.request("GET", f"/v1/jobs/{job_id}/audio")
+            if status != 200 or not audio:
+                self.tally.error(f"audio {status} for {job_id}")
+            with self.tally.lock:
+                self.tally.downloads += 1
+        with self.tally.lock:
+            self.tally.open_jobs.discard(job_id)
+            if view["status"] == "done":
+                self.tally.done += 1
+
+    def follow(self, job_id: str) -> dict[str, object] | None:
+        """Read the job's event stream to its end, then return the job."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        try:
+            conn.request("GET", f"/v1/jobs/{job_id}/events")
+            response = conn.getresponse()
+            if response.status != 200:
+                self.tally.error(f"events {response.status} for {job_id}")
+                return None
+            for raw in response:
+                if raw.startswith(b"event: ") and raw.strip() not in (b"event: segment",):
+                    break
+        finally:
+            conn.close()
+        return self.poll(job_id)
+
+    def poll(self, job_id: str) -> dict[str, object] | None:
+        """Poll the job until it ends (books: every 2 s)."""
+        while True:
+            status, _, data = self.request("GET", f"/v1/jobs/{job_id}")
+            if status != 200:
+                self.tally.error(f"poll {status} for {job_id}")
+                return None
+            view: dict[str, object] = json.loads(data)
+            if view["status"] in ("done", "failed", "canceled"):
+                return view
+            time.sleep(2)
+
+
+@dataclass
+class Sample:
+    minute: float
+    redis_mb: float
+    budget_mb: float
+    kept_jobs: int
+    api_mb: float
+    worker_mb: float
+    jobs_s: float
+    accepted: int
+    admission: int
+    errors: int
+
+
+def sample(stack: RunScript, store: redis.Redis, tally: Tally, started: float, last: tuple[float, int]) -> Sample:
+    info = store.info("memory")
+    now = time.monotonic()
+    with tally.lock:
+        done, accepted, admission, errors = tally.done, tally.accepted, tally.admission, len(tally.errors)
+    api, worker = stack.pid_of("api"), stack.pid_of("worker")
+    return Sample(
+        minute=(now - started) / 60,
+        redis_mb=int(info["used_memory"]) / 2**20,
+        budget_mb=int(info["maxmemory"]) / 2**20,
+        kept_jobs=int(store.zcard("tts:audio:kept")),
+        api_mb=rss_mb([api, *descendants(api)]) if api else 0.0,
+        worker_mb=rss_mb([worker, *descendants(worker)]) if worker else 0.0,
+        jobs_s=(done - last[1]) / max(1e-9, now - last[0]),
+        accepted=accepted,
+        admission=admission,
+        errors=errors,
+    )
+
+
+HEADER = (
+    "| min | Redis used MB | budget MB | jobs with audio kept | API RSS MB | worker RSS MB | jobs/s | accepted "
+    "| 429/503 | errors |"
+)
+SEPARATOR = "|---" * (HEADER.count("|") - 1) + "|"
+
+
+def row(s: Sample) -> str:
+    return (f"| {s.minute:5.1f} | {s.redis_mb:8.1f} | {s.budget_mb:6.0f} | {s.kept_jobs} | {s.api_mb:6.1f} | "
+            f"{s.worker_mb:6.1f} | {s.jobs_s:5.2f} | {s.accepted} | {s.admission} | {s.errors} |")  # fmt: skip
+
+
+def verdicts(samples: list[Sample], tally: Tally, drained: bool) -> list[tuple[str, bool, str]]:
+    """Return (target, held, figures) for each target."""
+    warm = [s for s in samples if s.minute >= samples[-1].minute / 3] or samples
+    last_third = [s for s in samples if s.minute >= 2 * samples[-1].minute / 3] or samples
+    budget = samples[-1].budget_mb
+    peak = max(s.redis_mb for s in samples)
+    growth = [(warm[-1].api_mb / warm[0].api_mb - 1) if warm[0].api_mb else 0.0,
+              (warm[-1].worker_mb / warm[0].worker_mb - 1) if warm[0].worker_mb else 0.0]  # fmt: skip
+    spread = max(s.redis_mb for s in last_third) - min(s.redis_mb for s in last_third)
+    return [
+        ("Redis memory below its budget", bool(budget) and peak < budget, f"peak {peak:.0f} MB of {budget:.0f} MB"),
+        ("Redis memory levels off (last third within 15% of budget)", bool(budget) and spread < 0.15 * budget,
+         f"last third spans {spread:.0f} MB"),
+        ("API RSS grows < 5% after warm-up", growth[0] < 0.05,
+         f"{warm[0].api_mb:.0f} → {warm[-1].api_mb:.0f} MB ({growth[0]:+.1%})"),
+        ("worker RSS grows < 5% after warm-up", growth[1] < 0.05,
+         f"{warm[0].worker_mb:.0f} → {warm[-1].worker_mb:.0f} MB ({growth[1]:+.1%})"),
+        ("no errors besides admission answers", not tally.errors,
+         f"{len(tally.errors)} errors, {tally.admission} admission answers"),
+        ("every accepted job done", drained and tally.done == tally.accepted,
+         f"{tally.done} of {tally.accepted} done"),
+    ]  # fmt: skip
+
+
+def stored_ratio(store: redis.Redis, jobs: int = 200) -> tuple[float, float]:
+    """Return the store's bytes per second of kept audio (MEMORY USAGE of the audio hashes) and its share of raw
+    PCM, over up to ``jobs`` of the newest finished jobs."""
+    used = raw = seconds = 0.0
+    newest: Any = store.zrange("tts:audio:kept", -jobs, -1)
+    for member in newest:
+        job = member.decode()
+        size = store.memory_usage(f"tts:job:{{{job}}}:audio", samples=0)
+        rate = store.hget(f"tts:job:{{{job}}}:record", "sample_rate")
+        if not size or rate is None:
+            continue
+        duration = sum(json.loads(m).get("duration_s", 0.0) for m in store.hvals(f"tts:job:{{{job}}}:segmeta"))
+        used += size
+        seconds += duration
+        raw += duration * int(rate) * 2
+    return (used / seconds if seconds else 0.0), (used / raw if raw else 0.0)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--minutes", type=float, default=float(os.environ.get("SOAK_MINUTES", "30")))
+    parser.add_argument("--callers", type=int, default=24)
+    parser.add_argument("--books", type=int, default=2, help="callers that submit only book-length jobs")
+    parser.add_argument("--sample-s", type=float, default=30.0)
+    args = parser.parse_args()
+
+    run_dir = ROOT / "var" / "soak"
+    shutil.rmtree(run_dir, ignore_errors=True)  # a fresh Redis: the soak measures growth from nothing
+    stack = RunScript(run_dir, ROOT / ".venv" / "bin" / "supervisorctl",
+                      env={"TTS_DEFAULT_MODEL": os.environ.get("TTS_DEFAULT_MODEL", "espeak-cmn"),
+                           "TTS_API_PROCESSES": os.environ.get("TTS_API_PROCESSES", "2")})  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while "==> ready" not in stack.text:
+            if time.monotonic() > deadline or stack.process.poll() is not None:
+                print(stack.text)
+                return 1
+            time.sleep(0.5)
+        assert readyz(stack.api_port) is not None
+        store = redis.Redis(port=stack.redis_port)
+        tally, stop = Tally(), threading.Event()
+        callers = [Caller(stack.api_port, tally, seed, stop, books=seed < args.books) for seed in range(args.callers)]
+        threads = [threading.Thread(target=c.run, daemon=True) for c in callers]
+        started = time.monotonic()
+        for t in threads:
+            t.start()
+        print(f"soak: {args.callers} callers ({args.books} of them books) for {args.minutes:g} min on `make run`\n")
+        print(HEADER)
+        print(SEPARATOR)
+        samples: list[Sample] = []
+        last = (started, 0)
+        while time.monotonic() - started < args.minutes * 60:
+            stop.wait(args.sample_s)
+            samples.append(sample(stack, store, tally, started, last))
+            last = (time.monotonic(), tally.done)
+            print(row(samples[-1]), flush=True)
+        stop.set()
+        drain_until = time.monotonic() + 600
+        for t in threads:
+            t.join(max(0.0, drain_until - time.monotonic()))
+        drained = not any(t.is_alive() for t in threads)
+        samples.append(sample(stack, store, tally, started, last))
+        print(row(samples[-1]) + " (drained)")
+        results = verdicts(samples, tally, drained)
+        stored = stored_ratio(store)
+        results.append(("memory per audio second stored ≤ half of raw PCM", stored[1] <= 0.5,
+                        f"{stored[0] / 1024:.1f} KB per audio second, {stored[1]:.0%} of raw 16-bit PCM"))  # fmt: skip
+        print()
+        for target, held, figures in results:
+            print(f"{'PASS' if held else 'FAIL'}  {target}: {figures}")
+        for error in tally.errors[:10]:
+            print("  error:", error)
+        write_results(args, samples, results, tally)
+        return 0 if all(held for _, held, _ in results) else 1
+    finally:
+        stack.close()
+
+
+def write_results(args: argparse.Namespace, samples: list[Sample], results: list[tuple[str, bool, str]],
+                  tally: Tally) -> None:  # fmt: skip
+    lines = [
+        "# Soak (`make soak`)",
+        "",
+        f"{args.callers} closed-loop callers ({args.books} submitting book-length jobs) for {args.minutes:g} min on "
+        "`make run` at its defaults. Generated by `python -m bench.soak`.",
+        "",
+        HEADER,
+        SEPARATOR,
+        *[row(s) for s in samples],
+        "",
+        *[f"- {'PASS' if held else 'FAIL'} {target}: {figures}" for target, held, figures in results],
+        f"- median jobs/s over the run: {statistics.median(s.jobs_s for s in samples[:-1] or samples):.2f}; "
+        f"{tally.downloads} whole-audio downloads",
+    ]
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
