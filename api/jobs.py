@@ -168,11 +168,10 @@ def get_segment(job_id: str, index: int) -> Response:
     if not 0 <= index < total:
         raise NotFound(f"job {job_id!r} has segments 0..{total - 1}, not {index}")
     wait = parse_wait(request.args.get("wait"), limit=svc.settings.max_wait_s)
-    if wait:
-        with svc.holds.hold(g.caller):  # a long-poll is held: it counts against the caller's streams
+    pcm = svc.store.segment(job_id, index)
+    if pcm is None and wait:
+        with svc.holds.hold(g.caller):  # a long-poll that waits is held: it counts against the caller's streams
             pcm = svc.store.wait_segment(job_id, index, wait)
-    else:
-        pcm = svc.store.segment(job_id, index)
     if pcm is None:
         record = _record(job_id)
         _raise_if_over(record)
@@ -265,9 +264,8 @@ def get_audio(job_id: str) -> Response:
     rate = int(record["sample_rate"])
     suffix = "raw" if fmt == "pcm" else fmt
     headers = {"Content-Disposition": f'attachment; filename="{job_id}.{suffix}"', "X-Sample-Rate": str(rate)}
-    data = svc.store.cached_file(job_id, fmt)  # copied in at submission when the whole file was cached
-    cache_key = None
-    if data is None and job_request.cache:
+    data = cache_key = None
+    if job_request.cache:
         spec = svc.registry.get(job_request.model)
         cache_key = file_key(segment_keys(spec, job_request, svc.store.texts(job_id)), fmt)
         data = svc.cache.get_file(cache_key)

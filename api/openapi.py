@@ -110,19 +110,19 @@ DOCUMENT: dict[str, Any] = {
                 "parameters": [_JOB_ID, {"name": "index", "in": "path", "required": True,
                                          "schema": {"type": "integer", "minimum": 0}},
                                _WAIT],
-                "responses": {"200": _audio("segment audio"), **_errors(401, 404, 409, 410, 422)},
+                "responses": {"200": _audio("segment audio"), **_errors(401, 404, 409, 410, 422, 429, 503)},
             }
         },
         "/v1/jobs/{job_id}/audio": {
-            "get": {"summary": "The whole audio; grows while the job runs (wav, pcm, mp3, opus).",
+            "get": {"summary": "The whole audio; grows while the job runs (wav, pcm, mp3, opus, ogg).",
                     "parameters": [_JOB_ID, {"name": "wait", "in": "query", "schema": {"type": "number"}}],
-                    "responses": {"200": _audio("whole audio"), **_errors(401, 404, 409, 410, 422)}},
+                    "responses": {"200": _audio("whole audio"), **_errors(401, 404, 409, 410, 422, 429, 503)}},
         },
         "/v1/jobs/{job_id}/events": {
             "get": {"summary": "Server-sent events: one per finished segment (id = index), then the end.",
                     "parameters": [_JOB_ID, {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}}],
                     "responses": {"200": {"description": "event stream", "content": {"text/event-stream": {}}},
-                                  **_errors(401, 404, 422)}},
+                                  **_errors(401, 404, 422, 429, 503)}},
         },
         "/v1/audio/speech": {
             "post": {

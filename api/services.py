@@ -22,6 +22,9 @@ from core.registry import Registry, load_registry
 from core.settings import Settings
 from workers.celery_app import Enqueue, celery_enqueue, create_celery
 
+#: How long a request waits for one of the process's Redis connections before it answers 503.
+REDIS_CONNECTION_WAIT_S = 10
+
 
 @dataclass
 class Services:
@@ -43,8 +46,17 @@ class Services:
 
 def build_services(settings: Settings) -> Services:
     """Connect to Redis and Celery and load the model registry."""
-    # Long-polls block in XREAD for up to max_wait_s: the socket must wait longer.
-    client = redis.Redis.from_url(settings.redis_url, health_check_interval=30, socket_timeout=settings.max_wait_s + 10)
+    # Held streams run by the thousand (gevent): their Redis calls queue for a bounded set of connections instead
+    # of opening one each (redis-py's default pool refuses past 100), and their waits share one loop (the hub).
+    # A wait without the hub blocks in XREAD for up to max_wait_s: the socket must wait longer.
+    pool = redis.BlockingConnectionPool.from_url(
+        settings.redis_url,
+        max_connections=settings.api_redis_connections,
+        timeout=REDIS_CONNECTION_WAIT_S,
+        health_check_interval=30,
+        socket_timeout=settings.max_wait_s + 10,
+    )
+    client = redis.Redis(connection_pool=pool)
     celery = create_celery(settings)
     workers = WorkerRegistry(client, ttl_s=settings.worker_dead_after_s)
     stats = Stats(client)

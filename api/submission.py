@@ -12,7 +12,7 @@ import redis
 from api.validation import JobInput
 from cache.jobstore import JobRequest, JobStore
 from cache.schedule import ScheduleBook
-from cache.sentences import SentenceCache, file_key, segment_keys
+from cache.sentences import SentenceCache, segment_keys
 from core.errors import ServiceUnavailable, ValidationFailed
 from core.metrics import CACHE_LOOKUPS, JOBS_SUBMITTED
 from core.registry import Registry
@@ -104,12 +104,7 @@ def submit_job(
     job_id = store.create(request, texts, cached=len(hits), pending=later, publish=first, fields=fields)
     if hits:
         store.write_segments(job_id, hits)
-    if not misses:
-        # Every segment was cached: the job is done before the answer leaves; reuse the file if we have it.
-        data = cache.get_file(file_key(keys, request.format))
-        if data is not None:
-            store.store_file(job_id, request.format, data)
-    else:
+    if misses:  # else every segment was cached: the job is done before the answer leaves
         try:
             book.add(job_id, {i: deadlines[i] for i in first})
             by_deadline = [deadlines[i] for i in first] if settings.scheduler == "deadline" else None

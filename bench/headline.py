@@ -238,7 +238,6 @@ def add_stack_arguments(parser: argparse.ArgumentParser, *, levels: str) -> None
         "--torch-threads", type=int, default=1, help="torch CPU threads, worker and baseline alike (see NOTES)"
     )
     parser.add_argument("--device", default=None, help="cpu for the tiny model, auto otherwise")
-    parser.add_argument("--api-threads", type=int, default=32, help="gunicorn threads per API process")
     parser.add_argument(
         "--replicas",
         type=int,
@@ -314,7 +313,7 @@ def drive(args: argparse.Namespace, plan: Plan, env: dict[str, str], out: Path) 
     """Start both servers and run every level against each; return the levels and the cache-on line."""
     texts = corpus_texts(args.model)
     levels = [int(x) for x in args.levels.split(",")]
-    stack = ServiceStack(env, out, api_processes=2, api_threads=args.api_threads)
+    stack = ServiceStack(env, out, api_processes=2)
     baseline = None
     if not args.skip_baseline:
         baseline = BaselineProcess(

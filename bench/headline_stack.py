@@ -43,13 +43,13 @@ def broker_lists() -> list[str]:
 class ServiceStack:
     """Redis, one worker and the API under gunicorn, as `make run` starts them."""
 
-    def __init__(self, env: dict[str, str], workdir: Path, *, api_processes: int, api_threads: int) -> None:
+    def __init__(self, env: dict[str, str], workdir: Path, *, api_processes: int) -> None:
         self.workdir = workdir
         self.redis = RedisServer(workdir / "redis")
         self.metrics_port = free_port()
         self.env = {**env, "REDIS_URL": self.redis.url, "TTS_METRICS_PORT": str(self.metrics_port)}
         self.worker = WorkerProcess(self.env, workdir / "worker.log")
-        self.api = ApiProcess(self.env, workdir / "api.log", processes=api_processes, threads=api_threads)
+        self.api = ApiProcess(self.env, workdir / "api.log", processes=api_processes)
         self.client: redis.Redis | None = None
 
     def start(self) -> None:

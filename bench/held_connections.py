@@ -6,9 +6,10 @@ TTS_RUN_DIR and free ports: supervisord, Redis, the worker launcher with espeak,
 processes, all at their default settings). It writes long-running jobs straight into the job store (their
 segments all wait in the pending list, so nothing makes them and their streams stay open), then holds 1,000
 server-sent event streams on them from one asyncio process, spread over 20 callers (20 loopback source
-addresses, 50 streams each: under the default per-caller limit of 100). With the streams held, it times 200
-`GET /healthz` and 200 `POST /v1/jobs` one after another, each on a fresh connection as a probe or a new
-client would, and does the same before the streams open, for comparison.
+addresses, 50 streams each: under the default per-caller limit of 100). It times 200 `GET /healthz` and 200
+`POST /v1/jobs` one after another, each on a fresh connection as a probe or a new client would: before the
+streams open, with them held idle, and with a segment written to every held job every 5 s (every stream then
+sends an event as often, 200 events a second in all; ``--event-interval 1`` for 1,000).
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ from tests.support.servers import ROOT
 TARGETS_MS = {"GET /healthz": 100.0, "POST /v1/jobs": 300.0}
 CALLERS = 20
 JOBS = 50
+SEGMENTS = 600  # per held job: more than the feeder writes while the measurement lasts
+#: How often each held stream gets a segment event in the active phase: a segment is a few seconds of audio.
+EVENT_INTERVAL_S = 5.0
 API_PROCESSES = 2  # make run's default
 
 
@@ -48,6 +52,7 @@ class HeldStreams:
         self.open = 0
         self.failed: list[str] = []
         self.ended = 0
+        self.events = 0
         self.loop = asyncio.new_event_loop()
         self._writers: list[asyncio.StreamWriter] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -91,8 +96,8 @@ class HeldStreams:
         self._tasks.append(self.loop.create_task(self._drain(reader)))
 
     async def _drain(self, reader: asyncio.StreamReader) -> None:
-        while await reader.read(65536):  # keep-alives, until the server ends the stream
-            pass
+        while data := await reader.read(65536):  # events and keep-alives, until the server ends the stream
+            self.events += data.count(b"event: segment")
         self.ended += 1
 
     def close(self) -> None:
@@ -161,12 +166,41 @@ def measure(port: int, requests: int) -> dict[str, list[float]]:
 
 
 def redis_clients(client: redis.Redis) -> tuple[int, int]:
-    """Return Redis's connected clients and how many of them block in XREAD now."""
+    """Return Redis's connected clients and how many of them are blocked in XREAD now."""
     found = client.client_list()
-    return len(found), sum(1 for c in found if c.get("cmd") == "xread")
+    return len(found), sum(1 for c in found if c.get("cmd") == "xread" and "b" in c.get("flags", ""))
 
 
-def run_bench(streams: int, requests: int, out_dir: Path) -> str:
+class Feeder:
+    """Write one segment of every held job each ``interval_s``, so that every stream carries an event as often."""
+
+    def __init__(self, store: JobStore, jobs: list[str], *, interval_s: float) -> None:
+        self.store = store
+        self.jobs = jobs
+        self.interval_s = interval_s
+        self.written = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        pcm = bytes(2 * 2205)  # 0.1 s of silence at 22,050 Hz
+        step = self.interval_s / len(self.jobs)  # the jobs take turns: segments finish spread out, not at once
+        while not self._stop.wait(step if self.written else 0):
+            job_id = self.jobs[self.written % len(self.jobs)]
+            index = self.written // len(self.jobs)
+            self.store.write_segment(job_id, index, pcm, sample_rate=22050, meta={"duration_s": 0.1})
+            self.written += 1
+
+    def __enter__(self) -> Feeder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def run_bench(streams: int, requests: int, out_dir: Path, *, interval_s: float = EVENT_INTERVAL_S) -> str:
     """Start `make run`, hold the streams, measure; return the markdown report."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < streams + 1000:  # one descriptor per stream here, and scripts/run.sh's programs inherit the limit
@@ -180,17 +214,24 @@ def run_bench(streams: int, requests: int, out_dir: Path) -> str:
         store = JobStore(client, ttl=3600)
         request = JobRequest(model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav",
                              priority="batch", seed=None)  # fmt: skip
-        jobs = [store.create(request, ["held"] * 4, pending=[0, 1, 2, 3]) for _ in range(JOBS)]
-        idle = measure(run.api_port, requests)
-        rss_idle = api_rss_mb(run)
+        jobs = [store.create(request, ["held"] * SEGMENTS, pending=list(range(SEGMENTS))) for _ in range(JOBS)]
+        phases = {"none": measure(run.api_port, requests)}
+        rss = {"none": api_rss_mb(run)}
         paths = [f"/v1/jobs/{jobs[n % JOBS]}/events" for n in range(streams)]
         held = HeldStreams(run.api_port, paths, [f"127.0.0.{2 + n}" for n in range(CALLERS)])
         started = time.perf_counter()
         held.start()
         opened_s = time.perf_counter() - started
         clients, blocked = redis_clients(client)
-        loaded = measure(run.api_port, requests)
-        rss_held = api_rss_mb(run)
+        idle = f"{streams}, idle"
+        phases[idle] = measure(run.api_port, requests)
+        rss[idle] = api_rss_mb(run)
+        active = f"{streams}, an event every {interval_s:g} s each"
+        events_before, started = held.events, time.perf_counter()
+        with Feeder(store, jobs, interval_s=interval_s):
+            phases[active] = measure(run.api_port, requests)
+            rss[active] = api_rss_mb(run)
+        event_rate = (held.events - events_before) / (time.perf_counter() - started)
         still_open = held.open - held.ended
         held.close()
         for job_id in jobs:
@@ -199,27 +240,30 @@ def run_bench(streams: int, requests: int, out_dir: Path) -> str:
         run.close()
     rows = []
     for name, target in TARGETS_MS.items():
-        for label, found in (("none", idle), (f"{streams}", loaded)):
+        for label, found in phases.items():
             verdict = "" if label == "none" else ("met" if p99(found[name]) < target else "**missed**")
             rows.append(f"| {name} | {label} | {median(found[name]):.1f} | {p99(found[name]):.1f} | "
                         f"{max(found[name]):.1f} | < {target:.0f} | {verdict} |")  # fmt: skip
+    memory = ", ".join(f"{mb:.0f} MB ({label})" for label, mb in rss.items())
     return f"""# Held connections: the API answers while {streams} event streams stay open
 
 `python -m bench.held_connections` (`make bench-held`): `make run` itself (scripts/run.sh: gunicorn with
 api/gunicorn_conf.py, {API_PROCESSES} gevent processes; Redis; the worker launcher with espeak), default
 settings. {streams} server-sent event streams held on {JOBS} long-running jobs from one asyncio process,
 {CALLERS} callers (loopback source addresses) of {streams // CALLERS} streams each, under the default limit of
-100 per caller.
+100 per caller: first idle (a keep-alive every 15 s), then with a segment written to every job every
+{interval_s:g} s (each stream sends an event as often: about the pace at which a listener plays segments).
 {requests} requests of each kind, one after another, each on a fresh connection; 2 shared CPU cores.
 
 | request | streams held | p50 ms | p99 ms | max ms | target p99 | |
 |---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
-- {held.open} of {streams} streams opened in {opened_s:.1f} s; {still_open} still open after the measurements.
-- Redis while they were held: {clients} connections in all, {blocked} blocked in XREAD (one waiter loop per API
-  process, not one connection per stream).
-- API memory (gunicorn master and workers, resident): {rss_idle:.0f} MB idle, {rss_held:.0f} MB with the streams.
+- {held.open} of {streams} streams opened in {opened_s:.1f} s; {still_open} still open after the measurements;
+  {event_rate:.0f} segment events a second reached the clients while the segments were written.
+- Redis while the streams were held: {clients} connections in all, {blocked} blocked in XREAD (one waiter loop
+  per API process, not one connection per stream).
+- API memory (gunicorn master and workers, resident): {memory}.
 - Before (gthread, 2 x 32 threads, as measured in issue 14): 80 streams on one job left /healthz timing out after
   20 s on one of the two processes.
 """
@@ -230,9 +274,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, default=1000)
     parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--event-interval", type=float, default=EVENT_INTERVAL_S, help="seconds between events")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-held-") as tmp:
-        report = run_bench(args.streams, args.requests, Path(tmp))
+        report = run_bench(args.streams, args.requests, Path(tmp), interval_s=args.event_interval)
     write_result("held_connections", report)
 
 

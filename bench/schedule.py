@@ -120,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     stacks = {}
     for name in SCHEDULERS:
         (out / name).mkdir(exist_ok=True)
-        stacks[name] = ServiceStack({**env, "TTS_SCHEDULER": name}, out / name, api_processes=2,
-                                    api_threads=args.api_threads)  # fmt: skip
+        stacks[name] = ServiceStack({**env, "TTS_SCHEDULER": name}, out / name, api_processes=2)
     levels: list[dict[str, Any]] = []
     try:
         for stack in stacks.values():

@@ -47,6 +47,7 @@ def _fill(unit: str, length: int, *, head: str = "", tail: str = "") -> str:
 
 def inputs(length: int) -> dict[str, str]:
     """Return the adversarial texts, each exactly length characters long, by name."""
+
     # A run framed by words: a text of nothing but spaces is refused before it is planned.
     def framed(unit: str) -> str:
         return _fill(unit, length, head="开始 start ", tail=" end 结束")

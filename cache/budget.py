@@ -18,7 +18,6 @@ from typing import Any
 import redis
 
 from cache import keys
-from core.audio import MEDIA_TYPES
 from core.metrics import STORE_TRIMMED, STORE_USED
 from core.settings import Settings
 
@@ -29,19 +28,14 @@ TRIM_MARGIN = 0.1
 TRIM_BATCH = 4
 TRIM_BATCH_MAX = 512
 
-# KEYS: the kept-audio index. ARGV: key prefix, now, then job ids. Removes each job's audio and encoded
-# files, notes on its record (if the record is still there) when and why, and drops it from the index;
-# returns how many jobs still had audio.
-# The note may fail on a store past its limit (pcall): the audio is removed all the same.
-_DROP_AUDIO = (
-    "local files = {"
-    + ", ".join(f"'{fmt}'" for fmt in MEDIA_TYPES)
-    + """}
+# KEYS: the kept-audio index. ARGV: key prefix, now, then job ids. Removes each job's audio, notes on its
+# record (if the record is still there) when and why, and drops it from the index; returns how many jobs
+# still had audio. The note may fail on a store past its limit (pcall): the audio is removed all the same.
+_DROP_AUDIO = """
 local removed = 0
 for i = 3, #ARGV do
   local base = ARGV[1] .. ARGV[i] .. '}:'
   removed = removed + redis.call('DEL', base .. 'audio')
-  for _, fmt in ipairs(files) do redis.call('DEL', base .. 'file:' .. fmt) end
   if redis.call('EXISTS', base .. 'record') == 1 then
     redis.pcall('HSET', base .. 'record', 'audio_removed_at', ARGV[2], 'audio_removed_for', 'memory')
   end
@@ -49,7 +43,6 @@ for i = 3, #ARGV do
 end
 return removed
 """
-)
 
 
 @dataclass(frozen=True)

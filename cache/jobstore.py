@@ -424,15 +424,6 @@ class JobStore:
                 return self.segment(job_id, index)
             self.wait_for_event(job_id, last, remaining)
 
-    def cached_file(self, job_id: str, fmt: str) -> bytes | None:
-        """Return the job's whole encoded file if it was built before."""
-        value = self.redis.get(keys.file(job_id, fmt))
-        return _opt_raw(value)
-
-    def store_file(self, job_id: str, fmt: str, data: bytes) -> None:
-        """Keep the job's whole encoded file for as long as the job lives."""
-        self.redis.set(keys.file(job_id, fmt), data, ex=self.audio_ttl)
-
 
 def store_of(client: redis.Redis, settings: Settings, *, waiter: EventWaiter | None = None) -> JobStore:
     """Return the job store on ``client`` with the settings' retention and audio codec."""

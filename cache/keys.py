@@ -39,11 +39,6 @@ def events(job_id: str) -> str:
     return f"{PREFIX}:job:{{{job_id}}}:events"
 
 
-def file(job_id: str, fmt: str) -> str:
-    """Return the key of the job's whole encoded audio file, built once when asked for."""
-    return f"{PREFIX}:job:{{{job_id}}}:file:{fmt}"
-
-
 def pending(job_id: str) -> str:
     """Return the key of the job's segments not yet enqueued (a list fed into the queue as others finish)."""
     return f"{PREFIX}:job:{{{job_id}}}:pending"

@@ -154,9 +154,15 @@ class SentenceCache:
 
 def build_cache(settings: Settings) -> SentenceCache:
     """Connect to the sentence cache's Redis (its own URL, or the job store's)."""
-    # Short timeouts: a slow or absent cache must cost a miss, not a stalled request.
-    client = redis.Redis.from_url(
-        settings.cache_redis_url or settings.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0
+    # Short timeouts: a slow or absent cache must cost a miss, not a stalled request. A bounded pool that makes
+    # a caller wait (up to a second) for a connection: an API under gevent runs lookups by the hundred at once.
+    pool = redis.BlockingConnectionPool.from_url(
+        settings.cache_redis_url or settings.redis_url,
+        max_connections=settings.api_redis_connections,
+        timeout=1.0,
+        socket_timeout=1.0,
+        socket_connect_timeout=1.0,
     )
+    client = redis.Redis(connection_pool=pool)
     shared = settings.cache_redis_url in (None, "", settings.redis_url)
     return SentenceCache(client, ttl_s=settings.cache_ttl_s, enabled=settings.cache_enabled, listed=shared)

@@ -106,6 +106,12 @@ class Settings(BaseSettings):
         description="An idle event stream sends a keep-alive this often; a client that left is noticed at the "
         "next one, and its stream slot freed.",
     )
+    api_redis_connections: int = Field(
+        100,
+        ge=4,
+        description="Redis connections one API process opens at most; a request beyond them waits for one (up to "
+        "10 s, then 503). Held streams need none of their own: each process's waits share one.",
+    )
 
     job_ttl_s: int = Field(
         24 * 3600, ge=60, description="How long a finished job's record (status, progress, error) stays in Redis."

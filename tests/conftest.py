@@ -14,8 +14,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from api import create_app
-from tests.support.gunicorn import GunicornApi
-from tests.support.servers import ROOT, RedisServer, WorkerProcess, free_port
+from tests.support.servers import ROOT, ApiProcess, RedisServer, WorkerProcess, free_port
 
 IN_CI = os.environ.get("CI") == "true"
 
@@ -140,7 +139,7 @@ GUNICORN_KEEPALIVE_S = 1.0
 
 
 @pytest.fixture(scope="session")
-def gunicorn_api(settings_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[GunicornApi]:
+def gunicorn_api(settings_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiProcess]:
     """Serve the API with `make run`'s gunicorn command (two gevent processes, shared metrics folder)."""
     env = {
         **settings_env,
@@ -148,7 +147,7 @@ def gunicorn_api(settings_env: dict[str, str], tmp_path_factory: pytest.TempPath
         "TTS_STREAM_KEEPALIVE_S": str(GUNICORN_KEEPALIVE_S),
     }
     workdir = tmp_path_factory.mktemp("gunicorn")
-    server = GunicornApi(env, workdir / "gunicorn.log", workdir / "prometheus")
+    server = ApiProcess(env, workdir / "gunicorn.log", metrics_dir=workdir / "prometheus")
     server.start()
     try:
         yield server

@@ -28,9 +28,8 @@ from cache.jobstore import JobRequest, JobStore
 from cache.streams import CallerStreams
 from core.audio import MEDIA_TYPES
 from tests.conftest import GUNICORN_STREAMS_PER_CALLER
-from tests.support.gunicorn import GunicornApi
 from tests.support.processes import wait_for
-from tests.support.servers import RedisServer, WorkerProcess
+from tests.support.servers import ApiProcess, RedisServer, WorkerProcess
 
 RATE = 24000
 SEGMENT_SAMPLES = RATE // 2
@@ -104,7 +103,7 @@ class RawStream:
         self.sock.close()
 
 
-def _open_events(server: GunicornApi, job_id: str, source: str) -> RawStream:
+def _open_events(server: ApiProcess, job_id: str, source: str) -> RawStream:
     stream = RawStream(server.port, f"/v1/jobs/{job_id}/events", source=source)
     if stream.status == 200:
         stream.until(b"retry: 1000")  # the stream is open and its first event went out
@@ -119,7 +118,7 @@ def _slots(client: redis.Redis, source: str) -> int:
 
 
 def test_events_stream_end_to_end_under_the_make_run_gunicorn(
-    gunicorn_api: GunicornApi, worker: WorkerProcess, redis_client: redis.Redis
+    gunicorn_api: ApiProcess, worker: WorkerProcess, redis_client: redis.Redis
 ) -> None:
     text = "One small step. Two birds sing. Three cats sleep on the warm roof."
     with requests.Session() as session:
@@ -140,7 +139,7 @@ def test_events_stream_end_to_end_under_the_make_run_gunicorn(
     assert names == ["segment"] * job["segments_total"] + ["done"]
 
 
-def test_metrics_are_served_for_every_gunicorn_process_through_the_shared_folder(gunicorn_api: GunicornApi) -> None:
+def test_metrics_are_served_for_every_gunicorn_process_through_the_shared_folder(gunicorn_api: ApiProcess) -> None:
     for _ in range(4):
         assert requests.get(f"{gunicorn_api.url}/healthz", timeout=10).status_code == 200
     response = requests.get(f"{gunicorn_api.url}/metrics", timeout=10)
@@ -149,7 +148,7 @@ def test_metrics_are_served_for_every_gunicorn_process_through_the_shared_folder
 
 
 def test_healthz_answers_while_200_event_streams_are_held_open(
-    gunicorn_api: GunicornApi, redis_client: redis.Redis
+    gunicorn_api: ApiProcess, redis_client: redis.Redis
 ) -> None:
     store = JobStore(redis_client, ttl=600)
     jobs = [_held_job(store) for _ in range(4)]
@@ -169,7 +168,7 @@ def test_healthz_answers_while_200_event_streams_are_held_open(
 
 
 def test_a_caller_over_its_stream_limit_gets_429_naming_the_limit_until_a_stream_closes(
-    gunicorn_api: GunicornApi, redis_client: redis.Redis
+    gunicorn_api: ApiProcess, redis_client: redis.Redis
 ) -> None:
     store = JobStore(redis_client, ttl=600)
     job_id = _held_job(store)

@@ -33,6 +33,7 @@ NEAREST_REACH = 32
 # One letter per character for script_weights: a CJK letter, other CJK (〇, ・, ゛),
 # a letter of a space-separated script, anything else.
 CJK_LETTER, CJK_OTHER, WORD_LETTER, OTHER = "C", "K", "a", "."
+_CLASS_OF = {(True, True): CJK_LETTER, (True, False): CJK_OTHER, (False, True): WORD_LETTER, (False, False): OTHER}
 _WORD_RUN = re.compile(WORD_LETTER + WORD_LETTER + "*")
 _LETTER_CLASS = re.compile(f"[{CJK_LETTER}{WORD_LETTER}]")
 # Distinct characters seen; a bound keeps a stream of exotic texts from growing the table forever.
@@ -46,11 +47,7 @@ class _ClassTable(dict[int, str]):
         if len(self) >= _CLASS_TABLE_SIZE:
             self.clear()
         ch = chr(code)
-        if is_cjk(ch):
-            value = CJK_LETTER if ch.isalpha() else CJK_OTHER
-        else:
-            value = WORD_LETTER if ch.isalpha() else OTHER
-        self[code] = value
+        value = self[code] = _CLASS_OF[is_cjk(ch), ch.isalpha()]
         return value
 
 

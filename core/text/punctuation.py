@@ -1,6 +1,5 @@
 """Give punctuation the width of the script around it and tidy the spacing."""
 
-import functools
 import re
 
 from core.text.chars import (
@@ -15,7 +14,7 @@ from core.text.chars import (
     is_word_letter,
     nearest_letter,
 )
-from core.text.split import is_abbreviation
+from core.text.split import NOT_AFTER_ABBREVIATION, is_abbreviation
 
 TO_WIDE = {",": "，", ".": "。", "!": "！", "?": "？", ";": "；", ":": "："}
 TO_ASCII = {wide: narrow for narrow, wide in TO_WIDE.items()} | {"、": ","}
@@ -33,8 +32,9 @@ _LEADING_MARKS = re.compile(r"^[" + re.escape(_MARKS) + r"\s]+", re.MULTILINE)
 # A match starts only where a run of dots and 。 starts: "。.。.…" tried from every mark was quadratic.
 _ELLIPSES = re.compile(r"(?<![.。])[.。]*(?:\.{2,}|。{2,}|…)[.。…]*")
 _RUN = re.compile("[" + _ALL_PUNCTUATION + "][" + _ALL_PUNCTUATION + "]+")
-# A dot between two ASCII letters ("Node.js") always stays: it is not even looked at.
-_MARK = re.compile("[" + re.escape(_MARKS) + r"](?:(?<![A-Za-z].)|(?<!\.)|(?![A-Za-z]))")
+# Dots that always stay are not even looked at: between two ASCII letters ("Node.js"), or after a
+# title or an initial ("Mr.", "J.").
+_MARK = re.compile("[" + re.escape(_MARKS) + r"](?:(?<![A-Za-z].)|(?<!\.)|(?![A-Za-z]))" + NOT_AFTER_ABBREVIATION)
 # Once the marks left are all wide (or all narrow), only these change.
 _TO_WIDEN = re.compile("[" + re.escape("".join(TO_WIDE) + ELLIPSIS) + "]")
 _WIDE_MARKS = re.escape("".join(TO_ASCII) + ELLIPSIS)
@@ -47,7 +47,8 @@ _SPACES = re.compile(r"[^\S\n]+")
 _ODD_SPACE = re.compile(r"[^\S\n](?:(?<! )|(?=[^\S\n]))")
 _LINE_BREAK = re.compile(r" ?\n\s*")
 _WIDE_GAP = re.compile(
-    " (?:(?<=[" + CJK_CLASS + _TIGHT + "] )(?=[" + CJK_CLASS + _TIGHT + "])|(?<=[" + _TIGHT + "] )|(?=[" + _TIGHT + "]))"
+    " (?:(?<=[" + CJK_CLASS + _TIGHT + "] )(?=[" + CJK_CLASS + _TIGHT + "])"
+    "|(?<=[" + _TIGHT + "] )|(?=[" + _TIGHT + "]))"
 )
 _WORD_APOSTROPHE = re.compile(r"(?<=[^\W\d_])’(?=[^\W\d_])")
 _MAX_RUN = 4
@@ -79,15 +80,15 @@ def _keeps_ascii(text: str, i: int) -> bool:
     # Dots inside "Node.js" or "e.g" and after "Mr" belong to the word.
     if text[i] != ".":
         return False
-    inside_word = 0 < i < len(text) - 1 and is_word_letter(text[i - 1]) and is_word_letter(text[i + 1])
+    inside_word = 0 < i < len(text) - 1 and is_word_letter(text[i + 1]) and is_word_letter(text[i - 1])
     return inside_word or is_abbreviation(text, i)
 
 
-def _widened(text: str, match: re.Match[str]) -> str:
+def _widened(match: re.Match[str]) -> str:
     ch = match.group(0)
     if ch == ELLIPSIS:
         return "……"
-    return ch if _keeps_ascii(text, match.start()) else TO_WIDE[ch]
+    return ch if _keeps_ascii(match.string, match.start()) else TO_WIDE[ch]
 
 
 def _narrowed(match: re.Match[str]) -> str:
@@ -102,7 +103,7 @@ def _rest_settled(text: str, start: int, wide: bool, out: list[str]) -> bool:
     """Append text[start:] with its marks made wide or narrow if every later clause must agree with wide."""
     # With no letter of the other kind left, each later clause decides as this one did.
     if wide and _MAYBE_WORD_LETTER.search(text, start) is None:
-        changes, replace = _TO_WIDEN.finditer(text, start), functools.partial(_widened, text)
+        changes, replace = _TO_WIDEN.finditer(text, start), _widened
     elif not wide and _ANY_CJK.search(text, start) is None:
         changes, replace = _TO_NARROW.finditer(text, start), _narrowed
     else:

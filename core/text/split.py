@@ -6,6 +6,7 @@ where the last one ended), so each boundary finder is linear in its text.
 
 import itertools
 import re
+import string
 from collections.abc import Callable, Iterable
 
 from core.text.chars import CJK_CLASS, CLOSERS, has_speakable, is_cjk, is_wide
@@ -19,11 +20,29 @@ ABBREVIATIONS = frozenset(
      "gen", "col", "capt", "lt", "sgt", "rev", "hon", "gov", "rep", "sen", "messrs")
 )  # fmt: skip
 _INITIALS = re.compile(r"[A-Z]|[A-Za-z](?:\.[A-Za-z])+")
+_TOKEN_CHARS = frozenset(string.ascii_letters + ".")
+
+
+def _not_after_abbreviation() -> str:
+    # After a consumed dot: it does not end a title or an initial that follows a space or a mark.
+    # Those dots are what is_abbreviation would keep; a regex skips them without a Python call.
+    # Letters are spelled [Mm][Rr]: re's (?i) would also take "ſ" (U+017F) for "s".
+    by_length: dict[int, list[str]] = {1: ["[A-Z]"]}
+    for word in sorted(ABBREVIATIONS):
+        by_length.setdefault(len(word), []).append("".join(f"[{c.upper()}{c}]" for c in word))
+    return "".join(
+        f"(?:(?<!(?:{'|'.join(words)})\\.)|(?<=[.A-Za-z](?:{'|'.join(words)})\\.))" for words in by_length.values()
+    )
+
+
+NOT_AFTER_ABBREVIATION = _not_after_abbreviation()
 _TAIL = SENTENCE_ENDS | CLAUSE_ENDS | frozenset(CLOSERS) | {"."}
 _TAIL_AND_SPACE = re.compile("[" + re.escape("".join(sorted(_TAIL))) + r"]*\s*")
 _CLOSER_RUN = re.compile("[" + re.escape(CLOSERS) + "]*")
 # A dot right before an ASCII letter or digit is never a full stop (3.14, e.g, example.com).
-_SENTENCE_MARK = re.compile("[" + re.escape("".join(sorted(SENTENCE_ENDS))) + r".\n](?:(?<!\.)|(?![A-Za-z0-9]))")
+_SENTENCE_MARK = re.compile(
+    "[" + re.escape("".join(sorted(SENTENCE_ENDS))) + r".\n](?:(?<!\.)|(?![A-Za-z0-9]))" + NOT_AFTER_ABBREVIATION
+)
 _CLAUSE_MARK = re.compile("[" + re.escape("".join(sorted(CLAUSE_ENDS))) + r".](?:(?<!\.)|(?=\.))")
 # A pattern that starts with a character class lets re skip ahead to candidates at C speed.
 _SPEAKABLE_RUN = re.compile(r"[^\W_][^\W_]*")
@@ -36,7 +55,7 @@ _ALL_CJK = re.compile(f"[{CJK_CLASS}]+")
 def is_abbreviation(text: str, dot: int) -> bool:
     """Return whether the full stop at text[dot] ends an abbreviation or an initial."""
     start = dot
-    while start > 0 and (text[start - 1] == "." or (text[start - 1].isascii() and text[start - 1].isalpha())):
+    while start > 0 and text[start - 1] in _TOKEN_CHARS:
         start -= 1
     token = text[start:dot].lstrip(".")
     return token.lower() in ABBREVIATIONS or _INITIALS.fullmatch(token) is not None
@@ -98,14 +117,17 @@ def word_cuts(text: str) -> list[int]:
     for run in _SPEAKABLE_RUN.finditer(text):
         start, end = run.span()
         if previous_end >= 0:  # the gap between two speakable characters
-            spaced = _TO_LAST_SPACE.match(text, previous_end, start)
-            if spaced is not None:
+            if start - previous_end == 1 and text[previous_end].isspace():
+                cuts.append(start)  # the usual one space, without a regex call
+            elif (spaced := _TO_LAST_SPACE.match(text, previous_end, start)) is not None:
                 cuts.append(spaced.end())  # opening quotes stay with their word
             elif is_cjk(text[start]) or is_cjk(text[previous_end - 1]):
                 cuts.append(start)
-        if _ALL_CJK.fullmatch(text, start, end):
+        if _CJK.search(text, start, end) is None:
+            pass
+        elif _ALL_CJK.fullmatch(text, start, end):
             cuts.extend(range(start + 1, end))
-        elif _CJK.search(text, start, end):
+        else:
             cuts.extend(i for i in range(start + 1, end) if is_cjk(text[i - 1]) or is_cjk(text[i]))
         previous_end = end
     return cuts

@@ -2,10 +2,9 @@
 
 import functools
 import re
-from collections.abc import Callable
 
 from core.text import dates
-from core.text.chars import context_language, is_cjk
+from core.text.chars import is_cjk
 from core.text.clean import unify_digits
 from core.text.numbers import (
     en_digits,
@@ -18,8 +17,7 @@ from core.text.numbers import (
     zh_integer,
     zh_number,
 )
-
-Reader = Callable[[re.Match[str], str], str | None]
+from core.text.passes import Pass, plus_starts, run_passes, run_starts, signed_currency_starts, signed_run_starts
 
 _CURRENCIES = {"$": ("美元", "dollar"), "€": ("欧元", "euro"), "£": ("英镑", "pound"), "¥": ("元", "yuan")}
 _SUBUNITS = {"dollar": ("cent", "cents"), "euro": ("cent", "cents"), "pound": ("penny", "pence")}
@@ -190,71 +188,26 @@ def read_plain(match: re.Match[str], lang: str) -> str:
 
 
 # Order matters: specific shapes (dates, times, phone numbers) go before the
-# generic number so that their digits are read as a whole. Each pattern comes with
-# what a text must hold for it to match (a quick scan): a text without it skips the pass.
-PASSES: tuple[tuple[re.Pattern[str], Reader, re.Pattern[str] | None], ...] = (
-    (dates.MONTH_DATE, dates.read_month_date, dates.MONTH_HINT),
-    (dates.NUMERIC_DATE, dates.read_numeric_date, re.compile(r"\d[-/.]\d")),
-    (dates.YEAR_BEFORE_NIAN, dates.read_year_before_nian, re.compile("年")),
-    (dates.DECADE, dates.read_decade, re.compile("0s")),
-    (dates.YEAR_AFTER_WORD, dates.read_year_after_word, re.compile(r"\s(?:1[1-9]|20)\d\d")),
-    (dates.CLOCK_TIME, dates.read_clock_time, re.compile(r"\d:\d")),
-    (INTERNATIONAL_PHONE, read_international_phone, re.compile(r"\+\d")),
-    (HYPHENATED, read_hyphenated, re.compile(r"\d-\d")),
-    (RANGE, read_range, re.compile("[~–]")),
-    (CURRENCY, read_currency, re.compile("[$€£¥]")),
-    (SUFFIX_UNIT, read_suffix_unit, re.compile("[%‰°]")),
-    (ORDINAL, read_ordinal, re.compile(r"\d(?:st|nd|rd|th)")),
-    (FRACTION, read_fraction, re.compile(r"\d/\d")),
-    (DOTTED, read_dotted, re.compile(r"\d\.\d++\.\d")),
-    (PLAIN, read_plain, None),
+# generic number so that their digits are read as a whole.
+PASSES: tuple[Pass, ...] = (
+    Pass(dates.MONTH_DATE, dates.read_month_date, dates.MONTH_HINT),
+    Pass(dates.NUMERIC_DATE, dates.read_numeric_date, re.compile("[0-9][-/.][0-9]"), run_starts),
+    Pass(dates.YEAR_BEFORE_NIAN, dates.read_year_before_nian, re.compile("年"), run_starts),
+    Pass(dates.DECADE, dates.read_decade, re.compile("0s"), run_starts),
+    Pass(dates.YEAR_AFTER_WORD, dates.read_year_after_word, re.compile(r"\s(?:1[1-9]|20)[0-9][0-9]")),
+    Pass(dates.CLOCK_TIME, dates.read_clock_time, re.compile("[0-9]:[0-9]"), run_starts),
+    Pass(INTERNATIONAL_PHONE, read_international_phone, re.compile(r"\+[0-9]"), plus_starts),
+    Pass(HYPHENATED, read_hyphenated, re.compile("[0-9]-[0-9]"), run_starts),
+    Pass(RANGE, read_range, re.compile("[~–]"), run_starts),
+    Pass(CURRENCY, read_currency, re.compile("[$€£¥]"), signed_currency_starts),
+    Pass(SUFFIX_UNIT, read_suffix_unit, re.compile("[%‰°]"), signed_run_starts),
+    Pass(ORDINAL, read_ordinal, re.compile("[0-9](?:st|nd|rd|th)"), run_starts),
+    Pass(FRACTION, read_fraction, re.compile("[0-9]/[0-9]"), run_starts),
+    Pass(DOTTED, read_dotted, re.compile(r"[0-9]\.[0-9]++\.[0-9]"), run_starts),
+    Pass(PLAIN, read_plain, None, signed_run_starts),
 )
-_DIGIT = re.compile(r"\d")
-
-
-def _needs_space(left: str, right: str) -> bool:
-    return left.isalnum() and right.isalnum() and not (is_cjk(left) and is_cjk(right))
-
-
-def _replace(match: re.Match[str], reader: Reader, lang: str) -> str:
-    words = reader(match, lang)
-    if words is None:
-        return match.group(0)
-    text, start, end = match.string, match.start(), match.end()
-    if start and _needs_space(text[start - 1], words[0]):
-        words = " " + words
-    if end < len(text) and _needs_space(words[-1], text[end]):
-        words += " "
-    return words
-
-
-def _replacer(reader: Reader, language: str, number_group: int | str) -> Callable[[re.Match[str]], str]:
-    """Return a re.sub callback that reads each match once per distinct match and surroundings."""
-    # What a reading depends on: the language, the match, and (for the patterns' look-arounds, the
-    # sign, 两 and ¥100元) at most two characters either side. A list of ten thousand numbers
-    # then costs ten thousand lookups, not ten thousand readings.
-    memo: dict[tuple[str, int, int, str], str] = {}
-
-    def replace(match: re.Match[str]) -> str:
-        text, start, end = match.string, match.start(), match.end()
-        lang = context_language(text, *match.span(number_group)) if language == "auto" else language
-        before = min(start, 2)
-        key = (lang, before, end - start, text[start - before : end + 2])
-        words = memo.get(key)
-        if words is None:
-            words = memo[key] = _replace(match, reader, lang)
-        return words
-
-    return replace
 
 
 def verbalize_numbers(text: str, *, language: str) -> str:
     """Replace every digit in text with words in "zh", "en" or, per number, "auto"."""
-    text = unify_digits(text)
-    for pattern, reader, hint in PASSES:
-        if _DIGIT.search(text) is None:
-            break  # every pass reads digits
-        if hint is not None and hint.search(text) is None:
-            continue
-        text = pattern.sub(_replacer(reader, language, "n" if "n" in pattern.groupindex else 0), text)
-    return text
+    return run_passes(unify_digits(text), PASSES, language=language)

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -147,15 +148,33 @@ class WorkerProcess:
             self.process.wait(10)
 
 
-class ApiProcess:
-    """The API under gunicorn (as `make run` serves it) on a free loopback port."""
+#: The one place gunicorn's flags live; scripts/run.sh passes the same file.
+GUNICORN_CONFIG = ROOT / "api" / "gunicorn_conf.py"
 
-    def __init__(self, env: Mapping[str, str], log_path: Path, *, processes: int = 2, threads: int = 32) -> None:
+
+def gunicorn_command(host: str, port: int, processes: int) -> list[str]:
+    """Return the command `make run` starts the API with, binding ``host:port`` with ``processes`` workers."""
+    gunicorn = Path(sys.executable).with_name("gunicorn")
+    return [str(gunicorn), "-c", str(GUNICORN_CONFIG), "--bind", f"{host}:{port}", "--workers", str(processes),
+            "api:create_app()"]  # fmt: skip
+
+
+class ApiProcess:
+    """The API under gunicorn as `make run` serves it (api/gunicorn_conf.py: gevent workers) on a free port.
+
+    With ``metrics_dir``, its processes share their metrics through it (PROMETHEUS_MULTIPROC_DIR), as in `make run`.
+    """
+
+    def __init__(
+        self, env: Mapping[str, str], log_path: Path, *, processes: int = 2, metrics_dir: Path | None = None
+    ) -> None:
         self.env = {**os.environ, **env}
+        if metrics_dir is not None:
+            metrics_dir.mkdir(parents=True, exist_ok=True)
+            self.env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
         self.log_path = log_path
         self.port = free_port()
         self.processes = processes
-        self.threads = threads
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -163,28 +182,40 @@ class ApiProcess:
         """Return the API's base URL."""
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 60) -> None:
-        """Start gunicorn and wait until /healthz answers."""
-        import urllib.request
+    def _healthy(self) -> bool:
+        if self.process is not None and self.process.poll() is not None:
+            raise RuntimeError(f"gunicorn exited:\n{self.log_tail()}")
+        try:
+            with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
 
-        gunicorn = Path(sys.executable).with_name("gunicorn")
+    def start(self, timeout: float = 90) -> None:
+        """Start gunicorn and wait until /healthz answers."""
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [str(gunicorn), "--bind", f"127.0.0.1:{self.port}", "--workers", str(self.processes),
-                 "--worker-class", "gthread", "--threads", str(self.threads), "--timeout", "120", "api:create_app()"],
-                cwd=ROOT, env=self.env, stdout=log, stderr=log,
-            )  # fmt: skip
+                gunicorn_command("127.0.0.1", self.port, self.processes), cwd=ROOT, env=self.env, stdout=log, stderr=log
+            )
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1):
-                    return
-            except OSError:
-                time.sleep(0.1)
-        raise TimeoutError(f"API did not start:\n{self.log_path.read_text(errors='replace')[-3000:]}")
+        while not self._healthy():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"API did not start:\n{self.log_tail()}")
+            time.sleep(0.1)
+
+    def log_tail(self, lines: int = 60) -> str:
+        """Return the end of gunicorn's log."""
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self) -> None:
-        """Stop gunicorn."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
+        """Stop gunicorn (SIGTERM; SIGKILL if it outlives its graceful timeout)."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
             self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
