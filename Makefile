@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install install-dev install-bench run worker test chaos lint tiny-model bench bench-batch bench-cache bench-stream bench-schedule bench-held soak clean
+.PHONY: help install install-dev install-bench run worker test chaos lint tiny-model bench bench-batch bench-cache bench-stream bench-schedule bench-held bench-text soak clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -66,6 +66,9 @@ bench-schedule: install-bench  ## FIFO vs deadline scheduling at 10 and 50 calle
 bench-held: install-bench  ## /healthz and POST /v1/jobs p50/p99 on `make run` while 1,000 event streams are held open.
 	scripts/ensure_redis_server.sh
 	$(PY) -m bench.held_connections $(BENCH_ARGS)
+
+bench-text: install-bench  ## Adversarial texts at the length limit through validation and planning (each under 50 ms).
+	$(PY) -m bench.text_adversarial $(BENCH_ARGS)
 
 soak: install-bench  ## Saturate a `make run` stack for SOAK_MINUTES (30): Redis memory, RSS, jobs/s, errors over time.
 	scripts/ensure_redis_server.sh

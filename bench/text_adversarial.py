@@ -2,6 +2,7 @@
 
 Run with ``python -m bench.text_adversarial`` (``make bench-text``); the table goes to
 ``bench/results/text_adversarial.md``. Each input is exactly as long as ``TTS_MAX_TEXT_CHARS`` allows
+(the English reference as long as it can be and still be accepted once its numbers are spelled out)
 and goes through the request checks (``api.validation.parse_job``) and the planner as
 ``api/submission.py`` calls it, limits included, for a Chinese and an English model. A refused input
 counts as handled when its error comes back fast. The process exits 1 if any median is over
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from api.validation import parse_job
+from bench.cache import write_result
 from core.errors import ServiceError, ValidationFailed
 from core.registry import load_registry
 from core.settings import Settings, load_settings
@@ -84,6 +86,8 @@ def inputs(length: int) -> dict[str, str]:
         "abbreviations Mr. ": _fill("Mr. ", length),
         "initials a.a.a.": _fill("a.", length),
         "short paragraphs": _fill("字\n\n", length),
+        "paragraphs of marks": _fill("。\n\n", length, head="开始\n\n"),
+        "paragraphs of emoji": _fill("😀\n\n", length, head="开始\n\n"),
         "emoji": framed("😀"),
         "month names and spaces": _fill("May ", length),
         "normal Chinese (reference)": _fill(story, length),
@@ -174,8 +178,6 @@ def main() -> None:
                 f"| {outcome.segments:,} | {outcome.answer} | {median:.1f} | {worst:.1f} |"
             )
     rows += ["", f"Over {BUDGET_MS:g} ms: {', '.join(over) if over else 'none'}.", ""]
-    from bench.cache import write_result
-
     write_result("text_adversarial", "\n".join(rows))
     sys.exit(1 if over else 0)
 

@@ -17,7 +17,7 @@ from core.errors import TextOverLimit
 from core.text import normalize, plan_segments
 from core.text.clean import KEPT_RANGES, VISIBLE_RANGES, _is_invisible, _keeps
 from core.text.limits import TextBudget
-from core.text.normalize import KEPT_LETTER_RANGES, NFKC_PIECE, nfkc, starts_fresh
+from core.text.normalize import KEPT_LETTER_RANGES, NFKC_PIECE, may_speak, nfkc, starts_fresh
 
 LONG = 20_000
 CAPS = {"max_chars": 60, "first_max_chars": 24}
@@ -123,6 +123,11 @@ def test_limits_that_a_text_fits_change_none_of_its_segments() -> None:
             assert _plan(text, language, max_total_chars=LONG, max_segments=2000) == _plan(text, language)
 
 
+@pytest.mark.parametrize("unit", ["!\n\n", "。\n\n", "😀\n\n", "\u200b\n\n"])
+def test_thousands_of_paragraphs_with_nothing_to_say_plan_into_nothing(unit: str) -> None:
+    assert _plan(unit * (LONG // len(unit)), max_total_chars=LONG, max_segments=2000) == []
+
+
 def test_a_text_exactly_at_the_character_limit_is_accepted() -> None:
     text = "字" * LONG
     assert "".join(_plan(text, max_total_chars=LONG)) == text
@@ -155,6 +160,19 @@ def test_every_character_of_the_kept_ranges_is_kept() -> None:
 def test_the_kept_letters_are_letters_that_nothing_merges() -> None:
     jamo = re.compile("[\u1100-\u11ff\ua960-\ua97f\ud7b0-\ud7ff]")
     assert [ch for ch in _code_points(KEPT_LETTER_RANGES) if not ch.isalpha() or jamo.match(ch)] == []
+
+
+def test_no_composition_makes_a_letter_or_digit_of_characters_that_are_none() -> None:
+    # What may_speak relies on: a paragraph with no letter or digit even decomposed normalises to nothing.
+    made = []
+    for code in range(0x110000):
+        decomposition = unicodedata.decomposition(chr(code))
+        if decomposition and not decomposition.startswith("<") and chr(code).isalnum():
+            parts = unicodedata.normalize("NFKD", "".join(chr(int(p, 16)) for p in decomposition.split()))
+            if not any(part.isalnum() for part in parts):
+                made.append(hex(code))
+    assert made == []
+    assert not may_speak("!?。😀\u200b—") and may_speak("℃") and may_speak("①")
 
 
 def test_nfkc_is_never_cut_before_a_character_that_composes_with_the_one_before() -> None:

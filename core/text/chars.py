@@ -1,6 +1,7 @@
 """Classify characters by script and by whether a voice can speak them."""
 
 import re
+from collections.abc import Callable
 
 # Han ideographs, kana and the two CJK letters that are not in the Han blocks
 # (々 iteration mark, 〇 zero): the scripts written without spaces and with
@@ -36,22 +37,35 @@ CJK_LETTER, CJK_OTHER, WORD_LETTER, OTHER = "C", "K", "a", "."
 _CLASS_OF = {(True, True): CJK_LETTER, (True, False): CJK_OTHER, (False, True): WORD_LETTER, (False, False): OTHER}
 _WORD_RUN = re.compile(WORD_LETTER + WORD_LETTER + "*")
 _LETTER_CLASS = re.compile(f"[{CJK_LETTER}{WORD_LETTER}]")
-# Distinct characters seen; a bound keeps a stream of exotic texts from growing the table forever.
-_CLASS_TABLE_SIZE = 1 << 16
+# Distinct characters a table remembers; the bound keeps a stream of exotic texts from growing it forever.
+_TABLE_SIZE = 1 << 16
 
 
-class _ClassTable(dict[int, str]):
-    """Map code points to their class letter for str.translate, classifying each character once."""
+class CharTable(dict[int, int | str | None]):
+    """A str.translate table that works out each character's replacement once, on first sight.
 
-    def __missing__(self, code: int) -> str:
-        if len(self) >= _CLASS_TABLE_SIZE:
+    One translate call then maps a whole text in C, where a loop over its characters in Python
+    costs a function call per character.
+    """
+
+    def __init__(self, replace: Callable[[str], str | None]) -> None:
+        super().__init__()
+        self.replace = replace
+
+    def __missing__(self, code: int) -> int | str | None:
+        if len(self) >= _TABLE_SIZE:
             self.clear()
         ch = chr(code)
-        value = self[code] = _CLASS_OF[is_cjk(ch), ch.isalpha()]
-        return value
+        value = self.replace(ch)
+        self[code] = code if value == ch else value
+        return self[code]
 
 
-_CLASSES = _ClassTable()
+def _class_of(ch: str) -> str:
+    return _CLASS_OF[is_cjk(ch), ch.isalpha()]
+
+
+_CLASSES = CharTable(_class_of)
 
 
 def is_cjk(ch: str) -> bool:

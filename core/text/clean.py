@@ -2,9 +2,8 @@
 
 import re
 import unicodedata
-from collections.abc import Callable
 
-from core.text.chars import CLOSERS, OPENERS, WIDE_PUNCTUATION
+from core.text.chars import CLOSERS, OPENERS, WIDE_PUNCTUATION, CharTable
 
 # Punctuation that survives cleaning; everything else that is not a letter,
 # a combining mark or whitespace is a symbol a TTS model cannot say.
@@ -23,8 +22,6 @@ _SPACED_HYPHEN = re.compile(r"\s-")
 _HYPHENS = re.compile(r"[\u2010\u2011]")
 _LOOSE_HYPHEN = re.compile(r"-(?:(?<![^\W\d_]-)|(?![^\W\d_]))")
 _VARIATION_SELECTORS = re.compile("[\ufe00-\ufe0f\U000e0100-\U000e01ef]")
-# Distinct characters a table remembers; the bound keeps a stream of exotic texts from growing it forever.
-_TABLE_SIZE = 1 << 16
 # Blocks where no character is invisible, and where every character is kept: a text made only of
 # them skips the character-by-character step (tests/test_text_adversarial.py checks both lists).
 VISIBLE_RANGES: tuple[tuple[int, int], ...] = (
@@ -47,22 +44,6 @@ def _class(ranges: tuple[tuple[int, int], ...], extra: str = "") -> str:
 _MAYBE_INVISIBLE = re.compile(f"[^{_class(VISIBLE_RANGES)}]")
 _MAYBE_DROPPED = re.compile(f"[^{_class(KEPT_RANGES, ''.join(sorted(KEPT_PUNCTUATION)))}]")
 _NON_ASCII_DIGIT = re.compile(r"[^\D0-9]")
-
-
-class CharTable(dict[int, int | str | None]):
-    """A str.translate table that works out each character's replacement once, on first sight."""
-
-    def __init__(self, replace: Callable[[str], str | None]) -> None:
-        super().__init__()
-        self.replace = replace
-
-    def __missing__(self, code: int) -> int | str | None:
-        if len(self) >= _TABLE_SIZE:
-            self.clear()
-        ch = chr(code)
-        value = self.replace(ch)
-        self[code] = code if value == ch else value
-        return self[code]
 
 
 def _is_invisible(ch: str) -> bool:

@@ -4,6 +4,7 @@ import functools
 import re
 import unicodedata
 
+from core.text.chars import has_speakable
 from core.text.clean import drop_unspeakable, join_digit_groups, remove_invisible
 from core.text.limits import TextBudget
 from core.text.punctuation import tidy_punctuation
@@ -87,6 +88,13 @@ def nfkc(text: str, budget: TextBudget | None = None) -> str:
             budget.expect_chars(max(0, letters - LETTERS_PER_DIGIT_REMOVED * digits))
         start = end
     return "".join(pieces)
+
+
+def may_speak(text: str) -> bool:
+    """Return whether normalising text can leave anything a voice reads (false: skip it, it would be empty)."""
+    # Every letter or digit normalisation leaves comes from one in the decomposed text: numbers are
+    # read as letters, symbols become spaces, and no composition makes a letter of non-letters.
+    return has_speakable(text) or has_speakable(unicodedata.normalize("NFKD", text))
 
 
 def normalize(text: str, *, language: str = "auto", budget: TextBudget | None = None) -> str:

@@ -5,14 +5,15 @@ needs, and where its matches can start. After unify_digits every decimal digit i
 scans here need know no other.
 """
 
+import itertools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from core.text.chars import context_language, is_cjk
 
 Reader = Callable[[re.Match[str], str], str | None]
-Starts = Callable[[str], list[int]]
+Starts = Callable[[str], Iterator[int]]
 
 _DIGIT = re.compile("[0-9]")
 _DIGIT_RUN = re.compile("[0-9][0-9]*")
@@ -32,29 +33,32 @@ class Pass:
     starts: Starts | None = None
 
 
-def run_starts(text: str) -> list[int]:
-    """Return where each run of digits starts."""
-    return [run.start() for run in _DIGIT_RUN.finditer(text)]
+def run_starts(text: str) -> Iterator[int]:
+    """Yield where each run of digits starts."""
+    return (run.start() for run in _DIGIT_RUN.finditer(text))
 
 
-def _signed(starts: list[int], text: str) -> list[int]:
+def _signed(starts: Iterator[int], text: str) -> Iterator[int]:
     # A pattern that may begin with a minus sign is tried there first.
-    return [i for start in starts for i in ((start - 1, start) if start and text[start - 1] == "-" else (start,))]
+    for start in starts:
+        if start and text[start - 1] == "-":
+            yield start - 1
+        yield start
 
 
-def signed_run_starts(text: str) -> list[int]:
-    """Return where each run of digits starts, and the minus sign before it."""
+def signed_run_starts(text: str) -> Iterator[int]:
+    """Yield where each run of digits starts, and the minus sign before it."""
     return _signed(run_starts(text), text)
 
 
-def signed_currency_starts(text: str) -> list[int]:
-    """Return where each currency sign is, and the minus sign before it."""
-    return _signed([sign.start() for sign in _CURRENCY_SIGN.finditer(text)], text)
+def signed_currency_starts(text: str) -> Iterator[int]:
+    """Yield where each currency sign is, and the minus sign before it."""
+    return _signed((sign.start() for sign in _CURRENCY_SIGN.finditer(text)), text)
 
 
-def plus_starts(text: str) -> list[int]:
-    """Return where each plus sign is."""
-    return [plus.start() for plus in _PLUS.finditer(text)]
+def plus_starts(text: str) -> Iterator[int]:
+    """Yield where each plus sign is."""
+    return (plus.start() for plus in _PLUS.finditer(text))
 
 
 def _needs_space(left: str, right: str) -> bool:
@@ -118,8 +122,10 @@ def run_passes(text: str, passes: tuple[Pass, ...], *, language: str) -> str:
         if step.hint is not None and step.hint.search(text) is None:
             continue
         replace = _replacer(step.reader, language, "n" if "n" in step.pattern.groupindex else 0)
-        starts = None if step.starts is None else step.starts(text)
-        if starts is not None and len(starts) * _SPARSE < len(text):
+        # Only a few candidates are worth a loop in Python: stop counting past them.
+        most = len(text) // _SPARSE
+        starts = [] if step.starts is None else list(itertools.islice(step.starts(text), most + 1))
+        if step.starts is not None and len(starts) <= most:
             text = substitute(step.pattern, replace, text, starts)
         else:
             text = step.pattern.sub(replace, text)

@@ -5,7 +5,7 @@ import re
 
 from core.text.chars import has_speakable
 from core.text.limits import TextBudget
-from core.text.normalize import normalize
+from core.text.normalize import may_speak, normalize
 from core.text.split import LEVELS, merged_starts
 
 
@@ -119,6 +119,8 @@ def plan_segments(
     budget = TextBudget(max_chars=max_total_chars, max_segments=max_segments)
     packer = _Packer(first_cap=min(first_max_chars, max_chars), cap=max_chars, budget=budget)
     for paragraph in paragraphs(text):
+        if not may_speak(paragraph):
+            continue  # thousands of paragraphs of marks or emoji cost a scan each, not a normalisation
         normalized = normalize(paragraph, language=language, budget=budget)
         if has_speakable(normalized):
             budget.add_chars(len(normalized))

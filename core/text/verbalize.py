@@ -56,6 +56,12 @@ def _reads_as_digits(digits: str) -> bool:
 
 def integer_words(digits: str, lang: str) -> str:
     """Spell a run of digits as a number, or digit by digit when it looks like a code."""
+    if len(digits) <= _CACHED_NUMBER_LENGTH:
+        return _short_integer_words(digits, lang)
+    return _integer_words(digits, lang)
+
+
+def _integer_words(digits: str, lang: str) -> str:
     if _reads_as_digits(digits):
         return zh_digits(digits) if lang == "zh" else en_digits(digits)
     return zh_integer(int(digits)) if lang == "zh" else en_integer(int(digits))
@@ -80,6 +86,7 @@ def _number_words(number: str, lang: str) -> str:
 # A text of ten thousand numbers often repeats them; only short ones are kept, so the cache stays small.
 _CACHED_NUMBER_LENGTH = 24
 _short_number_words = functools.lru_cache(maxsize=4096)(_number_words)
+_short_integer_words = functools.lru_cache(maxsize=4096)(_integer_words)
 
 
 def _is_minus(match: re.Match[str]) -> bool:
