@@ -50,6 +50,18 @@ class Admission:
         ahead = self.book.due_by(due if self.by_deadline else math.inf)
         return ahead * recent.chars_per_segment / speed
 
+    def check_room(self) -> None:
+        """Raise StoreFull (503, Retry-After) when the job store is past its budget's full mark: every job, even
+        one whose audio is all cached, writes its audio into the store."""
+        full = self.budget.full() if self.budget is not None else None
+        if full is not None:
+            ADMISSION_REJECTIONS.labels("store_full").inc()
+            raise StoreFull(
+                f"not accepting jobs: the job store is near its memory budget ({full.describe()}) with live jobs "
+                "alone; retry when they finish",
+                retry_after=10,
+            )
+
     def admit(self, lane: str, due: float | None = None) -> float:
         """Raise ServiceUnavailable (503, Retry-After) unless a job on ``lane`` can start in time; return its wait.
 
@@ -62,14 +74,6 @@ class Admission:
         if not verdict.allowed:
             ADMISSION_REJECTIONS.labels("breaker").inc()
             raise ServiceUnavailable(f"not accepting jobs: {verdict.reason}", retry_after=verdict.retry_after)
-        full = self.budget.full() if self.budget is not None else None
-        if full is not None:
-            ADMISSION_REJECTIONS.labels("store_full").inc()
-            raise StoreFull(
-                f"not accepting jobs: the job store is near its memory budget ({full.describe()}) with live jobs "
-                "alone; retry when they finish",
-                retry_after=10,
-            )
         wait = self.estimated_wait_s(time.time() if due is None else due, workers_alive=alive)
         limit = self.limits[lane]
         if wait > limit:

@@ -21,7 +21,7 @@ NEEDS_LENGTH = frozenset({"wav", "flac"})
 class Download:
     """A finished job's file as it will be sent: its chunks, its length when known, and its audio's size."""
 
-    chunks: Iterator[bytes]
+    chunks: Encoded
     length: int | None
     pcm_bytes: int
 
@@ -37,15 +37,22 @@ def count_samples(store: JobStore, job_id: str, total: int) -> int | None:
     return samples
 
 
-def encoded(store: JobStore, job_id: str, encoder: StreamEncoder, total: int) -> Iterator[bytes]:
-    """Yield the job's segments through the encoder, one read and encoded at a time."""
-    for index in range(total):
-        pcm = store.segment(job_id, index)
-        if pcm is None:  # its audio went (expired or trimmed) mid-download: the file ends short
-            log.warning("job %s: segment %d vanished during a download; the file ends early", job_id, index)
-            return
-        yield encoder.write(pcm)
-    yield encoder.close()
+class Encoded:
+    """The job's segments through the encoder, one read and encoded at a time; ``complete`` once all went out."""
+
+    def __init__(self, store: JobStore, job_id: str, encoder: StreamEncoder, total: int) -> None:
+        self.store, self.job_id, self.encoder, self.total = store, job_id, encoder, total
+        self.complete = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        for index in range(self.total):
+            pcm = self.store.segment(self.job_id, index)
+            if pcm is None:  # its audio went (expired or trimmed) mid-download: the file ends short
+                log.warning("job %s: segment %d vanished during a download; the file ends early", self.job_id, index)
+                return
+            yield self.encoder.write(pcm)
+        yield self.encoder.close()
+        self.complete = True
 
 
 def download(store: JobStore, job_id: str, *, fmt: str, sample_rate: int, total: int) -> Download | None:
@@ -62,13 +69,12 @@ def download(store: JobStore, job_id: str, *, fmt: str, sample_rate: int, total:
         pcm_bytes = samples * 2
     encoder = StreamEncoder(fmt, sample_rate, total_samples=samples)
     length = 44 + pcm_bytes if fmt == "wav" else None
-    return Download(encoded(store, job_id, encoder, total), length, pcm_bytes)
+    return Download(Encoded(store, job_id, encoder, total), length, pcm_bytes)
 
 
-def kept(
-    chunks: Iterator[bytes], keep: Callable[[bytes], None], *, limit: int = FILE_CACHE_MAX_BYTES
-) -> Iterator[bytes]:
-    """Yield the chunks; once all went out, hand the whole file to ``keep`` unless it grew past ``limit``."""
+def kept(chunks: Encoded, keep: Callable[[bytes], None], *, limit: int = FILE_CACHE_MAX_BYTES) -> Iterator[bytes]:
+    """Yield the chunks; once the whole file went out, hand it to ``keep`` unless it grew past ``limit`` (a file
+    cut short by a segment that vanished is never kept)."""
     parts: list[bytes] | None = []
     size = 0
     for chunk in chunks:
@@ -78,5 +84,5 @@ def kept(
         else:
             parts = None
         yield chunk
-    if parts is not None:
+    if parts is not None and chunks.complete:
         keep(b"".join(parts))

@@ -122,7 +122,8 @@ def held(hold: Hold, chunks: Iterable[T]) -> Iterator[T]:
     """Yield the chunks, renewing the hold at each; give it back when they end or the client leaves."""
     try:
         for chunk in chunks:
-            hold.keep()
+            if chunk:  # an empty chunk is never written, so it cannot show that the client is still there
+                hold.keep()
             yield chunk
     finally:  # GeneratorExit too: the server closes the body when a write to a departed client fails
         hold.release()

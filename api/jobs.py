@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from flask import Blueprint, Response, g, request, url_for
@@ -74,6 +75,11 @@ def _raise_if_over(record: dict[str, str]) -> None:
     """Raise when the job's audio cannot come: the job failed or was canceled, or its audio is no longer kept."""
     if record["status"] in ("failed", "canceled"):
         raise JobFailed(f"job {record['status']}: {record.get('error', 'no reason recorded')}", status=record["status"])
+    _raise_if_gone(record)
+
+
+def _raise_if_gone(record: dict[str, str]) -> None:
+    """Raise 410 Gone when a finished job's audio is no longer kept."""
     if record["status"] == "done" and not services().store.has_audio(record["id"]):
         raise Gone(gone_message(record, job_ttl_s=services().settings.job_ttl_s), job_id=record["id"])
 
@@ -140,6 +146,7 @@ def submit_input(job_input: JobInput) -> str:
         enqueue=svc.enqueue,
         book=svc.book,
         admit=svc.admission.admit,
+        check_room=svc.admission.check_room,
     )
 
 
@@ -223,6 +230,7 @@ def _growing_audio(job_id: str, fmt: str) -> Response:
 def get_events(job_id: str) -> Response:
     """Stream server-sent events: one per finished segment in order (id = index), then the job's end."""
     record = _record(job_id)
+    _raise_if_gone(record)  # its events would point at audio that is gone
     raw = request.headers.get("Last-Event-ID") or request.args.get("last_event_id")
     start = 0
     if raw is not None:
@@ -294,10 +302,10 @@ def finished_file(
     except BaseException:
         hold.release()
         raise
-    chunks = found.chunks
+    chunks: Iterable[bytes] = found.chunks
     if cache_key is not None and found.pcm_bytes <= FILE_CACHE_MAX_BYTES:
         key = cache_key
-        chunks = kept(chunks, lambda data: svc.cache.put_file(key, data))
+        chunks = kept(found.chunks, lambda data: svc.cache.put_file(key, data))
     if found.length is not None:
         headers = {**headers, "Content-Length": str(found.length)}
     return held_response(hold, chunks, mimetype=media_type(fmt, rate), headers=headers)

@@ -70,7 +70,8 @@ def build_services(settings: Settings) -> Services:
     book = ScheduleBook(client, default_seconds_per_char=settings.seconds_per_char)
     budget = build_budget(client, settings)
     # Every stream and long-poll of this process waits through one loop on one connection, not one each.
-    hub = EventHub(client)
+    # Its own connection: the request pool may be exhausted by the very streams the hub serves.
+    hub = EventHub(redis.Redis.from_url(settings.redis_url, health_check_interval=30, socket_timeout=30))
     holds = StreamHolds(
         CallerStreams(client, ttl_s=settings.stream_slot_ttl_s),
         per_caller=settings.max_streams_per_caller,

@@ -6,7 +6,7 @@ from typing import Any
 
 from flask import Blueprint, Response, g, request
 
-from api.holds import held_response
+from api.holds import Hold, held_response
 from api.jobs import finished_file, submit_input
 from api.services import services
 from api.streaming import audio_stream
@@ -69,7 +69,7 @@ def speech() -> Response:
     hold = svc.holds.hold(g.caller)  # before submitting: a refused stream leaves no job behind
     try:
         job_id = submit_input(job_input)
-        rate, total = _wait_whole(job_id) if fmt == "flac" else _wait_first(job_id)
+        rate, total = _wait_whole(job_id, hold) if fmt == "flac" else _wait_first(job_id)
     except BaseException:
         hold.release()
         raise
@@ -94,12 +94,13 @@ def _wait_first(job_id: str) -> tuple[int, int]:
     return int(record["sample_rate"]), int(record["segments_total"])
 
 
-def _wait_whole(job_id: str) -> tuple[int, int]:
-    """Wait for every segment of the job; return its sample rate and segment count."""
+def _wait_whole(job_id: str, hold: Hold) -> tuple[int, int]:
+    """Wait for every segment of the job, renewing the caller's stream slot; return its rate and segment count."""
     svc = services()
     record = svc.store.get(job_id)
     total = int(record["segments_total"]) if record else 0
     for index in range(total):
+        hold.keep()
         if svc.store.wait_segment(job_id, index, svc.settings.max_wait_s) is None:
             raise NotReady(f"job {job_id} is still running; follow it at /v1/jobs/{job_id}")
     record = svc.store.get(job_id)

@@ -34,11 +34,13 @@ def submit_job(
     enqueue: Enqueue,
     book: ScheduleBook,
     admit: Callable[[str, float], float] | None = None,
+    check_room: Callable[[], None] | None = None,
 ) -> str:
     """Plan the text, fill what the cache has, write the job and enqueue only the misses; return the id.
 
     ``admit(lane, first deadline)`` raises ServiceUnavailable when the job cannot start in time,
-    and otherwise returns the estimated seconds until its first segment starts.
+    and otherwise returns the estimated seconds until its first segment starts. ``check_room()`` raises
+    StoreFull when the job store has no room for another job's audio.
     """
     spec = registry.get(job.model)
     voice = spec.resolve_voice(job.voice)
@@ -87,6 +89,8 @@ def submit_job(
         arrivals=dict.fromkeys(hits, accepted_at),
     ).deadlines(accepted_at)
     start_estimate = 0.0
+    if check_room is not None:
+        check_room()
     if misses and admit is not None:
         # Raises 503 before anything is written: never 202 for work we cannot do.
         start_estimate = admit(priority, deadlines[misses[0]])
@@ -103,7 +107,12 @@ def submit_job(
     # The first window waits in the outbox until it is enqueued: an API killed in between leaves it to a worker.
     job_id = store.create(request, texts, cached=len(hits), pending=later, publish=first, fields=fields)
     if hits:
-        store.write_segments(job_id, hits)
+        try:
+            store.write_segments(job_id, hits)
+        except redis.RedisError:
+            with contextlib.suppress(redis.RedisError):  # never a half-written job that looks fine
+                store.fail(job_id, "could not write its cached segments (the job store is full or unavailable)")
+            raise
     if misses:  # else every segment was cached: the job is done before the answer leaves
         try:
             book.add(job_id, {i: deadlines[i] for i in first})

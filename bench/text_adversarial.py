@@ -89,6 +89,8 @@ def inputs(length: int) -> dict[str, str]:
         "paragraphs of marks": _fill("。\n\n", length, head="开始\n\n"),
         "paragraphs of emoji": _fill("😀\n\n", length, head="开始\n\n"),
         "emoji": framed("😀"),
+        "combining marks, descending class": _fill("\u0301\u0316", length, head="a"),
+        "marks by decomposition (U+0F73)": framed("\u0f73"),
         "month names and spaces": _fill("May ", length),
         "normal Chinese (reference)": _fill(story, length),
         "normal English (reference)": _longest_accepted(PROSE_EN + "\n\n", length),

@@ -21,7 +21,8 @@ end
 if redis.call('EXISTS', KEYS[1]) == 0 then let_go() return {-1, -1} end
 local status = redis.call('HGET', KEYS[1], 'status')
 if status == 'failed' or status == 'canceled' then let_go() return {-2, -1} end
-if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then let_go() return {0, -1} end
+-- A done job's audio may have expired before its record: a late duplicate must not write it anew.
+if status == 'done' or redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then let_go() return {0, -1} end
 let_go()
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
 redis.call('HSETNX', KEYS[1], 'sample_rate', ARGV[6])
@@ -78,8 +79,8 @@ return 1
 # (a redelivery of the same attempt), moves a queued job to running, and returns
 # {3, record, attempt, text, segment metadata, 1 if a redelivery else 0}. Its cost does not grow with the job:
 # it reads this segment's text only, and a worker that knows the job gets a few record fields and the metadata
-# of the segments just before this one; only a worker new to the job gets the whole record (with every
-# segment's length) and all metadata, once.
+# of segment 0 and of the 32 segments just before this one; only a worker new to the job gets the whole record
+# (with every segment's length) and all metadata, once.
 START_SEGMENT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
 local status = redis.call('HGET', KEYS[1], 'status')
@@ -109,7 +110,12 @@ if ARGV[6] == '1' then
     if values[i] then record[#record + 1] = name record[#record + 1] = values[i] end
   end
   meta = {}
-  for i = math.max(0, index - 32), index - 1 do
+  local first = math.max(0, index - 32)
+  if first > 0 then  -- segment 0 starts the listener: always known
+    local m = redis.call('HGET', KEYS[5], '0')
+    if m then meta[#meta + 1] = '0' meta[#meta + 1] = m end
+  end
+  for i = first, index - 1 do
     local m = redis.call('HGET', KEYS[5], tostring(i))
     if m then meta[#meta + 1] = tostring(i) meta[#meta + 1] = m end
   end

@@ -31,9 +31,10 @@ _SOUNDFILE_FORMATS: dict[str, tuple[str, str]] = {
 # Opus only takes these rates; other audio is resampled to the next one up.
 _OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
 
-#: How segment audio may be kept in Redis: FLAC is lossless; Vorbis is lossy and about a third of FLAC's size.
-STORE_CODECS: dict[str, bytes] = {"flac": b"F", "vorbis": b"V", "pcm": b"P"}
-_STORE_TAGS = {tag: name for name, tag in STORE_CODECS.items()}
+#: How segment audio may be kept in Redis (each value starts with its codec's tag): FLAC is lossless; Vorbis is
+#: lossy and under half of FLAC's size. Tags are chosen so that a reader tells them from the raw PCM that
+#: values held before codecs existed (a live job across an upgrade) and decodes those too.
+STORE_CODECS: dict[str, bytes] = {"flac": b"FfLaC", "vorbis": b"VOggS", "pcm": b"P\x00PCM"}
 # libsndfile's FLAC levels run 0..1 (fastest..smallest); 1 is still ~500x real time on one core.
 _STORE_OPTIONS: dict[str, tuple[str, str, float]] = {"flac": ("FLAC", "PCM_16", 1.0), "vorbis": ("OGG", "VORBIS", 0.4)}
 
@@ -50,26 +51,30 @@ class PackedAudio:
     @classmethod
     def pack(cls, pcm: bytes, sample_rate: int, codec: str = "flac") -> PackedAudio:
         """Encode mono 16-bit PCM with a store codec (see ``STORE_CODECS``)."""
-        tag = STORE_CODECS[codec]
+        if codec not in STORE_CODECS:
+            raise ValueError(f"unknown store codec {codec!r}; one of {', '.join(STORE_CODECS)}")
         if codec == "pcm" or not pcm:
             return cls(STORE_CODECS["pcm"] + pcm)
         container, subtype, level = _STORE_OPTIONS[codec]
         buffer = io.BytesIO()
         samples = np.frombuffer(pcm, dtype="<i2")
         sf.write(buffer, samples, sample_rate, format=container, subtype=subtype, compression_level=level)
-        return cls(tag + buffer.getvalue())
+        # One letter, then the file's own magic (fLaC, OggS): raw PCM from before tags existed is told apart.
+        return cls((b"F" if codec == "flac" else b"V") + buffer.getvalue())
 
     @property
     def codec(self) -> str:
-        """Return the codec the audio is kept in."""
-        return _STORE_TAGS[self.data[:1]]
+        """Return the codec the audio is kept in ("raw" for an untagged value written before codecs existed)."""
+        return next((name for name, tag in STORE_CODECS.items() if self.data.startswith(tag)), "raw")
 
     def pcm(self) -> bytes:
         """Decode to mono 16-bit PCM."""
-        codec, payload = self.codec, self.data[1:]
+        codec = self.codec
+        if codec == "raw":
+            return self.data
         if codec == "pcm":
-            return payload
-        samples, _ = sf.read(io.BytesIO(payload), dtype="int16")
+            return self.data[len(STORE_CODECS["pcm"]) :]
+        samples, _ = sf.read(io.BytesIO(self.data[1:]), dtype="int16")
         return np.asarray(samples, dtype="<i2").tobytes()
 
 

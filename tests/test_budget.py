@@ -22,6 +22,7 @@ from cache.jobstore import JobRequest, JobStore, WriteResult
 from cache.stats import Stats
 from core.audio import PackedAudio, to_pcm16
 from core.errors import StoreFull
+from core.metrics import STORE_FULL_WAITS
 from core.settings import Settings
 from tests.support.servers import RedisServer, WorkerProcess
 from workers.engines.base import SynthesisRequest
@@ -200,6 +201,17 @@ class _OneShotBackend:
         return self.wave, self.rate
 
 
+class _FillingBackend:
+    """Runs a side effect, then answers as the wrapped backend does."""
+
+    def __init__(self, inner: Any, effect: Any) -> None:
+        self.inner, self.effect = inner, effect
+
+    def synthesize(self, *args: object, **kwargs: object) -> Any:
+        self.effect()
+        return self.inner.synthesize(*args, **kwargs)
+
+
 def _synthesizer(client: redis.Redis, store: JobStore, budget: StoreBudget, wave: np.ndarray, rate: int,
                  **extra: Any) -> SegmentSynthesizer:  # fmt: skip
     from cache.schedule import ScheduleBook
@@ -237,10 +249,11 @@ def test_a_worker_waits_for_room_in_a_full_store_and_counts_no_engine_failure(
     start = store.start_segment(job_id, 0, worker="w1")
     filled = _fill(own_redis)
     outcome: list[Any] = []
+    waits = STORE_FULL_WAITS._value.get()
     worker = threading.Thread(target=lambda: outcome.append(synthesizer._make(job_id, 0, start)))
     worker.start()
-    _wait_until(lambda: own_redis.info("stats")["total_error_replies"] > 0 and worker.is_alive())
-    assert not store.has_segment(job_id, 0), "refused while full"
+    _wait_until(lambda: STORE_FULL_WAITS._value.get() > waits)  # the write was refused, and it waits
+    assert worker.is_alive() and not store.has_segment(job_id, 0), "refused while full, and waiting"
     own_redis.delete(*[f"junk:{i}" for i in range(filled)])  # room: what a trim or an expiry would make
     worker.join(30)
     assert outcome and outcome[0].value == "written"
@@ -248,7 +261,7 @@ def test_a_worker_waits_for_room_in_a_full_store_and_counts_no_engine_failure(
     assert Stats(own_redis).window().failed == 0, "a full store is no engine failure: the breaker stays shut"
 
 
-def test_a_store_that_stays_full_raises_store_full_for_the_task_to_retry(
+def test_a_store_that_stays_full_raises_store_full_for_the_task_to_retry_as_the_same_attempt(
     own_redis: redis.Redis, speech: tuple[bytes, int]
 ) -> None:
     pcm, rate = speech
@@ -257,11 +270,14 @@ def test_a_store_that_stays_full_raises_store_full_for_the_task_to_retry(
     job_id = store.create(REQUEST, ["No room at all."])
     own_redis.config_set("maxmemory", own_redis.info("memory")["used_memory"] + 4 * 2**20)
     synthesizer = _synthesizer(own_redis, store, StoreBudget(own_redis), wave, rate, room_wait_s=1.0)
-    start = store.start_segment(job_id, 0, worker="w1")
-    _fill(own_redis)
+    # A full store refuses the start's writes; fill it once the segment has started, inside the engine call.
+    backend = synthesizer.backend
+    synthesizer.backend = _FillingBackend(backend, lambda: _fill(own_redis))  # type: ignore[assignment]
     with pytest.raises(StoreFull):
-        synthesizer._make(job_id, 0, start)
-    assert own_redis.sismember(keys.held("w1"), keys.segment_member(job_id, 0)), "kept: the janitor hands it on"
+        synthesizer.run(job_id, 0, token="task-1:0")
+    held = own_redis.sismember(keys.held("w1"), keys.segment_member(job_id, 0))
+    assert not held, "let go: the task's retry message carries it"
+    assert store.attempts(job_id, 0) == 1 and Stats(own_redis).window().failed == 0
 
 
 def test_packed_audio_round_trips_every_codec_and_empty_audio() -> None:

@@ -17,7 +17,16 @@ from core.errors import TextOverLimit
 from core.text import normalize, plan_segments
 from core.text.clean import KEPT_RANGES, VISIBLE_RANGES, _is_invisible, _keeps
 from core.text.limits import TextBudget
-from core.text.normalize import KEPT_LETTER_RANGES, NFKC_PIECE, may_speak, nfkc, starts_fresh
+from core.text.normalize import (
+    KEPT_LETTER_RANGES,
+    MAX_MARKS_IN_A_ROW,
+    NFKC_PIECE,
+    NONSTARTER_CLASS,
+    cap_marks,
+    may_speak,
+    nfkc,
+    starts_fresh,
+)
 
 LONG = 20_000
 CAPS = {"max_chars": 60, "first_max_chars": 24}
@@ -204,3 +213,24 @@ def test_nfkc_in_pieces_is_nfkc() -> None:
         alphabet = rng.choice([composing, composing + expanding])
         text = "".join(rng.choice(alphabet) for _ in range(6000))
         assert nfkc(text, TextBudget(max_chars=10**9)) == unicodedata.normalize("NFKC", text)
+
+
+def test_a_run_of_twenty_thousand_combining_marks_keeps_only_the_first_thirty() -> None:
+    # Unicode normalisation sorts a run of marks with an insertion sort: a long run would cost quadratic time.
+    marks = "\u0301\u0316" * (LONG // 2)
+    assert cap_marks("a" + marks + " b") == "a" + marks[:MAX_MARKS_IN_A_ROW] + " b"
+    assert sum(map(len, _plan("开始" + "a" + marks + "结束"))) < 40
+
+
+def test_characters_that_decompose_into_marks_are_capped_too() -> None:
+    assert cap_marks("\u0f73" * LONG) == "\u0f73" * MAX_MARKS_IN_A_ROW
+    assert _plan("开始" + "\u0f73" * LONG + "结束") == _plan("开始" + "\u0f73" * MAX_MARKS_IN_A_ROW + "结束")
+
+
+def test_the_mark_class_holds_every_combining_mark_and_no_starter() -> None:
+    nonstarters = re.compile(f"[{NONSTARTER_CLASS}]")
+    for code in range(0x3000):
+        ch = chr(code)
+        first = unicodedata.normalize("NFKD", ch)[:1]
+        expected = bool(unicodedata.combining(ch) or (first and unicodedata.combining(first)))
+        assert bool(nonstarters.fullmatch(ch)) == expected, hex(code)

@@ -65,7 +65,7 @@ class Janitor:
     working_on: Callable[[], set[str]]
     account_every_s: float = 15.0
     use_deadlines: bool = True
-    budget: StoreBudget | None = None  # trimmed under the lock, each pass
+    budget: StoreBudget | None = None  # kept each pass, by every worker (deletions are idempotent)
     _reachable_since: float | None = field(default=None, init=False)
     _last_pass: float = field(default=0.0, init=False)
     _last_account: float = field(default=0.0, init=False)
@@ -91,7 +91,10 @@ class Janitor:
             elif now - self._last_pass > 3 * self.interval_s:
                 self._reachable_since = now  # a pause stalled every heartbeat, ours too: let them beat again
             self._last_pass = now
-            counts = dict.fromkeys(("dead", "handed_over", "lost", "published", "trimmed"), 0)
+            counts = dict.fromkeys(("dead", "handed_over", "lost", "published"), 0)
+            # First, and without the lock: at Redis's memory limit the lock's SET and every custody write are
+            # refused, while trimming (deletions only) still runs, and is what lets them run again.
+            counts["trimmed"] = self.keep_budget(now)
             counts["stale"] = self.release_own_stale(now)
             if self.store.redis.set(keys.JANITOR_LOCK, self.worker, nx=True, px=int(self.interval_s * 1000)):
                 counts["dead"], counts["handed_over"] = self.bury_dead(now)
@@ -100,7 +103,6 @@ class Janitor:
                     self._last_account = now
                     counts["lost"] = self.account(now)
                 counts["published"] = self.publish_due(now)
-                counts["trimmed"] = self.keep_budget(now)
         except redis.RedisError:
             self._reachable_since = None
             self.alarm()

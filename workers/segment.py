@@ -260,7 +260,7 @@ class SegmentSynthesizer:
         """Write a made segment; while the store is at its memory limit, wait for room rather than lose the work.
 
         A full store is not the engine's fault: nothing is counted against the segment or the breaker. After
-        ``room_wait_s`` the StoreFull error lets the task retry later; the segment stays held meanwhile.
+        ``room_wait_s`` the StoreFull error lets the task retry later, as the same attempt (workers/tasks.py).
         """
         waited_from = time.monotonic()
         while True:

@@ -44,6 +44,41 @@ LETTERS_PER_DIGIT_REMOVED = 8
 _COMPOSING_BLOCKS = ((0x0900, 0x1DFF), (0x11000, 0x11FFF))
 
 
+#: Most combining marks kept in a row (UAX #15's stream-safe limit). Unicode normalisation sorts each run
+#: of marks with an insertion sort, so a long run costs quadratic time with the GIL held; no voice reads
+#: thirty stacked marks, so the rest of a run is dropped.
+MAX_MARKS_IN_A_ROW = 30
+# Where a non-starter may come from: every character of the planes that have marks which is a combining
+# mark itself or decomposes to one first (U+0F73 has class 0 but decomposes to two marks).
+_MARK_PLANES = (range(0x20000), range(0xE0000, 0xE01F0))
+
+
+def _mark_class() -> str:
+    codes = [
+        code
+        for plane in _MARK_PLANES
+        for code in plane
+        if unicodedata.combining(chr(code))
+        or (unicodedata.decomposition(chr(code)) and unicodedata.combining(unicodedata.normalize("NFKD", chr(code))[0]))
+    ]
+    ranges: list[tuple[int, int]] = []
+    for code in codes:
+        if ranges and ranges[-1][1] == code - 1:
+            ranges[-1] = (ranges[-1][0], code)
+        else:
+            ranges.append((code, code))
+    return "".join(re.escape(chr(lo)) + ("-" + re.escape(chr(hi)) if hi > lo else "") for lo, hi in ranges)
+
+
+NONSTARTER_CLASS = _mark_class()
+_MARK_RUN = re.compile(f"[{NONSTARTER_CLASS}]{{{MAX_MARKS_IN_A_ROW + 1},}}")
+
+
+def cap_marks(text: str) -> str:
+    """Cut every run of combining marks to ``MAX_MARKS_IN_A_ROW``, so normalising the text stays linear."""
+    return _MARK_RUN.sub(lambda run: run.group()[:MAX_MARKS_IN_A_ROW], text)
+
+
 def kept_letters(text: str) -> int:
     """Count the letters of text that normalisation keeps: a lower bound on its normalised length."""
     return len(_OTHER_THAN_KEPT_LETTERS.sub("", text))
@@ -94,7 +129,7 @@ def may_speak(text: str) -> bool:
     """Return whether normalising text can leave anything a voice reads (false: skip it, it would be empty)."""
     # Every letter or digit normalisation leaves comes from one in the decomposed text: numbers are
     # read as letters, symbols become spaces, and no composition makes a letter of non-letters.
-    return has_speakable(text) or has_speakable(unicodedata.normalize("NFKD", text))
+    return has_speakable(text) or has_speakable(unicodedata.normalize("NFKD", cap_marks(text)))
 
 
 def normalize(text: str, *, language: str = "auto", budget: TextBudget | None = None) -> str:
@@ -105,7 +140,7 @@ def normalize(text: str, *, language: str = "auto", budget: TextBudget | None = 
     """
     if language not in LANGUAGES:
         raise ValueError(f"language must be one of {LANGUAGES}, got {language!r}")
-    text = remove_invisible(text)
+    text = cap_marks(remove_invisible(text))
     text = join_digit_groups(text)
     text = nfkc(text, budget)
     text = verbalize_numbers(text, language=language)
