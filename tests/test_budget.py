@@ -4,6 +4,7 @@ write time that is waited out rather than counted as an engine failure."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -286,3 +287,38 @@ def test_packed_audio_round_trips_every_codec_and_empty_audio() -> None:
         packed = PackedAudio.pack(pcm, 24000, codec)
         assert packed.codec == codec and len(packed.pcm()) == len(pcm)
     assert PackedAudio.pack(b"", 24000).pcm() == b""
+
+
+def test_a_janitor_trims_finished_audio_even_when_redis_refuses_every_write(
+    own_redis: redis.Redis, speech: tuple[bytes, int]
+) -> None:
+    from cache.custody import BrokerKeys, Custody
+    from cache.schedule import ScheduleBook
+    from cache.workers import WorkerRegistry
+    from workers.janitor import Janitor
+
+    pcm, rate = speech
+    store = JobStore(own_redis, ttl=600)
+    finished = [_done_job(store, pcm, rate, segments=4) for _ in range(6)]
+    own_redis.config_set("maxmemory", own_redis.info("memory")["used_memory"] + 4 * 2**20)
+    filled = _fill(own_redis)
+    own_redis.delete(*[f"junk:{i}" for i in range(filled - 20, filled)])  # just under the limit: writes refused
+    janitor = Janitor(
+        store=store,
+        custody=Custody(own_redis, BrokerKeys(queues=["realtime"]), task_name="t"),
+        heartbeats=WorkerRegistry(own_redis, ttl_s=6),
+        enqueue=lambda *_args: None,
+        book=ScheduleBook(own_redis, default_seconds_per_char=0.08),
+        worker="w1",
+        dead_after_s=6,
+        interval_s=2,
+        working_on=set,
+        budget=StoreBudget(own_redis),
+    )
+    with pytest.raises(redis.OutOfMemoryError):
+        own_redis.set("one-more", b"x" * 2**20)
+    with contextlib.suppress(redis.RedisError):  # the lock's SET may still be refused: the trim ran before it
+        janitor.run_once()
+    assert not own_redis.exists(keys.audio(finished[0])), "the oldest finished audio made room"
+    assert StoreBudget(own_redis).usage().share < 0.8
+    own_redis.set("one-more", b"x" * 2**20)  # writes work again
