@@ -126,7 +126,7 @@ class Settings(BaseSettings):
         "flac",
         pattern="^(flac|vorbis|pcm)$",
         description="How segment audio is kept in Redis: flac (lossless, about half of raw PCM for speech), "
-        "vorbis (lossy, about a fifth), pcm (raw).",
+        "vorbis (lossy, about a quarter), pcm (raw).",
     )
     store_budget_mb: int = Field(
         0,

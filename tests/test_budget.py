@@ -237,16 +237,23 @@ def _synthesizer(client: redis.Redis, store: JobStore, budget: StoreBudget, wave
     )
 
 
+def _limited(
+    client: redis.Redis, speech: tuple[bytes, int], text: str, **extra: Any
+) -> tuple[JobStore, str, SegmentSynthesizer]:
+    """Return a store 4 MB short of its maxmemory, a job of one segment, and a synthesizer that makes it."""
+    pcm, rate = speech
+    store = JobStore(client, ttl=600)
+    job_id = store.create(REQUEST, [text])
+    client.config_set("maxmemory", client.info("memory")["used_memory"] + 4 * 2**20)
+    wave = np.frombuffer(pcm, "<i2").astype(np.float32) / 32767
+    return store, job_id, _synthesizer(client, store, StoreBudget(client, full_at=0.9), wave, rate, **extra)
+
+
 def test_a_worker_waits_for_room_in_a_full_store_and_counts_no_engine_failure(
     own_redis: redis.Redis, speech: tuple[bytes, int]
 ) -> None:
-    pcm, rate = speech
-    wave = np.frombuffer(pcm, "<i2").astype(np.float32) / 32767
-    store = JobStore(own_redis, ttl=600)
-    job_id = store.create(REQUEST, ["Wait for room, then speak."])
-    own_redis.config_set("maxmemory", own_redis.info("memory")["used_memory"] + 4 * 2**20)
-    budget = StoreBudget(own_redis, full_at=0.9)
-    synthesizer = _synthesizer(own_redis, store, budget, wave, rate)
+    pcm, _ = speech
+    store, job_id, synthesizer = _limited(own_redis, speech, "Wait for room, then speak.")
     start = store.start_segment(job_id, 0, worker="w1")
     filled = _fill(own_redis)
     outcome: list[Any] = []
@@ -265,12 +272,7 @@ def test_a_worker_waits_for_room_in_a_full_store_and_counts_no_engine_failure(
 def test_a_store_that_stays_full_raises_store_full_for_the_task_to_retry_as_the_same_attempt(
     own_redis: redis.Redis, speech: tuple[bytes, int]
 ) -> None:
-    pcm, rate = speech
-    wave = np.frombuffer(pcm, "<i2").astype(np.float32) / 32767
-    store = JobStore(own_redis, ttl=600)
-    job_id = store.create(REQUEST, ["No room at all."])
-    own_redis.config_set("maxmemory", own_redis.info("memory")["used_memory"] + 4 * 2**20)
-    synthesizer = _synthesizer(own_redis, store, StoreBudget(own_redis), wave, rate, room_wait_s=1.0)
+    store, job_id, synthesizer = _limited(own_redis, speech, "No room at all.", room_wait_s=1.0)
     # A full store refuses the start's writes; fill it once the segment has started, inside the engine call.
     backend = synthesizer.backend
     synthesizer.backend = _FillingBackend(backend, lambda: _fill(own_redis))  # type: ignore[assignment]
