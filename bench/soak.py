@@ -218,16 +218,21 @@ def row(s: Sample) -> str:
 def verdicts(samples: list[Sample], tally: Tally, drained: bool) -> list[tuple[str, bool, str]]:
     """Return (target, held, figures) for each target."""
     warm = [s for s in samples if s.minute >= samples[-1].minute / 3] or samples
-    last_third = [s for s in samples if s.minute >= 2 * samples[-1].minute / 3] or samples
+    end = samples[-1].minute
+    middle_third = [s.redis_mb for s in samples if end / 3 <= s.minute < 2 * end / 3] or [samples[0].redis_mb]
+    last_third = [s.redis_mb for s in samples if s.minute >= 2 * end / 3] or [samples[-1].redis_mb]
     budget = samples[-1].budget_mb
     peak = max(s.redis_mb for s in samples)
     growth = [(warm[-1].api_mb / warm[0].api_mb - 1) if warm[0].api_mb else 0.0,
               (warm[-1].worker_mb / warm[0].worker_mb - 1) if warm[0].worker_mb else 0.0]  # fmt: skip
-    spread = max(s.redis_mb for s in last_third) - min(s.redis_mb for s in last_third)
+    # Trimming saws between 70% and 80% of the budget: level means no trend between the thirds' means.
+    trend = statistics.mean(last_third) - statistics.mean(middle_third)
     return [
         ("Redis memory below its budget", bool(budget) and peak < budget, f"peak {peak:.0f} MB of {budget:.0f} MB"),
-        ("Redis memory levels off (last third within 15% of budget)", bool(budget) and spread < 0.15 * budget,
-         f"last third spans {spread:.0f} MB"),
+        ("Redis memory levels off (last third's mean within 5% of the budget of the middle third's)",
+         bool(budget) and abs(trend) < 0.05 * budget,
+         f"middle third {statistics.mean(middle_third):.0f} MB, last third {statistics.mean(last_third):.0f} MB "
+         f"({trend:+.0f} MB), range {min(last_third):.0f}–{max(last_third):.0f} MB"),
         ("API RSS grows < 5% after warm-up", growth[0] < 0.05,
          f"{warm[0].api_mb:.0f} → {warm[-1].api_mb:.0f} MB ({growth[0]:+.1%})"),
         ("worker RSS grows < 5% after warm-up", growth[1] < 0.05,

@@ -66,8 +66,10 @@ if setpriv --help 2>/dev/null | grep -q -- --pdeathsig; then pdeath="setpriv --p
 # What every program shares: restart whenever it exits (a program that dies within startsecs is
 # retried after 1 s, 2 s, 3 s ... up to startretries times: supervisord's backoff); SIGTERM to
 # its whole process group to stop it, SIGKILL after stopwaitsecs; its output on ours.
+# glibc malloc: two arenas, and buffers over 128 KB mapped on their own, so that audio-sized buffers freed
+# and allocated across threads do not fragment memory (see ALLOCATOR_ENV in workers/launch.py).
 common="directory=$(val "$ROOT")
-environment=PYTHONUNBUFFERED=\"1\"
+environment=PYTHONUNBUFFERED=\"1\",MALLOC_ARENA_MAX=\"2\",MALLOC_MMAP_THRESHOLD_=\"131072\"
 autorestart=true
 startsecs=2
 startretries=100

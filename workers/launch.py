@@ -26,6 +26,11 @@ from dataclasses import dataclass
 
 BASE_METRICS_PORT_ENV = "TTS_METRICS_PORT"
 WORKER_COMMAND: tuple[str, ...] = (sys.executable, "-m", "workers")
+#: glibc malloc settings for workers, unless the environment sets its own. A worker's 128 task threads each
+#: get a malloc arena, and segment-sized buffers (100 KB to a few MB of audio) freed in one and allocated in
+#: another fragment them: resident memory crept up by about 10% an hour-third under `make soak`. Two arenas,
+#: and buffers over 128 KB mapped and unmapped on their own (no adaptive threshold), keep it flat.
+ALLOCATOR_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": "131072"}
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 30.0
 # A worker that stayed up this long was healthy: its next crash starts the backoff afresh.
@@ -121,7 +126,7 @@ class Launcher:
     def start(self, slot: Slot) -> None:
         """Start the slot's worker."""
         # The launcher runs no threads, so preexec_fn is safe here.
-        env = {**os.environ, **slot.env}
+        env = {**ALLOCATOR_ENV, **os.environ, **slot.env}
         slot.process = subprocess.Popen(self.command, env=env, preexec_fn=self.preexec)  # noqa: PLW1509
         slot.started_at = time.monotonic()
         slot.told_to_stop = False
