@@ -27,13 +27,14 @@ class Download:
 
 
 def count_samples(store: JobStore, job_id: str, total: int) -> int | None:
-    """Return the job's length in samples, reading one segment at a time; None if one is missing."""
+    """Return the job's length in samples, reading one segment at a time (FLAC's header says, without decoding);
+    None if one is missing."""
     samples = 0
     for index in range(total):
-        pcm = store.segment(job_id, index)
-        if pcm is None:
+        packed = store.packed_segment(job_id, index)
+        if packed is None:
             return None
-        samples += len(pcm) // 2
+        samples += packed.samples()
     return samples
 
 

@@ -67,6 +67,19 @@ class PackedAudio:
         """Return the codec the audio is kept in ("raw" for an untagged value written before codecs existed)."""
         return next((name for name, tag in STORE_CODECS.items() if self.data.startswith(tag)), "raw")
 
+    def samples(self) -> int:
+        """Return how many samples the audio holds, from FLAC's header when it says (no decoding), else decoded."""
+        codec = self.codec
+        if codec in ("raw", "pcm"):
+            return len(self.pcm()) // 2
+        if codec == "flac" and self.data[5] & 0x7F == 0:  # the first metadata block is STREAMINFO
+            # fLaC, a 4-byte block header, then STREAMINFO: 10 bytes of block and frame sizes, then 20 bits of
+            # rate, 3 of channels, 5 of bits per sample and 36 of total samples (0 when the writer did not know).
+            total = int.from_bytes(self.data[1 + 4 + 4 + 10 : 1 + 4 + 4 + 18], "big") & ((1 << 36) - 1)
+            if total:
+                return total
+        return len(self.pcm()) // 2
+
     def pcm(self) -> bytes:
         """Decode to mono 16-bit PCM."""
         codec = self.codec

@@ -288,7 +288,9 @@ def test_packed_audio_round_trips_every_codec_and_empty_audio() -> None:
     for codec in ("flac", "vorbis", "pcm"):
         packed = PackedAudio.pack(pcm, 24000, codec)
         assert packed.codec == codec and len(packed.pcm()) == len(pcm)
+        assert packed.samples() == len(pcm) // 2, f"{codec} counts its samples"
     assert PackedAudio.pack(b"", 24000).pcm() == b""
+    assert PackedAudio(pcm).codec == "raw" and PackedAudio(pcm).pcm() == pcm, "untagged PCM from before codecs"
 
 
 def test_a_janitor_trims_finished_audio_even_when_redis_refuses_every_write(
