@@ -316,14 +316,14 @@ def main() -> int:
         print(f"      {stored} (TTS_AUDIO_STORE_CODEC; lossless FLAC cannot reach half, see README)")
         for error in tally.errors[:10]:
             print("  error:", error)
-        write_results(args, samples, [*results, ("stored audio", True, stored)], tally)
+        write_results(args, samples, results, tally, stored)
         return 0 if all(held for _, held, _ in results) else 1
     finally:
         stack.close()
 
 
 def write_results(args: argparse.Namespace, samples: list[Sample], results: list[tuple[str, bool, str]],
-                  tally: Tally) -> None:  # fmt: skip
+                  tally: Tally, stored: str) -> None:  # fmt: skip
     lines = [
         "# Soak (`make soak`)",
         "",
@@ -335,6 +335,7 @@ def write_results(args: argparse.Namespace, samples: list[Sample], results: list
         *[row(s) for s in samples],
         "",
         *[f"- {'PASS' if held else 'FAIL'} {target}: {figures}" for target, held, figures in results],
+        f"- {stored} (TTS_AUDIO_STORE_CODEC; lossless FLAC cannot reach half, see README)",
         f"- median jobs/s over the run: {statistics.median(s.jobs_s for s in samples[:-1] or samples):.2f}; "
         f"{tally.downloads} whole-audio downloads",
     ]
