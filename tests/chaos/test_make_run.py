@@ -9,6 +9,7 @@ and the audit of every accepted job: done with each segment once, and gap-free s
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -68,8 +69,8 @@ class Load:
                 return answer.status, json.load(answer)
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"{}")
-        except (OSError, ValueError):
-            return 0, {}  # connection refused or reset: the API process died under us
+        except (OSError, ValueError, http.client.HTTPException):
+            return 0, {}  # refused, reset or cut off mid-answer (IncompleteRead): the API process died under us
 
     def _caller(self, number: int) -> None:
         while not self.stop.is_set():
