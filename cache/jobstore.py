@@ -77,10 +77,6 @@ def _raw(value: object) -> bytes:
     return value
 
 
-def _opt_raw(value: object) -> bytes | None:
-    return None if value is None else _raw(value)
-
-
 @dataclass(frozen=True)
 class SegmentStart:
     """What a worker knows of a segment's job when it starts on the segment (``JobStore.start_segment``).
@@ -366,8 +362,8 @@ class JobStore:
 
     def segment(self, job_id: str, index: int) -> bytes | None:
         """Return a finished segment's PCM bytes, or None when not ready (or no longer kept)."""
-        value = self.redis.hget(keys.audio(job_id), str(index))
-        return None if value is None else PackedAudio(_raw(value)).pcm()
+        packed = self.packed_segment(job_id, index)
+        return None if packed is None else packed.pcm()
 
     def packed_segment(self, job_id: str, index: int) -> PackedAudio | None:
         """Return a finished segment as the store keeps it (to copy it on without decoding it)."""
