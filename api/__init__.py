@@ -30,7 +30,7 @@ def create_app(test_config: Mapping[str, Any] | None = None, *, services: Servic
     app.register_blueprint(jobs.bp)
     app.register_blueprint(health.bp)
     app.register_blueprint(speech.bp)
-    app.register_blueprint(openapi.bp)
+    openapi.init_app(app, app.extensions["tts"].settings)
     app.register_blueprint(web.bp)
     registry = app.extensions["tts"].registry
     logging.getLogger(__name__).info(

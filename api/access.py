@@ -1,8 +1,7 @@
-"""Who is calling: optional API keys, each with its own quota of submissions per minute."""
+"""Who is calling: optional API keys (checked once, at start), each with its own quota of submissions per minute."""
 
 from __future__ import annotations
 
-import hashlib
 import math
 
 from flask import Flask, g, request
@@ -20,38 +19,26 @@ OPEN_ENDPOINTS = frozenset(
 SUBMITTING_ENDPOINTS = frozenset({"jobs.create_job", "speech.speech"})
 
 
-def parse_keys(spec: str) -> dict[str, int]:
-    """Parse ``key=per_minute,key2`` into key → submissions per minute (0 means no limit)."""
-    found: dict[str, int] = {}
-    for item in filter(None, (part.strip() for part in spec.split(","))):
-        key, _, limit = item.partition("=")
-        found[key.strip()] = int(limit) if limit.strip() else 0
-    return found
-
-
-def caller_id(key: str) -> str:
-    """Name a caller by a hash of its key, so no key is ever written to Redis or logs."""
-    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:16]
-
-
 def _presented_key() -> str | None:
     auth = request.headers.get("Authorization", "")
-    if auth.lower().startswith("bearer "):
-        return auth[7:].strip()
-    return request.headers.get("X-API-Key")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip() or None
+    return request.headers.get("X-API-Key") or None
 
 
 def _check_access() -> None:
     svc = services()
-    keys = parse_keys(svc.settings.api_keys)
     per_minute = svc.settings.anonymous_per_minute
+    # Without keys nobody is told apart from anyone else: the address only scopes quotas and stream slots.
     g.caller = f"ip-{request.remote_addr}"
-    if keys and request.endpoint not in OPEN_ENDPOINTS:
+    g.owner = ""
+    if svc.keys and request.endpoint not in OPEN_ENDPOINTS:
         presented = _presented_key()
-        if presented is None or presented not in keys:
+        found = svc.keys.match(presented) if presented is not None else None
+        if found is None:
             raise Unauthorized("send a valid API key as 'Authorization: Bearer <key>' or 'X-API-Key: <key>'")
-        g.caller = caller_id(presented)
-        per_minute = keys[presented]
+        g.caller = g.owner = found.caller
+        per_minute = found.per_minute
     if per_minute and request.endpoint in SUBMITTING_ENDPOINTS:
         wait = RateLimiter(svc.redis).take(g.caller, per_minute=per_minute)
         if wait:

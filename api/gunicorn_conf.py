@@ -1,17 +1,71 @@
 """gunicorn's settings for the API: `make run` (scripts/run.sh) and the tests' real server both pass ``-c`` this file.
 
 Where to bind and how many processes stay on the command line. This file is read by gunicorn's master before
-it forks: it imports nothing of the app, which each worker loads after gevent has patched it.
+it forks: it imports nothing of the app, which each worker loads after gevent has patched it (gunicorn imports
+its gevent worker in the master for the "gevent" class too; nothing is patched until a worker starts).
 """
 
 from __future__ import annotations
 
+import html
+import json
 import os
+import re
+from typing import Any
+
+from gunicorn import util
+from gunicorn.workers.ggevent import GeventWorker
+
+#: The codes api/errors.py gives these statuses, for the refusals gunicorn makes before the app sees a request.
+_CODES = {400: "bad_request", 403: "forbidden", 414: "uri_too_long", 417: "expectation_failed",
+          431: "headers_too_large", 500: "internal_error", 501: "not_implemented"}  # fmt: skip
+_ADVICE = {
+    414: "the request line (method, path and query) is over 4,094 bytes; job ids are 32 characters",
+    431: "the request's headers are over gunicorn's limits (100 headers of at most 8,190 bytes each)",
+}
+
+
+class _Written:
+    """Stands in for the client's socket while gunicorn writes its own text/html refusal."""
+
+    def __init__(self) -> None:
+        self.data = b""
+
+    def gettimeout(self) -> float:
+        return 0.0
+
+    def sendall(self, data: bytes) -> None:
+        self.data += data
+
+
+class JsonErrorWorker(GeventWorker):  # type: ignore[misc]
+    """gunicorn's gevent worker, whose own refusals (a request line or headers too large, a malformed request)
+    are the JSON error every other answer uses, with the same status, instead of an HTML page."""
+
+    def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
+        written = _Written()
+        super().handle_error(req, written, addr, exc)  # gunicorn classifies, logs and writes the access line
+        head, _, page = written.data.decode("latin-1").partition("\r\n\r\n")
+        status = int(head.split(" ", 2)[1]) if head.startswith("HTTP/") else 500
+        found = re.search(r"</h1>(.*)</body>", page, re.DOTALL)
+        detail = html.unescape(found.group(1)).strip() if found else ""
+        message = _ADVICE.get(status, detail or "the request could not be read")
+        body = json.dumps({"error": {"code": _CODES.get(status, "bad_request"), "message": message}}).encode()
+        reason = head.split(" ", 2)[2] if head.count(" ") >= 2 else "Error"
+        response = (
+            f"HTTP/1.1 {status} {reason.splitlines()[0]}\r\nConnection: close\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode("latin-1") + body
+        try:
+            util.write_nonblock(client, response)
+        except OSError:
+            self.log.debug("Failed to send error message.")
+
 
 # Held requests (event streams, long-polls, growing audio, downloads) wait on the network, not the CPU: as
 # greenlets they cost a few kilobytes each, where a thread each would fill a fixed pool and leave every other
 # request waiting. Their Redis waits share one loop per process (cache/events.py).
-worker_class = "gevent"
+worker_class = JsonErrorWorker
 # Room for every stream one process admits (TTS_MAX_STREAMS_PER_PROCESS, default 2000) and as many other
 # requests again: a full set of streams still leaves connections for health probes and submissions.
 worker_connections = 2 * int(os.environ.get("TTS_MAX_STREAMS_PER_PROCESS", "2000"))

@@ -8,12 +8,13 @@ from typing import Any
 
 from flask import Blueprint, Response, g, request, url_for
 
+from api.contract import JobBody, JobUrls, JobView, as_json
 from api.downloads import FILE_CACHE_MAX_BYTES, download, kept
 from api.holds import Hold, held_response
 from api.services import services
 from api.streaming import STREAMABLE, audio_stream, sse_events
 from api.submission import submit_job
-from api.validation import JobInput, parse_job, parse_wait, read_json_object
+from api.validation import parse_wait, read_body
 from cache.idempotency import IdempotencyKeys, body_digest
 from cache.jobstore import JobRequest
 from cache.sentences import file_key, segment_keys
@@ -23,51 +24,56 @@ from core.errors import Gone, JobFailed, NotFound, NotReady, ServiceUnavailable,
 bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 
 
-def job_view(record: dict[str, str]) -> dict[str, Any]:
-    """Render a job record as the JSON the HTTP contract promises."""
+def _number(record: dict[str, str], name: str) -> float | None:
+    return float(record[name]) if name in record else None
+
+
+def job_view(record: dict[str, str]) -> JobView:
+    """Render a job record as the contract's JobView."""
     job_id = record["id"]
     req = JobRequest.from_json(record["request"])
     total = int(record["segments_total"])
     done = int(record["segments_done"])
-    view: dict[str, Any] = {
-        "id": job_id,
-        "status": record["status"],
-        "segments_total": total,
-        "segments_done": done,
-        "cached_segments": int(record.get("cached_segments", 0)),
-        "progress": round(done / total, 4) if total else 1.0,
-        "model": req.model,
-        "voice": req.voice,
-        "format": req.format,
-        "priority": req.priority,
-        "speed": req.speed,
-        "mode": req.mode,
-        "seed": req.seed,
-        "chars_total": int(record.get("chars_total", 0)),
-        "created_at": float(record["created_at"]),
-        "started_at": float(record["started_at"]) if "started_at" in record else None,
-        "finished_at": float(record["finished_at"]) if "finished_at" in record else None,
-        "sample_rate": int(record["sample_rate"]) if "sample_rate" in record else None,
-        "first_due_at": float(record["first_due_at"]) if "first_due_at" in record else None,
-        "start_estimate_s": float(record["start_estimate_s"]) if "start_estimate_s" in record else None,
-        "audio_expires_at": float(record["audio_expires_at"]) if "audio_expires_at" in record else None,
-        "audio_removed_at": float(record["audio_removed_at"]) if "audio_removed_at" in record else None,
-        "urls": {
-            "self": url_for("jobs.get_job", job_id=job_id),
-            "audio": url_for("jobs.get_audio", job_id=job_id),
-            "events": url_for("jobs.get_events", job_id=job_id),
-            "segment": url_for("jobs.get_segment", job_id=job_id, index=0).rsplit("/", 1)[0] + "/{index}",
-        },
-    }
-    if "error" in record:
-        view["error"] = record["error"]
-    return view
+    return JobView.model_validate(
+        {
+            "id": job_id,
+            "status": record["status"],
+            "segments_total": total,
+            "segments_done": done,
+            "cached_segments": int(record.get("cached_segments", 0)),
+            "progress": round(done / total, 4) if total else 1.0,
+            "model": req.model,
+            "voice": req.voice,
+            "format": req.format,
+            "priority": req.priority,
+            "speed": req.speed,
+            "mode": req.mode,
+            "seed": req.seed,
+            "chars_total": int(record.get("chars_total", 0)),
+            "created_at": float(record["created_at"]),
+            "started_at": _number(record, "started_at"),
+            "finished_at": _number(record, "finished_at"),
+            "sample_rate": int(record["sample_rate"]) if "sample_rate" in record else None,
+            "first_due_at": _number(record, "first_due_at"),
+            "start_estimate_s": _number(record, "start_estimate_s"),
+            "audio_expires_at": _number(record, "audio_expires_at"),
+            "audio_removed_at": _number(record, "audio_removed_at"),
+            "error": record.get("error"),
+            "urls": JobUrls(
+                self=url_for("jobs.get_job", job_id=job_id),
+                audio=url_for("jobs.get_audio", job_id=job_id),
+                events=url_for("jobs.get_events", job_id=job_id),
+                segment=url_for("jobs.get_segment", job_id=job_id, index=0).rsplit("/", 1)[0] + "/{index}",
+            ),
+        }
+    )
 
 
 def _record(job_id: str) -> dict[str, str]:
+    """Return the job's record, or 404: for an unknown job, and for another caller's when keys are on."""
     record = services().store.get(job_id)
-    if record is None:
-        raise NotFound(f"no job {job_id!r} (unknown, or expired after its TTL)")
+    if record is None or record.get("owner", "") != g.owner:
+        raise NotFound(f"no job {job_id!r} (unknown, another API key's, or expired after its TTL)")
     return record
 
 
@@ -107,15 +113,16 @@ def gone_message(record: dict[str, str], *, job_ttl_s: int) -> str:
 def create_job() -> tuple[dict[str, Any], int, dict[str, str]]:
     """Accept text, answer 202 with the job id at once (the same job again for a repeated Idempotency-Key)."""
     svc = services()
-    body = read_json_object(request, max_bytes=svc.settings.max_body_bytes)
-    job_input = parse_job(body, max_chars=svc.settings.max_text_chars)
+    job_input = read_body(
+        request, JobBody, max_bytes=svc.settings.max_body_bytes, context={"max_text_chars": svc.settings.max_text_chars}
+    )
     idem_key = request.headers.get("Idempotency-Key")
     if idem_key is None:
         job_id = submit_input(job_input)
     else:
         if not 1 <= len(idem_key) <= 255 or not idem_key.isprintable():
             raise ValidationFailed("Idempotency-Key", "must be 1 to 255 printable characters")
-        keys, digest = IdempotencyKeys(svc.redis), body_digest(body)
+        keys, digest = IdempotencyKeys(svc.redis), body_digest(job_input.model_dump())
         earlier = keys.claim(g.caller, idem_key, digest)
         if earlier is not None:
             if earlier[0] != digest:
@@ -131,14 +138,16 @@ def create_job() -> tuple[dict[str, Any], int, dict[str, str]]:
                 raise
             keys.fill(g.caller, idem_key, digest, job_id)
     view = job_view(_record(job_id))
-    return view, 202, {"Location": view["urls"]["self"]}
+    return as_json(view), 202, {"Location": view.urls.self}
 
 
-def submit_input(job_input: JobInput) -> str:
-    """Submit a checked request with the app's services; return the job id."""
+def submit_input(job_input: JobBody) -> str:
+    """Submit a checked request for the caller with the app's services; return the job id."""
     svc = services()
     return submit_job(
         job_input,
+        owner=g.owner,
+        cache_scope=g.caller if svc.settings.cache_per_caller else "",
         settings=svc.settings,
         registry=svc.registry,
         store=svc.store,
@@ -153,7 +162,7 @@ def submit_input(job_input: JobInput) -> str:
 @bp.get("/<job_id>")
 def get_job(job_id: str) -> dict[str, Any]:
     """Return the job's status and progress."""
-    return job_view(_record(job_id))
+    return as_json(job_view(_record(job_id)))
 
 
 @bp.delete("/<job_id>")
@@ -163,7 +172,7 @@ def cancel_job(job_id: str) -> dict[str, Any]:
     svc = services()
     if svc.store.cancel(job_id):
         svc.book.remove(job_id, range(int(record["segments_total"])))
-    return job_view(_record(job_id))
+    return as_json(job_view(_record(job_id)))
 
 
 @bp.get("/<job_id>/segments/<int:index>")
@@ -234,13 +243,15 @@ def get_events(job_id: str) -> Response:
     raw = request.headers.get("Last-Event-ID") or request.args.get("last_event_id")
     start = 0
     if raw is not None:
+        if len(raw) > 12:
+            raise ValidationFailed("Last-Event-ID", "must be the integer id of a segment event")
         try:
             start = int(raw) + 1
         except ValueError as e:
             raise ValidationFailed("Last-Event-ID", "must be the integer id of a segment event") from e
         if start < 0:
             raise ValidationFailed("Last-Event-ID", "must not be negative")
-    segment_url = job_view(record)["urls"]["segment"]
+    segment_url = job_view(record).urls.segment
     svc = services()
     events = sse_events(
         svc.store, job_id, start=start, segment_url=segment_url, keepalive_s=svc.settings.stream_keepalive_s

@@ -20,9 +20,14 @@ def _start_timer() -> None:
     g.request_started = time.perf_counter()
 
 
+#: Label values come from these sets only: a caller choosing methods or paths cannot add series without bound.
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
 def _record(response: Response) -> Response:
-    route = request.url_rule.rule if request.url_rule is not None else "unmatched"
-    HTTP_REQUESTS.labels(route, request.method, str(response.status_code)).inc()
+    route = request.url_rule.rule if request.url_rule is not None else "unmatched"  # a route template, not a path
+    method = request.method if request.method in METHODS else "other"
+    HTTP_REQUESTS.labels(route, method, str(response.status_code)).inc()
     started = g.get("request_started")
     if started is not None:
         HTTP_SECONDS.labels(route).observe(time.perf_counter() - started)

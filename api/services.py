@@ -18,6 +18,7 @@ from cache.sentences import SentenceCache, build_cache
 from cache.stats import Stats
 from cache.streams import CallerStreams
 from cache.workers import WorkerRegistry
+from core.apikeys import KeyRing
 from core.registry import Registry, load_registry
 from core.settings import Settings
 from workers.celery_app import Enqueue, celery_enqueue, create_celery
@@ -42,6 +43,7 @@ class Services:
     budget: StoreBudget
     hub: EventHub
     holds: StreamHolds
+    keys: KeyRing
 
 
 def build_services(settings: Settings) -> Services:
@@ -91,6 +93,7 @@ def build_services(settings: Settings) -> Services:
         budget=budget,
         hub=hub,
         holds=holds,
+        keys=settings.key_ring,
     )
 
 

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from flask import Blueprint, Response, g, request
 
+from api.contract import JobBody, SpeechBody
 from api.holds import Hold, held_response
 from api.jobs import finished_file, submit_input
 from api.services import services
 from api.streaming import audio_stream
-from api.validation import JobInput, read_json_object
+from api.validation import read_body
 from core.audio import media_type
-from core.errors import NotReady, ValidationFailed
+from core.errors import NotReady
 
 bp = Blueprint("speech", __name__, url_prefix="/v1/audio")
 
-#: OpenAI's response formats → ours; aac has no encoder in libsndfile.
-RESPONSE_FORMATS = {"mp3": "mp3", "opus": "opus", "flac": "flac", "wav": "wav", "pcm": "pcm"}
 #: OpenAI's model names map to the default model.
 OPENAI_MODELS = frozenset({"tts-1", "tts-1-hd", "gpt-4o-mini-tts"})
 #: OpenAI's voice names map to the voices every registry model has.
@@ -27,35 +24,18 @@ OPENAI_VOICES = {
 }  # fmt: skip
 
 
-def _speech_input(body: dict[str, Any], *, max_chars: int) -> JobInput:
-    text = body.get("input")
-    if not isinstance(text, str) or not text.strip():
-        raise ValidationFailed("input", "is required and must be a non-empty string")
-    if len(text) > max_chars:
-        raise ValidationFailed("input", f"is {len(text)} characters; the limit is {max_chars}")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise ValidationFailed("model", "must be a string")
-    voice = body.get("voice")
-    if voice is not None and not isinstance(voice, str):
-        raise ValidationFailed("voice", "must be a string")
-    fmt = body.get("response_format", "mp3")
-    if fmt == "aac":
-        raise ValidationFailed("response_format", "aac is not available here; use mp3, opus, flac, wav or pcm")
-    if fmt not in RESPONSE_FORMATS:
-        raise ValidationFailed("response_format", f"must be one of {sorted(RESPONSE_FORMATS)}")
-    speed = body.get("speed", 1.0)
-    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0.5 <= speed <= 2.0:
-        raise ValidationFailed("speed", "must be a number between 0.5 and 2.0")
-    return JobInput(
-        text=text,
-        model=None if model in OPENAI_MODELS else model,
-        voice=OPENAI_VOICES.get(voice, voice) if voice else None,
-        speed=float(speed),
-        mode="quality" if model == "tts-1-hd" else "balanced",
-        format=RESPONSE_FORMATS[fmt],
+def job_of(body: SpeechBody) -> JobBody:
+    """Translate OpenAI's request into ours (both already checked by their models)."""
+    return JobBody.model_construct(
+        text=body.input,
+        model=None if body.model in OPENAI_MODELS else body.model,
+        voice=OPENAI_VOICES.get(body.voice, body.voice) if body.voice else None,
+        speed=body.speed,
+        mode="quality" if body.model == "tts-1-hd" else "balanced",
+        format=body.response_format,
         priority="realtime",
         seed=None,
+        cache=True,
     )
 
 
@@ -63,8 +43,13 @@ def _speech_input(body: dict[str, Any], *, max_chars: int) -> JobInput:
 def speech() -> Response:
     """Synthesise ``input`` and stream the audio back as its segments finish."""
     svc = services()
-    body = read_json_object(request, max_bytes=svc.settings.max_body_bytes)
-    job_input = _speech_input(body, max_chars=svc.settings.max_text_chars)
+    body = read_body(
+        request,
+        SpeechBody,
+        max_bytes=svc.settings.max_body_bytes,
+        context={"max_text_chars": svc.settings.max_text_chars},
+    )
+    job_input = job_of(body)
     fmt = job_input.format
     hold = svc.holds.hold(g.caller)  # before submitting: a refused stream leaves no job behind
     try:

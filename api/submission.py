@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import redis
 
-from api.validation import JobInput
+from api.contract import JobBody
 from cache.jobstore import JobRequest, JobStore
 from cache.schedule import ScheduleBook
 from cache.sentences import SentenceCache, segment_keys
@@ -25,8 +25,10 @@ log = logging.getLogger(__name__)
 
 
 def submit_job(
-    job: JobInput,
+    job: JobBody,
     *,
+    owner: str = "",
+    cache_scope: str = "",
     settings: Settings,
     registry: Registry,
     store: JobStore,
@@ -40,7 +42,8 @@ def submit_job(
 
     ``admit(lane, first deadline)`` raises ServiceUnavailable when the job cannot start in time,
     and otherwise returns the estimated seconds until its first segment starts. ``check_room()`` raises
-    StoreFull when the job store has no room for another job's audio.
+    StoreFull when the job store has no room for another job's audio. ``owner`` (a caller id, or "" with keys
+    off) is the only caller the job's routes answer; ``cache_scope`` is whose sentence-cache entries it may reuse.
     """
     spec = registry.get(job.model)
     voice = spec.resolve_voice(job.voice)
@@ -65,6 +68,7 @@ def submit_job(
         priority=priority,
         seed=job.seed,
         cache=job.cache,
+        cache_scope=cache_scope,
     )
     keys = segment_keys(spec, request, texts)
     cached = cache.get_many(keys) if request.cache else [None] * len(texts)
@@ -103,6 +107,7 @@ def submit_job(
         "seconds_per_char": f"{pace:.5f}",
         "first_due_at": f"{deadlines[0]:.3f}",
         "start_estimate_s": f"{start_estimate:.1f}",
+        "owner": owner,
     }
     # The first window waits in the outbox until it is enqueued: an API killed in between leaves it to a worker.
     job_id = store.create(request, texts, cached=len(hits), pending=later, publish=first, fields=fields)

@@ -2,17 +2,19 @@
 
 Run with ``python -m bench.text_adversarial`` (``make bench-text``); the table goes to
 ``bench/results/text_adversarial.md``. Each input is exactly as long as ``TTS_MAX_TEXT_CHARS`` allows
-(the English reference as long as it can be and still be accepted once its numbers are spelled out)
-and goes through the request checks (``api.validation.parse_job``) and the planner as
-``api/submission.py`` calls it, limits included, for a Chinese and an English model. A refused input
-counts as handled when its error comes back fast. The process exits 1 if any median is over
-``BUDGET_MS``: CPython's ``re`` holds the GIL, so a slow text stops every request of its API process.
+(the English reference as long as it can be and still be accepted once its numbers are spelled out).
+It goes through the request checks (its JSON body parsed by ``api.contract.JobBody``, as
+``api.validation.read_body`` does) and the planner as ``api/submission.py`` calls it, limits included,
+for a Chinese and an English model. A refused input counts as handled when its error comes back fast.
+The process exits 1 if any median is over ``BUDGET_MS``: CPython's ``re`` holds the GIL, so a slow text
+stops every request of its API process.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import statistics
 import sys
 import time
@@ -20,7 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from api.validation import parse_job
+from pydantic import ValidationError
+
+from api.contract import JobBody
+from api.validation import contract_error
 from bench.cache import write_result
 from core.errors import ServiceError, ValidationFailed
 from core.registry import load_registry
@@ -116,7 +121,11 @@ class Outcome:
 def before_admission(text: str, *, language: str, settings: Settings) -> Outcome:
     """Check and plan text as POST /v1/jobs does before admission; return the segments or the error."""
     try:
-        job = parse_job({"text": text}, max_chars=settings.max_text_chars)
+        raw = json.dumps({"text": text}, ensure_ascii=False).encode("utf-8", "surrogatepass")
+        try:
+            job = JobBody.model_validate_json(raw, context={"max_text_chars": settings.max_text_chars})
+        except ValidationError as e:
+            raise contract_error(e, JobBody) from None
         texts = plan_segments(
             job.text,
             max_chars=settings.segment_max_chars,

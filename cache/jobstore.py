@@ -55,6 +55,8 @@ class JobRequest:
     priority: str
     seed: int | None
     cache: bool = True
+    #: Whose sentence-cache entries this job may reuse and fills: "" for everyone's, else the owner's caller id.
+    cache_scope: str = ""
 
     def to_json(self) -> str:
         """Serialise to JSON for the job record."""

@@ -6,6 +6,8 @@ scripts touch a single slot on a Redis Cluster too.
 
 from __future__ import annotations
 
+import hashlib
+
 PREFIX = "tts"
 
 
@@ -121,8 +123,13 @@ def cached_file(digest: str) -> str:
 
 
 def idempotency(caller: str, key: str) -> str:
-    """Return the key remembering which job an idempotency key created."""
-    return f"{PREFIX}:idem:{caller}:{key}"
+    """Return the key remembering which job a caller's idempotency key created.
+
+    A hash of the pair, each part length-prefixed: a caller id may hold ':' (an IPv6 address), so plain
+    joining would let caller ``ip-::1`` with key ``a`` and caller ``ip-:`` with key ``:1:a`` share a key.
+    """
+    material = f"{len(caller)}:{caller}{len(key)}:{key}".encode("utf-8", "surrogatepass")
+    return f"{PREFIX}:idem:{hashlib.sha256(material).hexdigest()}"
 
 
 #: Every stats bucket's key is this and the bucket's number.

@@ -1,7 +1,8 @@
 """The sentence cache: finished segment audio shared by every API replica and worker.
 
 A segment's audio is determined by the model (and its version), voice, seed,
-mode, speed and normalised text; the key is a hash of exactly those. Values are
+mode, speed and normalised text; the key is a hash of exactly those, and of the
+owner's caller id when the cache is scoped per caller (``TTS_CACHE_SCOPE``). Values are
 the segment's packed audio (as the job store keeps it, core.audio.PackedAudio) plus
 JSON metadata in a hash, never pickle. The cache may live on its own Redis with an
 evicting policy: every failure here degrades to a miss. On the job store's Redis,
@@ -37,22 +38,23 @@ class CachedSegment:
     meta: dict[str, Any]
 
 
-def segment_key(*, model: str, version: str, voice: str, seed: int | None, mode: str, speed: float, text: str) -> str:
-    """Return the cache key of a segment: a hash of everything that determines its audio."""
-    material = json.dumps(
-        {
-            "model": model,
-            "version": version,
-            "voice": voice,
-            "seed": seed,
-            "mode": mode,
-            "speed": round(speed, 4),
-            "text": text,
-        },
-        sort_keys=True,
-        ensure_ascii=False,
-    )
-    return keys.sentence(hashlib.sha256(material.encode()).hexdigest())
+def segment_key(
+    *, model: str, version: str, voice: str, seed: int | None, mode: str, speed: float, text: str, scope: str = ""
+) -> str:
+    """Return the cache key of a segment: a hash of everything that determines its audio, and of whose it is."""
+    fields: dict[str, object] = {
+        "model": model,
+        "version": version,
+        "voice": voice,
+        "seed": seed,
+        "mode": mode,
+        "speed": round(speed, 4),
+        "text": text,
+    }
+    if scope:  # a shared entry's key stays what it was before scopes existed
+        fields["scope"] = scope
+    material = json.dumps(fields, sort_keys=True, ensure_ascii=False)
+    return keys.sentence(hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest())
 
 
 def segment_keys(spec: ModelSpec, request: JobRequest, texts: list[str]) -> list[str]:
@@ -66,6 +68,7 @@ def segment_keys(spec: ModelSpec, request: JobRequest, texts: list[str]) -> list
             mode=request.mode,
             speed=request.speed,
             text=text,
+            scope=request.cache_scope,
         )
         for text in texts
     ]

@@ -58,8 +58,8 @@ class ValidationFailed(ServiceError):
     status = 422
     code = "invalid_field"
 
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}", field=field)
+    def __init__(self, field: str, message: str, **details: Any) -> None:
+        super().__init__(f"{field}: {message}", field=field, **details)
 
 
 class NotReady(ServiceError):

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from core.apikeys import KeyRing, parse_api_keys
 from core.schedule import DeadlinePolicy
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -15,7 +17,8 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 class Settings(BaseSettings):
     """Every knob of the service; each field reads ``TTS_<NAME>`` unless noted."""
 
-    model_config = SettingsConfigDict(env_prefix="TTS_", extra="ignore")
+    # Inputs stay out of error messages: TTS_API_KEYS holds secrets.
+    model_config = SettingsConfigDict(env_prefix="TTS_", extra="ignore", hide_input_in_errors=True)
 
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
@@ -222,6 +225,11 @@ class Settings(BaseSettings):
         description="How often a worker announces itself in Redis, and looks for dead workers and unpublished "
         "segments.",
     )
+    malloc_trim_s: float = Field(
+        60.0,
+        ge=0,
+        description="How often a worker gives its free heap pages back to the system (glibc malloc_trim); 0 = never.",
+    )
     heartbeat_misses: int = Field(
         3,
         ge=2,
@@ -239,7 +247,14 @@ class Settings(BaseSettings):
     breaker_cooldown_s: float = Field(30.0, gt=0, description="How long an open breaker refuses jobs.")
     api_keys: str = Field(
         "",
-        description="Comma-separated `key=requests_per_minute` (or just `key`); empty turns auth off (local use).",
+        description="Comma-separated `key=submissions_per_minute` (or just `key`, at least 16 characters); empty "
+        "turns auth off (local use). With keys on, each job belongs to the key that submitted it. Checked at start: "
+        "a malformed entry stops the service.",
+    )
+    cache_scope: Literal["auto", "caller", "shared"] = Field(
+        "auto",
+        description="Whose segments a sentence-cache hit may reuse: `caller` (only the same API key's), `shared` "
+        "(everyone's: a caller can tell another already said a sentence), `auto` (per key with keys on, else shared).",
     )
     anonymous_per_minute: int = Field(
         0, ge=0, description="Submissions per minute per client IP without keys; 0 = no limit."
@@ -247,6 +262,22 @@ class Settings(BaseSettings):
     api_host: str = Field("127.0.0.1", description="Address the API binds to.")
     api_port: int = Field(8000, ge=1, le=65535, description="Port the API listens on.")
     log_level: str = Field("INFO", description="Python logging level.")
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_parse(cls, value: str) -> str:
+        parse_api_keys(value)  # raises naming the entry: the service does not start on a malformed one
+        return value
+
+    @property
+    def key_ring(self) -> KeyRing:
+        """Return the configured API keys (empty: authentication off)."""
+        return parse_api_keys(self.api_keys)
+
+    @property
+    def cache_per_caller(self) -> bool:
+        """Return whether sentence-cache hits are limited to the caller that made the audio."""
+        return self.cache_scope == "caller" or (self.cache_scope == "auto" and bool(self.api_keys.strip()))
 
     @property
     def worker_dead_after_s(self) -> float:

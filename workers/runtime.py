@@ -29,6 +29,7 @@ from workers.batcher import Batcher, BatchObserver
 from workers.celery_app import Enqueue
 from workers.engines.base import SynthesisRequest
 from workers.janitor import Janitor
+from workers.memory import release_free_memory
 from workers.pool.handle import ModelHost
 from workers.pool.pool import ModelPool
 from workers.reconciler import Reconciler
@@ -85,8 +86,11 @@ class WorkerRuntime:
                 log.warning("heartbeat failed: %s", e)
 
     def _look_after_forever(self) -> None:
-        last_reconcile = 0.0
+        last_reconcile = last_trim = 0.0
         while not self._stop.wait(self.settings.heartbeat_s):
+            if self.settings.malloc_trim_s and time.monotonic() - last_trim >= self.settings.malloc_trim_s:
+                last_trim = time.monotonic()
+                release_free_memory()
             try:
                 self.janitor.run_once()
                 if time.monotonic() - last_reconcile >= self.settings.reconcile_interval_s:

@@ -1,0 +1,177 @@
+"""The HTTP contract as typed models: request bodies are parsed and checked by them, and the OpenAPI
+document (api/openapi.py) is generated from them, so the two cannot drift apart."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
+
+from core.audio import MEDIA_TYPES
+
+Mode = Literal["fast", "balanced", "quality"]
+Priority = Literal["realtime", "batch"]
+AudioFormat = Literal["wav", "flac", "ogg", "mp3", "opus", "pcm"]
+JobStatus = Literal["queued", "running", "done", "failed", "canceled"]
+#: OpenAI's response formats; aac has no encoder in libsndfile and is refused with a reason.
+SpeechFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+SPEED_MIN, SPEED_MAX = 0.5, 2.0
+SEED_MAX = 2**31 - 1
+#: A model or voice name: a registry entry, never a path (the registry resolves it).
+Name = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=r"\S")]
+Speed = Annotated[float, Field(ge=SPEED_MIN, le=SPEED_MAX, allow_inf_nan=False, description="Speaking rate.")]
+
+if set(get_args(AudioFormat)) != set(MEDIA_TYPES):
+    raise RuntimeError("api/contract.py AudioFormat must list exactly core.audio.MEDIA_TYPES")
+
+#: Request bodies: strict types (no "1" for 1, no 1 for true), unknown fields refused, frozen once checked.
+_STRICT = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+def _speakable(value: str, info: ValidationInfo) -> str:
+    """Refuse blank text, and text longer than the app's limit (passed as validation context)."""
+    if not value.strip():
+        raise ValueError("must not be empty")
+    limit = (info.context or {}).get("max_text_chars")
+    if limit is not None and len(value) > limit:
+        raise ValueError(f"is {len(value)} characters; the limit is {limit} (TTS_MAX_TEXT_CHARS)")
+    return value
+
+
+class JobBody(BaseModel):
+    """POST /v1/jobs: the text and how to say it. Model and voice are names the registry resolves."""
+
+    model_config = _STRICT
+
+    text: str = Field(min_length=1, description="What to say; split into segments that play as they finish.")
+    model: Name | None = Field(None, description="A model id from /v1/models; the default when absent.")
+    voice: Name | None = Field(None, description="A voice of that model; its default when absent.")
+    speed: Speed = 1.0
+    mode: Mode = Field("balanced", description="fast: smaller batches sooner; quality: the model's slow path.")
+    format: AudioFormat = Field("wav", description="The audio format of segments and the whole file.")
+    priority: Priority | None = Field(None, description="The lane; long texts go to batch when absent.")
+    seed: int | None = Field(None, ge=0, le=SEED_MAX, description="Fixes sampling: the same seed, the same audio.")
+    cache: bool = Field(True, description="Reuse and fill the sentence cache.")
+
+    _text = field_validator("text")(_speakable)
+
+
+class SpeechBody(BaseModel):
+    """POST /v1/audio/speech, as OpenAI defines it. Fields OpenAI adds that this service has no use for
+    (``instructions``, ``stream_format``) are accepted and ignored, so that OpenAI's SDKs work unchanged."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+    input: str = Field(min_length=1, description="What to say.")
+    model: Name | None = Field(None, description="tts-1, tts-1-hd or gpt-4o-mini-tts (the default model), or an id.")
+    voice: Name | None = Field(None, description="An OpenAI voice name (mapped to ours) or one of the model's.")
+    response_format: SpeechFormat = "mp3"
+    speed: Speed = 1.0
+
+    _input = field_validator("input")(_speakable)
+
+    @field_validator("response_format")
+    @classmethod
+    def _encodable(cls, value: str) -> str:
+        if value == "aac":
+            raise ValueError("aac is not available here; use mp3, opus, flac, wav or pcm")
+        return value
+
+
+class JobUrls(BaseModel):
+    """Where to follow the job."""
+
+    self: str
+    audio: str
+    events: str
+    segment: str = Field(description="A template: replace {index} with a segment's index.")
+
+
+class JobView(BaseModel):
+    """A job's status and progress, as every job route answers it."""
+
+    id: str
+    status: JobStatus
+    segments_total: int = Field(ge=0)
+    segments_done: int = Field(ge=0)
+    cached_segments: int = Field(ge=0)
+    progress: float = Field(ge=0, le=1)
+    model: str
+    voice: str
+    format: AudioFormat
+    priority: Priority
+    speed: float
+    mode: Mode
+    seed: int | None
+    chars_total: int = Field(ge=0)
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    sample_rate: int | None
+    first_due_at: float | None = Field(description="When segment 0 is due (epoch seconds).")
+    start_estimate_s: float | None = Field(description="Estimated seconds from acceptance until segment 0 starts.")
+    audio_expires_at: float | None = Field(
+        description="When a finished job's audio stops being kept (epoch seconds); 410 gone after it."
+    )
+    audio_removed_at: float | None = Field(
+        description="When the memory budget removed a finished job's audio early (epoch seconds)."
+    )
+    error: str | None = Field(None, description="Why the job failed or was canceled.")
+    urls: JobUrls
+
+
+class ErrorDetail(BaseModel):
+    """One error; ``field`` names the request field at fault, other keys add what the code needs."""
+
+    model_config = ConfigDict(extra="allow")
+
+    code: str = Field(description="Stable, machine-readable: invalid_field, not_found, store_full, …")
+    message: str = Field(description="What went wrong and what to do.")
+    field: str | None = None
+    retry_after: int | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every error answer."""
+
+    error: ErrorDetail
+
+
+class ModelView(BaseModel):
+    """One registry entry."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    engine: str
+    available: bool
+    voices: list[str]
+
+
+class ModelsView(BaseModel):
+    """GET /v1/models."""
+
+    model_config = ConfigDict(extra="allow")
+
+    default: str
+    data: list[ModelView]
+
+
+#: What the document's components hold, and how each is used (validation: as a request; serialization: a reply).
+SCHEMAS: list[tuple[type[BaseModel], Literal["validation", "serialization"]]] = [
+    (JobBody, "validation"),
+    (SpeechBody, "validation"),
+    (JobView, "serialization"),
+    (ErrorBody, "serialization"),
+    (ModelsView, "serialization"),
+]
+
+
+def allowed_fields(model: type[BaseModel]) -> list[str]:
+    """Return the fields a request body may hold."""
+    return sorted(model.model_fields)
+
+
+def as_json(view: BaseModel) -> dict[str, Any]:
+    """Return a reply model as the JSON-ready dict Flask sends."""
+    return view.model_dump(mode="json")
