@@ -3,16 +3,19 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install install-dev install-bench run worker test chaos lint tiny-model bench bench-batch bench-cache bench-stream bench-schedule bench-held bench-text soak clean
+.PHONY: help install install-dev install-bench constraints run worker test chaos lint tiny-model bench bench-batch bench-cache bench-stream bench-schedule bench-held bench-text soak clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-$(VENV)/.installed: requirements.txt scripts/install.sh
+# Every install is held to constraints.txt: a new pin there reinstalls what it changes.
+INSTALL_SCRIPTS := scripts/install.sh scripts/prereqs.sh constraints.txt
+
+$(VENV)/.installed: requirements.txt $(INSTALL_SCRIPTS)
 	scripts/install.sh requirements.txt
 	touch $@
 
-$(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
+$(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt $(INSTALL_SCRIPTS)
 	scripts/install.sh requirements-dev.txt
 	touch $@
 
@@ -20,11 +23,16 @@ install: $(VENV)/.installed  ## Create the venv and install the pinned runtime r
 
 install-dev: $(VENV)/.installed-dev  ## Also install the test and lint tools.
 
-$(VENV)/.installed-bench: $(VENV)/.installed-dev requirements-bench.txt
+$(VENV)/.installed-bench: $(VENV)/.installed-dev requirements-bench.txt $(INSTALL_SCRIPTS)
 	scripts/install.sh requirements-bench.txt
 	touch $@
 
 install-bench: $(VENV)/.installed-bench  ## Also install what the benchmarks need (the chart).
+
+# Installs unconstrained (so that a changed pin in requirements*.txt is taken up), then re-pins.
+constraints:  ## After changing requirements*.txt: install them, then re-pin constraints.txt (all they pull in) from the venv.
+	CONSTRAINTS= scripts/install.sh requirements.txt requirements-dev.txt $(if $(wildcard $(VENV)/.installed-bench),requirements-bench.txt)
+	$(PY) scripts/pin_constraints.py
 
 run: install  ## Start Redis, the worker and the API under supervisord, which restarts whichever dies; Ctrl-C stops all.
 	scripts/run.sh

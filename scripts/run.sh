@@ -2,12 +2,27 @@
 # Serve everything on this machine: Redis (unless REDIS_URL is set), the workers, the API,
 # all under supervisord, which restarts whichever dies (with a growing backoff) and logs it.
 # Ctrl-C stops all of it.
+# With API keys on (TTS_API_KEYS=key=per_minute,key2) its own reads of the API send the first key,
+# and so do the curl examples it prints once ready (on its output only, never into a file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+# shellcheck source=scripts/prereqs.sh
+. scripts/prereqs.sh
+need_venv "${VENV:-.venv}"
 VENV=$(cd "${VENV:-.venv}" && pwd)
 PY="$VENV/bin/python"
-# Resolved once, so that a relative or an absolute TTS_RUN_DIR both work below.
+# A setting the service refuses (a malformed TTS_API_KEYS, a port that is no number) stops here with
+# its message, before anything starts, instead of in supervisord's restart loop of the API.
+"$PY" - <<'PY' || exit 1
+import sys
+from core.settings import load_settings
+try:
+    load_settings()
+except ValueError as e:
+    sys.exit(f"the service would refuse its settings; nothing was started:\n{e}")
+PY
+# Resolved once, so that a relative (to the repository root) or an absolute TTS_RUN_DIR both work below.
 RUN_DIR=$(mkdir -p "${TTS_RUN_DIR:-var}" && cd "${TTS_RUN_DIR:-var}" && pwd)
 REDIS_PORT=${TTS_REDIS_PORT:-6390}
 # The job store's memory budget (Redis maxmemory): past 80% of it the oldest finished audio is removed,
@@ -188,7 +203,7 @@ echo "==> waiting for the API and the worker"
 ready=""
 for _ in $(seq 240); do
   # Ready, and no worker still loading its models (a first request would wait for them).
-  if ready=$(curl -fsS "http://$API_HOST:$API_PORT/readyz" 2>/dev/null) \
+  if ready=$("$PY" scripts/api_get.py "http://$API_HOST:$API_PORT/readyz" 2>/dev/null) \
     && "$PY" -c 'import json,sys; sys.exit(any(w["loading"] for w in json.load(sys.stdin)["workers"]))' <<<"$ready"; then
     break
   fi
@@ -203,18 +218,34 @@ if [ -z "$ready" ]; then
   echo "the service did not become ready within 2 minutes; see the logs above" >&2
   exit 1
 fi
-default=$(curl -fsS "http://$API_HOST:$API_PORT/v1/models" | "$PY" -c 'import json,sys; m=json.load(sys.stdin); d=[x for x in m["data"] if x["id"]==m["default"]][0]; print(d["id"] + " (engine " + d["engine"] + ")")')
+# The keyed routes need a key when TTS_API_KEYS is set: run.sh reads them with the first one.
+if ! models=$("$PY" scripts/api_get.py "http://$API_HOST:$API_PORT/v1/models"); then
+  echo "the API is ready but /v1/models did not answer; see the log above" >&2
+  exit 1
+fi
+default=$("$PY" -c 'import json,sys; m=json.load(sys.stdin); d=[x for x in m["data"] if x["id"]==m["default"]][0]; print(d["id"] + " (engine " + d["engine"] + ")")' <<<"$models")
+key=$("$PY" scripts/api_get.py --key)
+auth="" post_auth="" keys_line=""
+if [ -n "$key" ]; then
+  # The examples send the first key of TTS_API_KEYS: printed here, to whoever set it, and nowhere else.
+  header="Authorization: Bearer $key"
+  auth=" -H '${header//\'/\'\"\'\"\'}'"
+  post_auth="
+        $auth \\"
+  keys_line="    API keys are on (TTS_API_KEYS): the examples send the first one.
+"
+fi
 cat <<MSG
 
 ==> ready: serving model $default at http://$API_HOST:$API_PORT
-    Try it:
+$keys_line    Try it:
 
-    curl -s -X POST http://$API_HOST:$API_PORT/v1/jobs -H 'Content-Type: application/json' \\
+    curl -s -X POST http://$API_HOST:$API_PORT/v1/jobs -H 'Content-Type: application/json' \\$post_auth
          -d '{"text": "你好，欢迎使用语音合成服务。今天是2024年5月1日。"}'
 
-    curl -s http://$API_HOST:$API_PORT/v1/jobs/<id>                       # status and progress
-    curl -s -o seg0.wav 'http://$API_HOST:$API_PORT/v1/jobs/<id>/segments/0?wait=10'
-    curl -s -o all.wav http://$API_HOST:$API_PORT/v1/jobs/<id>/audio
+    curl -s$auth http://$API_HOST:$API_PORT/v1/jobs/<id>                       # status and progress
+    curl -s$auth -o seg0.wav 'http://$API_HOST:$API_PORT/v1/jobs/<id>/segments/0?wait=10'
+    curl -s$auth -o all.wav http://$API_HOST:$API_PORT/v1/jobs/<id>/audio
 
     English voice:  -d '{"text": "Hello there.", "model": "espeak-en"}'
     Press Ctrl-C to stop.
