@@ -177,7 +177,7 @@ def test_jobs_written_but_never_enqueued_are_published_from_the_outbox(make_stac
 def test_a_burst_of_ten_times_capacity_gets_only_202_429_or_503_and_every_accepted_job_ends(
     make_stack: MakeStack,
 ) -> None:
-    api_keys = [f"burst-{i}" for i in range(3)]
+    api_keys = [f"burst-{i}-0123456789abcdef" for i in range(3)]
     stack = make_stack(admission_realtime_wait_s=2, api_keys=",".join(f"{key}=60" for key in api_keys))
     stack.start_worker()
     bodies = workload(jobs=300, first_seed=1000)
