@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import redis
 from flask import Flask, current_app
@@ -44,6 +45,12 @@ class Services:
     hub: EventHub
     holds: StreamHolds
     keys: KeyRing
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        """Close every connection these services opened (a server process just exits; tests build many apps)."""
+        for close in self.closers:
+            close()
 
 
 def build_services(settings: Settings) -> Services:
@@ -80,13 +87,14 @@ def build_services(settings: Settings) -> Services:
         per_process=settings.max_streams_per_process,
         ttl_s=settings.stream_slot_ttl_s,
     )
+    cache = build_cache(settings)
     return Services(
         settings=settings,
         redis=client,
         store=store_of(client, settings, waiter=hub),
         registry=load_registry(settings),
         workers=workers,
-        cache=build_cache(settings),
+        cache=cache,
         admission=Admission(stats=stats, breaker=breaker, workers=workers, book=book, settings=settings, budget=budget),
         enqueue=celery_enqueue(celery),
         book=book,
@@ -94,6 +102,7 @@ def build_services(settings: Settings) -> Services:
         hub=hub,
         holds=holds,
         keys=settings.key_ring,
+        closers=[pool.disconnect, hub.close, cache.redis.connection_pool.disconnect, celery.close],
     )
 
 

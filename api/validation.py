@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, BinaryIO, TypeVar
+from typing import IO, Any, TypeVar
 
 from flask import Request
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
+from werkzeug.wsgi import get_input_stream
 
 from api.contract import allowed_fields
 from core.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType, ValidationFailed
@@ -27,7 +28,7 @@ DRAIN_MAX_S = 10.0
 DRAIN_STEP = 64 * 1024
 
 
-def _too_large(stream: BinaryIO, max_bytes: int) -> PayloadTooLarge:
+def _too_large(stream: IO[bytes], max_bytes: int) -> PayloadTooLarge:
     """Read what the client still sends and drop it, then return the 413 to raise.
 
     A server that answers while its client is still sending, then closes (as it does for ``Connection: close``),
@@ -42,13 +43,14 @@ def _too_large(stream: BinaryIO, max_bytes: int) -> PayloadTooLarge:
 
 def read_body(request: Request, model: type[Body], *, max_bytes: int, context: dict[str, Any] | None = None) -> Body:
     """Return the request body parsed and checked as ``model``, or raise 413/415/400/422."""
-    # The server's stream, not werkzeug's: past MAX_CONTENT_LENGTH werkzeug cuts a chunked body short silently.
-    stream: BinaryIO = request.environ["wsgi.input"]
+    # Not request.stream: past MAX_CONTENT_LENGTH it cuts a chunked body short silently. This one ends at the
+    # Content-Length, or where the server says the body ends (a chunked body), and has no limit of its own.
+    stream: IO[bytes] = get_input_stream(request.environ, max_content_length=None)
     if request.content_length is not None and request.content_length > max_bytes:
         raise _too_large(stream, max_bytes)
     if not request.is_json:
         raise UnsupportedMediaType("send the body as JSON with 'Content-Type: application/json'")
-    raw = stream.read(max_bytes + 1) if request.content_length != 0 else b""
+    raw = stream.read(max_bytes + 1)
     if len(raw) > max_bytes:
         raise _too_large(stream, max_bytes)
     try:

@@ -7,7 +7,8 @@ each, model hosts included), jobs finished per second, admission answers and err
 end it waits for every accepted job to end and says whether the targets held:
 
 - Redis memory levels off below its budget;
-- API and worker RSS grow less than 5% after warm-up (the first third of the run);
+- API and worker RSS grow less than 5% after warm-up (the first third of the run), read from a least-squares line
+  through the samples after it (RSS saws by ±10 MB as buffers come and go);
 - no errors other than deliberate admission answers (429/503), and every accepted job is done.
 
     python -m bench.soak [--minutes 30] [--callers 24] [--sample-s 30]
@@ -27,6 +28,7 @@ import shutil
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,13 +54,16 @@ def text_of(kind: str, rng: random.Random) -> str:
     return "".join(parts)
 
 
-def rss_mb(pids: list[int]) -> float:
-    """Return the summed resident memory of these processes in MB (gone ones count 0)."""
+def rss_mb(pids: list[int], field: str = "VmRSS") -> float:
+    """Return the summed resident memory of these processes in MB (gone ones count 0).
+
+    ``VmRSS`` is all of it; ``RssAnon`` only private memory (heaps, stacks, buffers: where a leak would show),
+    without the pages of shared libraries and files, which come and go with the page cache."""
     total = 0
     for pid in pids:
         try:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
+                if line.startswith(f"{field}:"):
                     total += int(line.split()[1])
         except OSError:
             continue
@@ -177,6 +182,8 @@ class Sample:
     kept_jobs: int
     api_mb: float
     worker_mb: float
+    api_anon_mb: float
+    worker_anon_mb: float
     jobs_s: float
     accepted: int
     admission: int
@@ -189,13 +196,17 @@ def sample(stack: RunScript, store: redis.Redis, tally: Tally, started: float, l
     with tally.lock:
         done, accepted, admission, errors = tally.done, tally.accepted, tally.admission, len(tally.errors)
     api, worker = stack.pid_of("api"), stack.pid_of("worker")
+    api_pids = [api, *descendants(api)] if api else []
+    worker_pids = [worker, *descendants(worker)] if worker else []
     return Sample(
         minute=(now - started) / 60,
         redis_mb=int(info["used_memory"]) / 2**20,
         budget_mb=int(info["maxmemory"]) / 2**20,
         kept_jobs=int(store.zcard("tts:audio:kept")),
-        api_mb=rss_mb([api, *descendants(api)]) if api else 0.0,
-        worker_mb=rss_mb([worker, *descendants(worker)]) if worker else 0.0,
+        api_mb=rss_mb(api_pids),
+        worker_mb=rss_mb(worker_pids),
+        api_anon_mb=rss_mb(api_pids, "RssAnon"),
+        worker_anon_mb=rss_mb(worker_pids, "RssAnon"),
         jobs_s=(done - last[1]) / max(1e-9, now - last[0]),
         accepted=accepted,
         admission=admission,
@@ -204,15 +215,40 @@ def sample(stack: RunScript, store: redis.Redis, tally: Tally, started: float, l
 
 
 HEADER = (
-    "| min | Redis used MB | budget MB | jobs with audio kept | API RSS MB | worker RSS MB | jobs/s | accepted "
-    "| 429/503 | errors |"
+    "| min | Redis used MB | budget MB | jobs with audio kept | API RSS MB (private) | worker RSS MB (private) "
+    "| jobs/s | accepted | 429/503 | errors |"
 )
 SEPARATOR = "|---" * (HEADER.count("|") - 1) + "|"
 
 
 def row(s: Sample) -> str:
-    return (f"| {s.minute:5.1f} | {s.redis_mb:8.1f} | {s.budget_mb:6.0f} | {s.kept_jobs} | {s.api_mb:6.1f} | "
-            f"{s.worker_mb:6.1f} | {s.jobs_s:5.2f} | {s.accepted} | {s.admission} | {s.errors} |")  # fmt: skip
+    return (f"| {s.minute:5.1f} | {s.redis_mb:8.1f} | {s.budget_mb:6.0f} | {s.kept_jobs} | {s.api_mb:6.1f} "
+            f"({s.api_anon_mb:5.1f}) | {s.worker_mb:6.1f} ({s.worker_anon_mb:5.1f}) | {s.jobs_s:5.2f} | {s.accepted} "
+            f"| {s.admission} | {s.errors} |")  # fmt: skip
+
+
+def fitted(samples: list[Sample], value: Callable[[Sample], float]) -> tuple[float, float]:
+    """Return a least-squares line's values at the first and the last sample.
+
+    RSS saws as buffers come and go (±10 MB on a worker): two single samples say more about where each saw stood
+    than about growth, so growth is read from the line through all of them."""
+    if len(samples) < 2:
+        only = value(samples[0]) if samples else 0.0
+        return only, only
+    slope, intercept = statistics.linear_regression([s.minute for s in samples], [value(s) for s in samples])
+    return intercept + slope * samples[0].minute, intercept + slope * samples[-1].minute
+
+
+def _change(fit: tuple[float, float]) -> float:
+    return fit[1] / fit[0] - 1 if fit[0] else 0.0
+
+
+def private_growth(samples: list[Sample]) -> str:
+    """Say how private memory (RssAnon: no shared-library or file pages) moved after warm-up, as a figure."""
+    warm = [s for s in samples if s.minute >= samples[-1].minute / 3] or samples
+    api, worker = fitted(warm, lambda s: s.api_anon_mb), fitted(warm, lambda s: s.worker_anon_mb)
+    return (f"private memory (RssAnon) after warm-up, least-squares line: API {api[0]:.0f} → {api[1]:.0f} MB "
+            f"({_change(api):+.1%}), worker {worker[0]:.0f} → {worker[1]:.0f} MB ({_change(worker):+.1%})")  # fmt: skip
 
 
 def verdicts(samples: list[Sample], tally: Tally, drained: bool) -> list[tuple[str, bool, str]]:
@@ -223,8 +259,9 @@ def verdicts(samples: list[Sample], tally: Tally, drained: bool) -> list[tuple[s
     last_third = [s.redis_mb for s in samples if s.minute >= 2 * end / 3] or [samples[-1].redis_mb]
     budget = samples[-1].budget_mb
     peak = max(s.redis_mb for s in samples)
-    growth = [(warm[-1].api_mb / warm[0].api_mb - 1) if warm[0].api_mb else 0.0,
-              (warm[-1].worker_mb / warm[0].worker_mb - 1) if warm[0].worker_mb else 0.0]  # fmt: skip
+    api_fit, worker_fit = fitted(warm, lambda s: s.api_mb), fitted(warm, lambda s: s.worker_mb)
+    growth = [(api_fit[1] / api_fit[0] - 1) if api_fit[0] else 0.0,
+              (worker_fit[1] / worker_fit[0] - 1) if worker_fit[0] else 0.0]  # fmt: skip
     # Trimming saws between 70% and 80% of the budget: level means no trend between the thirds' means.
     trend = statistics.mean(last_third) - statistics.mean(middle_third)
     return [
@@ -233,10 +270,13 @@ def verdicts(samples: list[Sample], tally: Tally, drained: bool) -> list[tuple[s
          bool(budget) and abs(trend) < 0.05 * budget,
          f"middle third {statistics.mean(middle_third):.0f} MB, last third {statistics.mean(last_third):.0f} MB "
          f"({trend:+.0f} MB), range {min(last_third):.0f}–{max(last_third):.0f} MB"),
-        ("API RSS grows < 5% after warm-up", growth[0] < 0.05,
-         f"{warm[0].api_mb:.0f} → {warm[-1].api_mb:.0f} MB ({growth[0]:+.1%})"),
-        ("worker RSS grows < 5% after warm-up", growth[1] < 0.05,
-         f"{warm[0].worker_mb:.0f} → {warm[-1].worker_mb:.0f} MB ({growth[1]:+.1%})"),
+        ("API RSS grows < 5% after warm-up (least-squares line)", growth[0] < 0.05,
+         f"{api_fit[0]:.0f} → {api_fit[1]:.0f} MB ({growth[0]:+.1%}); samples {warm[0].api_mb:.0f} → "
+         f"{warm[-1].api_mb:.0f} MB"),
+        ("worker RSS grows < 5% after warm-up (least-squares line)", growth[1] < 0.05,
+         f"{worker_fit[0]:.0f} → {worker_fit[1]:.0f} MB ({growth[1]:+.1%}); samples {warm[0].worker_mb:.0f} → "
+         f"{warm[-1].worker_mb:.0f} MB"),
+
         ("no errors besides admission answers", not tally.errors,
          f"{len(tally.errors)} errors, {tally.admission} admission answers"),
         ("every accepted job done", drained and tally.done == tally.accepted,
@@ -314,6 +354,7 @@ def main() -> int:
         for target, held, figures in results:
             print(f"{'PASS' if held else 'FAIL'}  {target}: {figures}")
         print(f"      {stored} (TTS_AUDIO_STORE_CODEC; lossless FLAC cannot reach half, see README)")
+        print(f"      {private_growth(samples)}")
         for error in tally.errors[:10]:
             print("  error:", error)
         write_results(args, samples, results, tally, stored)
@@ -336,6 +377,7 @@ def write_results(args: argparse.Namespace, samples: list[Sample], results: list
         "",
         *[f"- {'PASS' if held else 'FAIL'} {target}: {figures}" for target, held, figures in results],
         f"- {stored} (TTS_AUDIO_STORE_CODEC; lossless FLAC cannot reach half, see README)",
+        f"- {private_growth(samples)}",
         f"- median jobs/s over the run: {statistics.median(s.jobs_s for s in samples[:-1] or samples):.2f}; "
         f"{tally.downloads} whole-audio downloads",
     ]

@@ -79,6 +79,10 @@ class EventHub:
             raise waiter.error
         return waiter.newest or after
 
+    def close(self) -> None:
+        """Close the hub's connection (its loop, if running, reconnects on its next round)."""
+        self.redis.close()
+
     def waiting(self) -> int:
         """Return how many waits are in progress."""
         with self._lock:

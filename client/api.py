@@ -38,10 +38,23 @@ def _error_from(response: requests.Response) -> TTSClientError:
 
 
 class TTSClient:
-    """Talk to one TTS service at ``base_url``; ``timeout`` bounds every connect and read."""
+    """Talk to one TTS service at ``base_url``; ``timeout`` bounds every connect and read.
 
-    def __init__(self, base_url: str, *, session: requests.Session | None = None, timeout: float = 30.0) -> None:
+    ``api_key``, when given, goes with every request as ``Authorization: Bearer <key>`` (the service asks for one
+    when it runs with ``TTS_API_KEYS``). A ``session`` passed in is used as it is: the key is added to each
+    request, not to the session's own headers.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        session: requests.Session | None = None,
+        timeout: float = 30.0,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.api_key = api_key or None
         self._owns_session = session is None
         self.session = session or requests.Session()
         self.timeout = timeout
@@ -60,10 +73,20 @@ class TTSClient:
     def _url(self, path: str) -> str:
         return path if path.startswith(("http://", "https://")) else f"{self.base_url}{path}"
 
-    def _request(self, method: str, path: str, *, read_s: float = 0.0, **kwargs: Any) -> requests.Response:
+    def _headers(self, extra: dict[str, str] | None) -> dict[str, str]:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return {**headers, **(extra or {})}
+
+    def _request(
+        self, method: str, path: str, *, read_s: float = 0.0, headers: dict[str, str] | None = None, **kwargs: Any
+    ) -> requests.Response:
         try:
             response = self.session.request(
-                method, self._url(path), timeout=(self.timeout, self.timeout + read_s), **kwargs
+                method,
+                self._url(path),
+                headers=self._headers(headers),
+                timeout=(self.timeout, self.timeout + read_s),
+                **kwargs,
             )
         except requests.RequestException as e:
             raise TTSClientError(0, "unreachable", f"{method} {self._url(path)} failed: {e}") from e

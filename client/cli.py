@@ -8,62 +8,21 @@ import hashlib
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any, TextIO
 
 import requests
 
 from client.api import TTSClient, TTSClientError
-from core.audio import encode
+from client.audio import SUFFIX_FORMATS, AudioSupportMissing, check_supported, encode
+from client.progress import ProgressBar
+
+__all__ = ["ProgressBar", "build_parser", "main", "make_book", "say"]
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-#: Output formats by file suffix; ``pcm`` is raw 16-bit little-endian mono.
-SUFFIX_FORMATS = {".wav": "wav", ".flac": "flac", ".ogg": "ogg", ".mp3": "mp3", ".opus": "opus", ".pcm": "pcm"}
 STATE_NAME = "job.json"
-
-
-class ProgressBar:
-    """Draw segments done/total, seconds of audio and an ETA on one line of ``stream`` (stderr)."""
-
-    def __init__(self, stream: TextIO | None = None, *, width: int = 24) -> None:
-        self.stream = stream or sys.stderr
-        self.width = width
-        self.tty = self.stream.isatty()
-        self._start: tuple[float, int] | None = None
-        self._last = ""
-
-    def update(self, done: int, total: int, audio_s: float) -> None:
-        """Redraw the bar; the ETA comes from the pace of segments fetched since the first update."""
-        now = time.monotonic()
-        if self._start is None:
-            self._start = (now, done)
-        started_at, started_done = self._start
-        filled = self.width * done // total if total else self.width
-        if done >= total:
-            eta = f"done in {now - started_at:.1f} s"
-        elif done > started_done:
-            eta = "ETA " + _clock((now - started_at) / (done - started_done) * (total - done))
-        else:
-            eta = "ETA --:--"
-        line = f"[{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} segments  {audio_s:.1f} s audio  {eta}"
-        if self.tty:
-            self.stream.write(f"\r{line}\x1b[K")
-        elif line.split("  ", maxsplit=1)[0] != self._last.split("  ")[0]:
-            self.stream.write(line + "\n")  # not a terminal (a log): one line per new segment, no redraws
-        self._last = line
-        self.stream.flush()
-
-    def close(self) -> None:
-        """End the bar's line."""
-        if self.tty and self._last:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
-def _clock(seconds: float) -> str:
-    minutes, secs = divmod(round(seconds), 60)
-    return f"{minutes}:{secs:02d}"
+#: What ``--help`` and the error lines call the program when it is not run as ``tts``.
+PROG = "tts"
 
 
 def output_format(path: Path, given: str | None) -> str:
@@ -164,6 +123,7 @@ def make_book(
     log: TextIO,
 ) -> Path:
     """Turn ``text`` into ``output``, keeping fetched segments in ``state_file``'s folder so a rerun resumes."""
+    check_supported(output_format(output, None))
     state = BookState(state_file)
     job = _reuse_or_submit(client, state, {"text": text, "format": "pcm", **options}, log)
     job_id, total = job["id"], int(job["segments_total"])
@@ -205,17 +165,23 @@ def say(client: TTSClient, text: str, output: Path, *, options: dict[str, Any], 
     return client.download(job["id"], output)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Describe the ``say`` and ``book`` commands."""
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """Describe the ``say`` and ``book`` commands; ``TTS_URL`` and ``TTS_API_KEY`` give defaults."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-o", "--output", type=Path, required=True, help="output file; its suffix picks the format")
-    common.add_argument("--url", default=os.environ.get("TTS_URL", DEFAULT_URL), help="service URL (env TTS_URL)")
+    common.add_argument("--url", default=os.environ.get("TTS_URL") or DEFAULT_URL, help="service URL (env TTS_URL)")
+    common.add_argument(
+        "--api-key",
+        default=os.environ.get("TTS_API_KEY") or None,
+        help="key for a service that asks for one, sent as 'Authorization: Bearer' (env TTS_API_KEY, which "
+        "keeps it out of the shell history)",
+    )
     common.add_argument("--model", help="model id (see GET /v1/models); the service's default if omitted")
     common.add_argument("--voice", help="voice of the model")
     common.add_argument("--speed", type=float, help="0.5 to 2.0")
     common.add_argument("--mode", choices=("fast", "balanced", "quality"))
     common.add_argument("--seed", type=int, help="fixes the voice and sampling for models that use one")
-    parser = argparse.ArgumentParser(prog="python -m client", description="Turn text into speech with the service.")
+    parser = argparse.ArgumentParser(prog=prog, description="Turn text into speech with the service.")
     commands = parser.add_subparsers(dest="command", required=True)
     say_parser = commands.add_parser("say", parents=[common], help="synthesize a text given on the command line")
     say_parser.add_argument("text")
@@ -228,11 +194,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None, *, session: requests.Session | None = None) -> int:
-    """Run one command and return its exit status."""
-    args = build_parser().parse_args(argv)
-    with TTSClient(args.url, session=session) as client:
+def main(argv: list[str] | None = None, *, session: requests.Session | None = None, prog: str = PROG) -> int:
+    """Run one command and return its exit status (the ``tts`` command's entry point)."""
+    args = build_parser(prog).parse_args(argv)
+    with TTSClient(args.url, api_key=args.api_key, session=session) as client:
         return _run(client, args)
+
+
+def error_message(error: TTSClientError, args: argparse.Namespace) -> str:
+    """Return the line to print for a failed command; a 401 says how to give a key."""
+    if error.status == 401:
+        if args.api_key:
+            return (
+                f"error: {args.url} refused the API key ({error.message}); "
+                "pass a valid one with --api-key or set TTS_API_KEY"
+            )
+        return f"error: {args.url} needs an API key; pass --api-key KEY or set TTS_API_KEY ({error.message})"
+    return f"error: {error}"
 
 
 def _run(client: TTSClient, args: argparse.Namespace) -> int:
@@ -244,7 +222,8 @@ def _run(client: TTSClient, args: argparse.Namespace) -> int:
             options["format"] = output_format(output, args.format)
             say(client, args.text, output, options=options, progress=progress)
         else:
-            output_format(output, None)  # refuse an unknown suffix before any work is done
+            # Refuse an unknown suffix, or one this install cannot write, before any work is done.
+            check_supported(output_format(output, None))
             state_file = args.resume_file or output.with_name(output.name + ".part") / STATE_NAME
             text = args.text_file.read_text(encoding="utf-8")
             make_book(client, text, output, options=options, state_file=state_file, progress=progress, log=sys.stderr)
@@ -254,6 +233,10 @@ def _run(client: TTSClient, args: argparse.Namespace) -> int:
             print("interrupted; run the same command again to resume", file=sys.stderr)
         return 130
     except TTSClientError as e:
+        progress.close()
+        print(error_message(e, args), file=sys.stderr)
+        return 1
+    except AudioSupportMissing as e:
         progress.close()
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -116,9 +116,11 @@ def _app_config(settings_env: dict[str, str]) -> dict[str, Any]:
 
 
 @pytest.fixture
-def app(settings_env: dict[str, str], redis_client: redis.Redis) -> Flask:
-    """Return the API app wired to the test Redis."""
-    return create_app(_app_config(settings_env))
+def app(settings_env: dict[str, str], redis_client: redis.Redis) -> Iterator[Flask]:
+    """Return the API app wired to the test Redis; its connections are closed after the test."""
+    built = create_app(_app_config(settings_env))
+    yield built
+    built.extensions["tts"].close()
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,17 +31,28 @@ def _app(settings_env: dict[str, str], **overrides: Any) -> Flask:
 
 
 @pytest.fixture
-def keyed(settings_env: dict[str, str], redis_client: redis.Redis, worker: object) -> FlaskClient:
+def keyed(settings_env: dict[str, str], redis_client: redis.Redis, worker: object) -> Iterator[FlaskClient]:
     """Return a client of an API that requires keys: alice may submit twice a minute, bob without limit."""
     for key in redis_client.scan_iter(match="tts:quota:*"):
         redis_client.delete(key)
-    return _app(settings_env, api_keys=f"{ALICE}=2,{BOB}").test_client()
+    yield from _client(_app(settings_env, api_keys=f"{ALICE}=2,{BOB}"))
+
+
+def _client(app: Flask) -> Iterator[FlaskClient]:
+    yield app.test_client()
+    app.extensions["tts"].close()
 
 
 @pytest.fixture
-def tenants(settings_env: dict[str, str], redis_client: redis.Redis, worker: object) -> FlaskClient:
+def tenants(settings_env: dict[str, str], worker: object) -> Iterator[FlaskClient]:
     """Return a client of an API with two keys and no quotas, the sentence cache at its default scope."""
-    return _app(settings_env, api_keys=f"{ALICE},{BOB}").test_client()
+    yield from _client(_app(settings_env, api_keys=f"{ALICE},{BOB}"))
+
+
+@pytest.fixture
+def sharing(settings_env: dict[str, str], worker: object) -> Iterator[FlaskClient]:
+    """Return a client of an API with two keys whose sentence cache is shared between them."""
+    yield from _client(_app(settings_env, api_keys=f"{ALICE},{BOB}", cache_scope="shared"))
 
 
 def test_without_a_key_every_route_but_health_is_a_401(keyed: FlaskClient) -> None:
@@ -151,10 +163,8 @@ def test_with_keys_on_the_sentence_cache_is_per_key_by_default(tenants: FlaskCli
     assert again["cached_segments"] == again["segments_total"] >= 1
 
 
-def test_a_shared_cache_scope_lets_keys_reuse_each_others_segments(
-    settings_env: dict[str, str], worker: object
-) -> None:
-    shared = _app(settings_env, api_keys=f"{ALICE},{BOB}", cache_scope="shared").test_client()
+def test_a_shared_cache_scope_lets_keys_reuse_each_others_segments(sharing: FlaskClient) -> None:
+    shared = sharing
     body = {"text": "A sentence everyone may reuse.", "model": "espeak-en"}
     first = shared.post("/v1/jobs", json=body, headers=_as(ALICE)).get_json()
     _done(shared, first["id"], ALICE)

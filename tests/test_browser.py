@@ -1,18 +1,19 @@
-"""The web page in a real headless Chromium: models listed, and segments fetched and played while made."""
+"""The web page in a real headless Chromium: models listed, segments fetched and played while made, API keys."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from flask import Flask
 
-from api import web
+from api import create_app, web
 from tests.support.http import serving
 
 IN_CI = os.environ.get("CI") == "true"
@@ -37,6 +38,7 @@ STORY = (
     "One winter a storm broke the great lamp, and the keeper worked all night by candlelight to mend it."
 )
 LOOKAHEAD = 2
+KEY = "browser-test-key-0123456789abcdef"
 
 
 def _unavailable(reason: str) -> None:
@@ -83,6 +85,52 @@ def page_url(app: Flask) -> Iterator[str]:
         app.register_blueprint(web.bp)
     with serving(app) as base_url:
         yield f"{base_url}/"
+
+
+class RequestLog:
+    """WSGI middleware that records each request's method, path, query string and Authorization header."""
+
+    def __init__(self, app: Callable[..., Iterable[bytes]]) -> None:
+        self.app = app
+        self.requests: list[tuple[str, str, str, str | None]] = []
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        self.requests.append(
+            (
+                environ["REQUEST_METHOD"],
+                environ["PATH_INFO"],
+                environ["QUERY_STRING"],
+                environ.get("HTTP_AUTHORIZATION"),
+            )
+        )
+        return self.app(environ, start_response)
+
+
+@pytest.fixture(scope="module")
+def keyed_server(settings_env: dict[str, str]) -> Iterator[tuple[str, RequestLog]]:
+    """Serve the page and an API that accepts only ``KEY``, logging what the browser sends."""
+    app = create_app(
+        {
+            "redis_url": settings_env["REDIS_URL"],
+            "models_file": settings_env["TTS_MODELS_FILE"],
+            "tiny_model_dir": settings_env["TTS_TINY_MODEL_DIR"],
+            "default_model": "espeak-en",
+            "api_keys": KEY,
+        }
+    )
+    log = RequestLog(app.wsgi_app)
+    app.wsgi_app = log  # type: ignore[method-assign]
+    with serving(app) as base_url:
+        yield f"{base_url}/", log
+
+
+@pytest.fixture
+def keyed_page(
+    keyed_server: tuple[str, RequestLog], redis_client: redis.Redis, worker: object
+) -> tuple[str, RequestLog]:
+    """Return the keyed page's URL and a request log that starts empty; a real worker makes the audio."""
+    keyed_server[1].requests.clear()
+    return keyed_server
 
 
 def _wait_for(browser: Any, script: str, *, timeout: float) -> Any:
@@ -138,3 +186,51 @@ def test_play_fetches_and_plays_the_segments_in_order_as_they_are_made(
     status = browser.find_element(By.ID, "status").text
     assert "fetched" in status
     assert "played" in status
+
+
+def test_with_a_key_typed_in_the_page_plays_against_a_keyed_service_and_keeps_the_key(
+    browser: Any, keyed_page: tuple[str, RequestLog]
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    page_url, log = keyed_page
+    browser.get(page_url)
+    browser.execute_script("localStorage.clear()")
+    try:
+        browser.get(page_url)
+        status = _wait_for(browser, "return document.getElementById('status').textContent", timeout=30)
+        assert "needs an API key" in status
+        assert browser.execute_script("return document.getElementById('play').disabled")
+
+        field = browser.find_element(By.ID, "api-key")
+        field.send_keys(KEY, Keys.TAB)  # the change event stores the key and loads the models again
+        _wait_for(browser, "return document.getElementById('model').value === 'espeak-en'", timeout=30)
+        assert browser.execute_script("return localStorage.getItem('tts-api-key')") == KEY
+        typed_at = len(log.requests)
+
+        text = browser.find_element(By.ID, "text")
+        text.clear()
+        text.send_keys("Hello there. The key works.")
+        browser.find_element(By.ID, "play").click()
+        playback = _wait_for(
+            browser,
+            "const p = window.ttsPlayback; return (p.error || (p.ended && p.events.includes('done'))) && p",
+            timeout=30,
+        )
+        assert playback["error"] is None
+        assert playback["played"] == list(range(len(playback["fetched"])))
+        assert "segment" in playback["events"]
+        assert browser.find_element(By.ID, "download").is_displayed()
+
+        api_calls = [r for r in log.requests[typed_at:] if r[1].startswith("/v1/")]
+        assert {auth for *_, auth in api_calls} == {f"Bearer {KEY}"}
+        assert any(path.endswith("/events") for _, path, _, _ in api_calls)
+        assert any("/segments/" in path for _, path, _, _ in api_calls)
+        assert not [r for r in log.requests if KEY in r[1] or KEY in r[2]]  # never in a URL
+
+        browser.get(page_url)  # a new visit finds the key kept
+        _wait_for(browser, "return document.getElementById('model').value === 'espeak-en'", timeout=30)
+        assert browser.find_element(By.ID, "api-key").get_attribute("value") == KEY
+    finally:
+        browser.execute_script("localStorage.clear()")

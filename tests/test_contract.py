@@ -112,7 +112,9 @@ def test_request_metrics_label_only_known_methods(gunicorn_api: ApiProcess) -> N
 def test_a_body_over_the_limit_gets_a_413_the_client_can_read(gunicorn_api: ApiProcess) -> None:
     big = b'{"text": "' + b"a" * 20_000_000 + b'"}'
     # urllib sends Connection: close: a server that answered and closed mid-upload would reset the connection.
-    request = urllib.request.Request(f"{gunicorn_api.url}/v1/jobs", data=big, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{gunicorn_api.url}/v1/jobs", data=big, headers={"Content-Type": "application/json"}
+    )
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=60)
     assert refused.value.code == 413

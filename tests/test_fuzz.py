@@ -3,6 +3,8 @@ matches the document."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import schemathesis
 from flask import Flask
@@ -26,12 +28,14 @@ FUZZ_KEY = "fuzz-key-0123456789abcdef"
 
 
 @pytest.fixture(scope="module", params=["keys off", "keys on"])
-def fuzzed_app(request: pytest.FixtureRequest, settings_env: dict[str, str], worker: object) -> Flask:
+def fuzzed_app(request: pytest.FixtureRequest, settings_env: dict[str, str], worker: object) -> Iterator[Flask]:
     """Return an API wired to the test Redis with a live worker (so admission accepts jobs)."""
     keys = FUZZ_KEY if request.param == "keys on" else ""
-    return create_app({"redis_url": settings_env["REDIS_URL"], "models_file": settings_env["TTS_MODELS_FILE"],
+    app = create_app({"redis_url": settings_env["REDIS_URL"], "models_file": settings_env["TTS_MODELS_FILE"],
                        "tiny_model_dir": settings_env["TTS_TINY_MODEL_DIR"], "default_model": "espeak-en",
                        "max_wait_s": 1.0, "api_keys": keys})  # fmt: skip
+    yield app
+    app.extensions["tts"].close()
 
 
 @pytest.fixture(scope="module")

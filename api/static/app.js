@@ -1,10 +1,15 @@
 // Hear a job while it is made: fetch segment 0 the moment it exists (?wait= long-poll), then the rest in
 // order, keeping at most LOOKAHEAD segments fetched ahead of the one playing, scheduled back to back with
-// the Web Audio API so there is no gap between sentences.
+// the Web Audio API so there is no gap between sentences. A service that asks for an API key gets the one typed
+// into the page (kept in localStorage) as "Authorization: Bearer" on every request, the event stream included:
+// EventSource cannot send headers, so the stream is read with fetch() instead, and the key never goes in a URL.
 "use strict";
 
 const LOOKAHEAD = 2;
 const WAIT_S = 30;
+const KEY_STORAGE = "tts-api-key";
+// How many times in a row the event stream may drop without delivering anything before the page gives up on it.
+const SSE_RECONNECTS = 5;
 
 const $ = (id) => document.getElementById(id);
 let models = new Map();
@@ -12,7 +17,7 @@ let current = null;
 
 // What happened, for people debugging and for tests: indices fetched and played (and both in the order
 // they happened, in log), and whether all played.
-window.ttsPlayback = { fetched: [], played: [], log: [], ended: false, jobId: null, error: null };
+window.ttsPlayback = { fetched: [], played: [], log: [], events: [], ended: false, jobId: null, error: null };
 
 class ApiError extends Error {
   constructor(status, code, message) {
@@ -22,13 +27,92 @@ class ApiError extends Error {
   }
 }
 
-async function api(path, options = {}) {
-  const response = await fetch(path, options);
-  const body = await response.json().catch(() => null);
-  if (!response.ok) {
-    throw new ApiError(response.status, body?.error?.code ?? "http_error", body?.error?.message ?? response.statusText);
+function storedKey() {
+  try {
+    return localStorage.getItem(KEY_STORAGE) ?? "";
+  } catch {
+    return ""; // storage refused (a private window's policy): the key lasts as long as the page
   }
-  return body;
+}
+
+function storeKey(key) {
+  try {
+    if (key) localStorage.setItem(KEY_STORAGE, key);
+    else localStorage.removeItem(KEY_STORAGE);
+  } catch {
+    // as above: nothing kept, the field still holds it
+  }
+}
+
+function apiKey() {
+  return $("api-key").value.trim();
+}
+
+// The request headers, with the key when one is given.
+function authHeaders(headers = {}) {
+  const key = apiKey();
+  return key ? { ...headers, Authorization: `Bearer ${key}` } : headers;
+}
+
+async function errorOf(response, fallback) {
+  const body = await response.json().catch(() => null);
+  const message = body?.error?.message ?? fallback ?? response.statusText;
+  return new ApiError(response.status, body?.error?.code ?? "http_error", message);
+}
+
+function explain(error) {
+  if (error instanceof ApiError && error.status === 401) {
+    return apiKey()
+      ? "the service refused this API key; check the API key field"
+      : "this service needs an API key; enter it in the API key field";
+  }
+  return error.message;
+}
+
+async function api(path, options = {}) {
+  const response = await fetch(path, { ...options, headers: authHeaders(options.headers) });
+  if (!response.ok) throw await errorOf(response);
+  return response.json();
+}
+
+// Read a server-sent event stream from a fetch() body: {event, id, data} per event, as EventSource would
+// dispatch them (comments, the service's keep-alives, are skipped).
+async function* readEvents(body) {
+  const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+  let pending = "";
+  let event = "";
+  let id = null;
+  let data = [];
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      const text = pending + value;
+      // A CR at the end may be half of a CRLF whose LF is in the next chunk.
+      const held = text.endsWith("\r") ? "\r" : "";
+      const lines = text.slice(0, text.length - held.length).split(/\r\n|\r|\n/);
+      pending = lines.pop() + held;
+      for (const line of lines) {
+        if (line === "") {
+          if (data.length) yield { event: event || "message", id, data: data.join("\n") };
+          event = "";
+          id = null;
+          data = [];
+          continue;
+        }
+        if (line.startsWith(":")) continue;
+        const colon = line.indexOf(":");
+        const name = colon < 0 ? line : line.slice(0, colon);
+        let field = colon < 0 ? "" : line.slice(colon + 1);
+        if (field.startsWith(" ")) field = field.slice(1);
+        if (name === "event") event = field;
+        else if (name === "data") data.push(field);
+        else if (name === "id" && !field.includes("\0")) id = field;
+      }
+    }
+  } finally {
+    reader.cancel().catch(() => {}); // the stream is left early after the last event
+  }
 }
 
 function setStatus(text, isError = false) {
@@ -50,8 +134,10 @@ async function loadModels() {
     }
     fillVoices();
     $("play").disabled = false;
+    setStatus("");
   } catch (error) {
-    setStatus(`Could not load the models: ${error.message}`, true);
+    $("play").disabled = true;
+    setStatus(`Could not load the models: ${explain(error)}`, true);
   }
 }
 
@@ -75,31 +161,68 @@ class Playback {
     this.made = 0;
     this.audioSeconds = 0;
     this.waiters = [];
-    this.state = { fetched: [], played: [], log: [], ended: false, jobId: job.id, error: null };
+    this.state = { fetched: [], played: [], log: [], events: [], ended: false, jobId: job.id, error: null };
     window.ttsPlayback = this.state;
     $("made").max = $("heard").max = this.total;
-    this.events = this.follow();
+    this.follow();
   }
 
-  // Server-sent events tell how far the service has got; the browser reconnects with Last-Event-ID by itself.
-  follow() {
-    const source = new EventSource(this.job.urls.events);
-    source.addEventListener("segment", (event) => {
-      this.made = JSON.parse(event.data).index + 1;
-      this.show();
-    });
-    for (const end of ["done", "failed", "canceled", "expired"]) {
-      source.addEventListener(end, (event) => {
-        source.close();
-        if (end === "done") {
-          $("download").href = this.job.urls.audio;
-          $("download").hidden = false;
-        } else if (!this.stopped) {
-          this.fail(new Error(`the job ${end}: ${JSON.parse(event.data).error ?? "no reason given"}`));
+  // Server-sent events tell how far the service has got. After a dropped connection the stream is asked for
+  // again with Last-Event-ID, so nothing is missed or repeated; an HTTP error ends it (as EventSource would).
+  async follow() {
+    let lastId = null;
+    let failures = 0;
+    while (!this.stopped) {
+      let received = false;
+      try {
+        const headers = authHeaders({ Accept: "text/event-stream" });
+        if (lastId !== null) headers["Last-Event-ID"] = lastId;
+        const response = await fetch(this.job.urls.events, { headers, cache: "no-store", signal: this.abort.signal });
+        if (!response.ok) {
+          const error = await errorOf(response);
+          console.warn(`event stream: ${explain(error)}`);
+          return;
         }
-      });
+        for await (const event of readEvents(response.body)) {
+          received = true;
+          if (event.id !== null) lastId = event.id;
+          if (this.onEvent(event.event, event.data)) return;
+        }
+      } catch (error) {
+        if (this.stopped) return;
+      }
+      failures = received ? 0 : failures + 1;
+      if (failures > SSE_RECONNECTS) {
+        console.warn("event stream: it kept dropping; the made bar stops here");
+        return;
+      }
+      await new Promise((resolve) => setTimeout(resolve, Math.min(200 * failures, 2000)));
     }
-    return source;
+  }
+
+  // Handle one event; return true for the last one.
+  onEvent(name, data) {
+    this.state.events.push(name);
+    const payload = (() => {
+      try {
+        return JSON.parse(data);
+      } catch {
+        return {};
+      }
+    })();
+    if (name === "segment") {
+      this.made = payload.index + 1;
+      this.show();
+      return false;
+    }
+    if (!["done", "failed", "canceled", "expired"].includes(name)) return false;
+    if (name === "done") {
+      $("download").href = this.job.urls.audio;
+      $("download").hidden = false;
+    } else if (!this.stopped) {
+      this.fail(new Error(`the job ${name}: ${payload.error ?? "no reason given"}`));
+    }
+    return true;
   }
 
   async run() {
@@ -123,12 +246,10 @@ class Playback {
     const url = `${this.job.urls.segment.replace("{index}", index)}?wait=${WAIT_S}`;
     for (;;) {
       try {
-        const response = await fetch(url, { signal: this.abort.signal });
+        const response = await fetch(url, { headers: authHeaders(), signal: this.abort.signal });
         if (response.ok) return await response.arrayBuffer();
-        const body = await response.json().catch(() => null);
-        if (response.status !== 409 || body?.error?.code !== "not_ready") {
-          throw new ApiError(response.status, body?.error?.code, body?.error?.message ?? `segment ${index} failed`);
-        }
+        const error = await errorOf(response, `segment ${index} failed`);
+        if (response.status !== 409 || error.code !== "not_ready") throw error;
       } catch (error) {
         if (this.stopped || error instanceof ApiError) throw error;
         await new Promise((resolve) => setTimeout(resolve, 1000)); // a dropped connection: try again shortly
@@ -180,16 +301,15 @@ class Playback {
   }
 
   fail(error) {
-    this.state.error = error.message;
-    setStatus(`Stopped: ${error.message}`, true);
+    this.state.error = explain(error);
+    setStatus(`Stopped: ${this.state.error}`, true);
     this.stop();
   }
 
   stop() {
     if (this.stopped) return;
     this.stopped = true;
-    this.abort.abort();
-    this.events.close();
+    this.abort.abort(); // ends the segment fetches and the event stream
     this.waiters.forEach((waiter) => waiter());
     this.context.close();
     $("stop").disabled = true;
@@ -218,8 +338,9 @@ async function play() {
     await current.run();
   } catch (error) {
     context.close();
-    window.ttsPlayback = { fetched: [], played: [], log: [], ended: false, jobId: null, error: error.message };
-    setStatus(`Could not start: ${error.message}`, true);
+    const message = explain(error);
+    window.ttsPlayback = { fetched: [], played: [], log: [], events: [], ended: false, jobId: null, error: message };
+    setStatus(`Could not start: ${message}`, true);
   }
 }
 
@@ -232,7 +353,29 @@ $("stop").addEventListener("click", () => {
   if (!current) return;
   current.stop();
   // Nobody will listen to the rest: let the workers skip it.
-  if (current.made < current.total) fetch(current.job.urls.self, { method: "DELETE" }).catch(() => {});
+  if (current.made < current.total) {
+    fetch(current.job.urls.self, { method: "DELETE", headers: authHeaders() }).catch(() => {});
+  }
   setStatus("Stopped.");
+});
+// A plain link cannot send the key: with one, the file is fetched with it and handed over as a blob.
+$("download").addEventListener("click", async (event) => {
+  if (!apiKey()) return;
+  event.preventDefault();
+  try {
+    const response = await fetch($("download").href, { headers: authHeaders() });
+    if (!response.ok) throw await errorOf(response);
+    const url = URL.createObjectURL(await response.blob());
+    const link = Object.assign(document.createElement("a"), { href: url, download: $("download").download });
+    link.click();
+    setTimeout(() => URL.revokeObjectURL(url), 60_000);
+  } catch (error) {
+    setStatus(`Could not download: ${explain(error)}`, true);
+  }
+});
+$("api-key").value = storedKey();
+$("api-key").addEventListener("change", () => {
+  storeKey(apiKey());
+  loadModels();
 });
 loadModels();
