@@ -10,24 +10,12 @@ import redis
 from flask import Flask
 from flask.testing import FlaskClient
 
-from api import create_app
 from cache import keys
+from tests.support.apps import api_app
 from tests.support.processes import wait_for
 
 ALICE = "alice-0123456789abcdef"
 BOB = "bob-0123456789abcdef00"
-
-
-def _app(settings_env: dict[str, str], **overrides: Any) -> Flask:
-    return create_app(
-        {
-            "redis_url": settings_env["REDIS_URL"],
-            "models_file": settings_env["TTS_MODELS_FILE"],
-            "tiny_model_dir": settings_env["TTS_TINY_MODEL_DIR"],
-            "default_model": "espeak-en",
-            **overrides,
-        }
-    )
 
 
 @pytest.fixture
@@ -35,7 +23,7 @@ def keyed(settings_env: dict[str, str], redis_client: redis.Redis, worker: objec
     """Return a client of an API that requires keys: alice may submit twice a minute, bob without limit."""
     for key in redis_client.scan_iter(match="tts:quota:*"):
         redis_client.delete(key)
-    yield from _client(_app(settings_env, api_keys=f"{ALICE}=2,{BOB}"))
+    yield from _client(api_app(settings_env, api_keys=f"{ALICE}=2,{BOB}"))
 
 
 def _client(app: Flask) -> Iterator[FlaskClient]:
@@ -46,13 +34,13 @@ def _client(app: Flask) -> Iterator[FlaskClient]:
 @pytest.fixture
 def tenants(settings_env: dict[str, str], worker: object) -> Iterator[FlaskClient]:
     """Return a client of an API with two keys and no quotas, the sentence cache at its default scope."""
-    yield from _client(_app(settings_env, api_keys=f"{ALICE},{BOB}"))
+    yield from _client(api_app(settings_env, api_keys=f"{ALICE},{BOB}"))
 
 
 @pytest.fixture
 def sharing(settings_env: dict[str, str], worker: object) -> Iterator[FlaskClient]:
     """Return a client of an API with two keys whose sentence cache is shared between them."""
-    yield from _client(_app(settings_env, api_keys=f"{ALICE},{BOB}", cache_scope="shared"))
+    yield from _client(api_app(settings_env, api_keys=f"{ALICE},{BOB}", cache_scope="shared"))
 
 
 def test_without_a_key_every_route_but_health_is_a_401(keyed: FlaskClient) -> None:

@@ -13,7 +13,8 @@ import pytest
 import redis
 from flask import Flask
 
-from api import create_app, web
+from api import web
+from tests.support.apps import api_app
 from tests.support.http import serving
 
 IN_CI = os.environ.get("CI") == "true"
@@ -109,15 +110,7 @@ class RequestLog:
 @pytest.fixture(scope="module")
 def keyed_server(settings_env: dict[str, str]) -> Iterator[tuple[str, RequestLog]]:
     """Serve the page and an API that accepts only ``KEY``, logging what the browser sends."""
-    app = create_app(
-        {
-            "redis_url": settings_env["REDIS_URL"],
-            "models_file": settings_env["TTS_MODELS_FILE"],
-            "tiny_model_dir": settings_env["TTS_TINY_MODEL_DIR"],
-            "default_model": "espeak-en",
-            "api_keys": KEY,
-        }
-    )
+    app = api_app(settings_env, api_keys=KEY)
     log = RequestLog(app.wsgi_app)
     app.wsgi_app = log  # type: ignore[method-assign]
     with serving(app) as base_url:

@@ -12,9 +12,9 @@ import redis
 import requests
 import soundfile as sf
 
-from api import create_app
 from client import TTSClient, TTSClientError
 from client.cli import main
+from tests.support.apps import api_app
 from tests.support.http import serving
 
 KEY = "client-test-key-0123456789abcdef"
@@ -25,15 +25,7 @@ TEXT = "Hello there. The key works."
 @pytest.fixture(scope="module")
 def keyed_server(settings_env: dict[str, str]) -> Iterator[str]:
     """Serve, over real HTTP, an API that accepts only ``KEY`` and ``OTHER_KEY``: one app for the module."""
-    app = create_app(
-        {
-            "redis_url": settings_env["REDIS_URL"],
-            "models_file": settings_env["TTS_MODELS_FILE"],
-            "tiny_model_dir": settings_env["TTS_TINY_MODEL_DIR"],
-            "default_model": "espeak-en",
-            "api_keys": f"{KEY},{OTHER_KEY}",
-        }
-    )
+    app = api_app(settings_env, api_keys=f"{KEY},{OTHER_KEY}")
     with serving(app) as url:
         yield url
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from api import create_app
+from tests.support.apps import api_app
 from tests.support.http import serving
 from tests.support.servers import ROOT
 
@@ -158,15 +158,7 @@ def _fresh_venv(root: Path, wheel: Path) -> Path:
 @pytest.fixture(scope="module")
 def keyed_server(settings_env: dict[str, str]) -> Iterator[str]:
     """Serve an API that accepts only ``KEY``."""
-    app = create_app(
-        {
-            "redis_url": settings_env["REDIS_URL"],
-            "models_file": settings_env["TTS_MODELS_FILE"],
-            "tiny_model_dir": settings_env["TTS_TINY_MODEL_DIR"],
-            "default_model": "espeak-en",
-            "api_keys": KEY,
-        }
-    )
+    app = api_app(settings_env, api_keys=KEY)
     with serving(app) as url:
         yield url
 

@@ -21,9 +21,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from tests.conftest import IN_CI
 from tests.support.processes import wait_for
-from tests.support.run_script import RunScript
+from tests.support.run_script import RunScript, supervisorctl_or_skip
 from tests.support.servers import ROOT
 
 REQUIREMENT_FILES = sorted(ROOT.glob("requirements*.txt"))
@@ -264,13 +263,7 @@ def _post(url: str, body: dict[str, object], headers: dict[str, str]) -> tuple[i
 def test_make_run_with_api_keys_and_an_absolute_run_dir_starts_and_its_curl_examples_send_the_first_key(
     tmp_path: Path,
 ) -> None:
-    supervisorctl = Path(sys.executable).with_name("supervisorctl")
-    tools = {"redis-server": shutil.which("redis-server") is not None, "supervisor": supervisorctl.exists()}
-    missing = [name for name, present in tools.items() if not present]
-    if missing:
-        if IN_CI:
-            pytest.fail(f"missing: {missing}")
-        pytest.skip(f"missing: {missing} (make install; scripts/ensure_redis_server.sh)")
+    supervisorctl = supervisorctl_or_skip()
     run_dir = tmp_path / "absolute-run-dir"
     assert run_dir.is_absolute()
     key = "e2e-first-key-7f3a9c"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import IN_CI
 from tests.support.processes import alive, children, cmdline, environ, wait_for
-from tests.support.run_script import RunScript, readyz
+from tests.support.run_script import RunScript, readyz, supervisorctl_or_skip
 from tests.support.servers import ROOT
 from workers.launch import BACKOFF_MAX_S, next_backoff
 
@@ -114,13 +112,7 @@ def test_workers_die_with_a_launcher_killed_by_sigkill(tmp_path: Path) -> None:
 @pytest.fixture
 def make_run(tmp_path: Path) -> Iterator[RunScript]:
     """Start scripts/run.sh on free ports and wait for its ready line; skip locally (fail in CI) without tools."""
-    supervisorctl = Path(sys.executable).with_name("supervisorctl")
-    tools = {"redis-server": shutil.which("redis-server") is not None, "supervisor": supervisorctl.exists()}
-    missing = [name for name, present in tools.items() if not present]
-    if missing:
-        if IN_CI:
-            pytest.fail(f"missing: {missing}")
-        pytest.skip(f"missing: {missing} (make install; scripts/ensure_redis_server.sh)")
+    supervisorctl = supervisorctl_or_skip()
     run = RunScript(tmp_path / "run", supervisorctl)
     try:
         wait_for(lambda: "==> ready:" in run.text or run.process.poll() is not None, 120, "make run ready")

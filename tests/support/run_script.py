@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import sys
 import threading
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
+
+import pytest
 
 from tests.support.processes import descendants, wait_for
 from tests.support.servers import ROOT, free_port
@@ -82,3 +86,15 @@ def readyz(port: int) -> dict[str, object] | None:
             return dict(json.load(response))
     except OSError:
         return None
+
+
+def supervisorctl_or_skip() -> Path:
+    """Return the venv's supervisorctl; skip locally (fail in CI) when it or redis-server is missing."""
+    supervisorctl = Path(sys.executable).with_name("supervisorctl")
+    tools = {"redis-server": shutil.which("redis-server") is not None, "supervisor": supervisorctl.exists()}
+    missing = [name for name, present in tools.items() if not present]
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"missing: {missing}")
+        pytest.skip(f"missing: {missing} (make install; scripts/ensure_redis_server.sh)")
+    return supervisorctl
