@@ -84,7 +84,7 @@ if setpriv --help 2>/dev/null | grep -q -- --pdeathsig; then pdeath="setpriv --p
 # glibc malloc: two arenas, and buffers over 128 KB mapped on their own, so that audio-sized buffers freed
 # and allocated across threads do not fragment memory (see ALLOCATOR_ENV in workers/launch.py).
 common="directory=$(val "$ROOT")
-environment=PYTHONUNBUFFERED=\"1\",MALLOC_ARENA_MAX=\"2\",MALLOC_MMAP_THRESHOLD_=\"131072\",GLIBC_TUNABLES=\"glibc.malloc.tcache_count=0\"
+environment=PYTHONUNBUFFERED=\"1\",MALLOC_ARENA_MAX=\"2\",MALLOC_MMAP_THRESHOLD_=\"131072\"
 autorestart=true
 startsecs=2
 startretries=100

@@ -30,15 +30,8 @@ WORKER_COMMAND: tuple[str, ...] = (sys.executable, "-m", "workers")
 #: get a malloc arena, and segment-sized buffers (100 KB to a few MB of audio) freed in one and allocated in
 #: another fragment them. Under 30 minutes of `make soak` the workers' resident memory ended at 445 MB, +14%
 #: after warm-up, with glibc's defaults; with two arenas and buffers over 128 KB mapped on their own (no
-#: adaptive threshold) it ended at 250 MB, +7.6%. What still crept up was private memory, and it slowed as
-#: the run went on: each task thread's own cache of freed chunks (glibc's tcache, up to ~200 KB a thread) fills
-#: as Celery hands work to one more of its 128 threads, and malloc_trim cannot return what a cache holds. So
-#: the caches are off (Python's small objects have their own allocator), and workers malloc_trim each minute.
-ALLOCATOR_ENV = {
-    "MALLOC_ARENA_MAX": "2",
-    "MALLOC_MMAP_THRESHOLD_": "131072",
-    "GLIBC_TUNABLES": "glibc.malloc.tcache_count=0",
-}
+#: adaptive threshold) it ended at 250 MB, +7.6%.
+ALLOCATOR_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": "131072"}
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 30.0
 # A worker that stayed up this long was healthy: its next crash starts the backoff afresh.
