@@ -154,10 +154,15 @@ def audit_jobs(
     client_redis: redis.Redis,
     job_ids: list[str],
     *,
-    headers: Mapping[str, str] | None = None,
+    headers: Mapping[str, str] | Mapping[str, Mapping[str, str]] | None = None,
 ) -> Audit:
-    """Check every accepted job of a scenario (``headers`` carry an API key where the API wants one)."""
+    """Check every accepted job of a scenario.
+
+    ``headers`` carry an API key where the API wants one: the same for every job, or by job id (with keys on, a
+    job answers only the key that submitted it)."""
     audit = Audit(scenario, accepted=len(job_ids))
     for job_id in job_ids:
-        audit_job(audit, client, client_redis, job_id, headers or {})
+        found = (headers or {}).get(job_id)
+        sent = found if isinstance(found, Mapping) else headers
+        audit_job(audit, client, client_redis, job_id, sent or {})  # type: ignore[arg-type]
     return audit
