@@ -100,12 +100,18 @@ def test_pcm_segments_are_raw_16_bit_mono_with_the_rate_in_the_content_type(serv
 
 
 def _unqueued_job(app: Flask) -> dict[str, Any]:
-    """Write a job straight into the store without enqueueing it, so it stays pending."""
+    """Write a job straight into the store without enqueueing it, so it stays pending.
+
+    It leaves the live-job index too: else a worker's janitor, accounting for live jobs after any worker death
+    (an earlier test's), would find its segments nowhere and enqueue them, and the job would be made after all.
+    """
     store = app.extensions["tts"].store
     request = JobRequest(
         model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav", priority="realtime", seed=None
     )
-    return {"id": store.create(request, ["Nobody will make this.", "Not yet anyway."])}
+    job_id = store.create(request, ["Nobody will make this.", "Not yet anyway."])
+    store.forget_live(job_id)
+    return {"id": job_id}
 
 
 def test_a_segment_that_is_not_ready_says_so(app: Flask, client: FlaskClient) -> None:
