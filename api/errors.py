@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import redis
 from flask import Flask, Response, jsonify
 from werkzeug.exceptions import HTTPException
 
+from api.contract import ErrorBody, ErrorDetail
 from core.errors import ServiceError, ServiceUnavailable, StoreFull, TooManyRequests
 
 log = logging.getLogger(__name__)
@@ -23,9 +25,10 @@ _HTTP_CODES = {
 }
 
 
-def error_response(status: int, code: str, message: str, /, **details: object) -> Response:
-    """Build the JSON error body every failure uses."""
-    response = jsonify({"error": {"code": code, "message": message, **details}})
+def error_response(status: int, code: str, message: str, /, **details: Any) -> Response:
+    """Build the JSON error body every failure uses: the contract's ErrorBody, the one the document states."""
+    body = ErrorBody(error=ErrorDetail(code=code, message=message, **details))
+    response = jsonify(body.model_dump(mode="json", exclude_none=True))
     response.status_code = status
     return response
 
