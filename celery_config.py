@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 from core.settings import Settings
@@ -38,7 +39,7 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
         "priority_steps": list(PRIORITY_STEPS),
         "sep": PRIORITY_SEP,
     }
-    return {
+    conf: dict[str, Any] = {
         "broker_url": settings.redis_url,
         "broker_transport_options": transport,
         "broker_connection_retry_on_startup": True,
@@ -68,3 +69,8 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
         "worker_hijack_root_logger": False,
         "worker_send_task_events": False,
     }
+    if settings.redis_url.startswith("rediss://"):
+        # kombu, given a rediss:// URL and no options, turns certificate checks off (CERT_NONE); redis-py's own
+        # clients check them. The broker checks them too, against the system's CA store.
+        conf["broker_use_ssl"] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+    return conf

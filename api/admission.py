@@ -12,6 +12,7 @@ from cache.stats import Stats
 from cache.workers import WorkerRegistry
 from core.errors import ServiceUnavailable, StoreFull
 from core.metrics import ADMISSION_REJECTIONS
+from core.policy import SchedulingPolicy, scheduling_policy
 from core.settings import Settings
 
 
@@ -27,13 +28,14 @@ class Admission:
         book: ScheduleBook,
         settings: Settings,
         budget: StoreBudget | None = None,
+        policy: SchedulingPolicy | None = None,
     ) -> None:
         self.stats = stats
         self.budget = budget
         self.breaker = breaker
         self.workers = workers
         self.book = book
-        self.by_deadline = settings.scheduler == "deadline"
+        self.policy = policy or scheduling_policy(settings)
         self.replicas = settings.model_replicas  # busy seconds overlap on a worker's replicas
         self.limits = {"realtime": settings.admission_realtime_wait_s, "batch": settings.admission_batch_wait_s}
 
@@ -47,7 +49,7 @@ class Admission:
         speed = recent.chars_per_busy_second * max(1, workers_alive) * self.replicas
         if speed <= 0:
             return 0.0
-        ahead = self.book.due_by(due if self.by_deadline else math.inf)
+        ahead = self.book.due_by(self.policy.ahead_until(due))
         return ahead * recent.chars_per_segment / speed
 
     def check_room(self) -> None:

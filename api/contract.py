@@ -7,12 +7,15 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
 
+from cache.records import JobStatus
 from core.audio import MEDIA_TYPES
+from core.policy import Lane
+
+__all__ = ["JobStatus"]  # re-exported: the job view's status is the store's own enum
 
 Mode = Literal["fast", "balanced", "quality"]
-Priority = Literal["realtime", "batch"]
+Priority = Lane
 AudioFormat = Literal["wav", "flac", "ogg", "mp3", "opus", "pcm"]
-JobStatus = Literal["queued", "running", "done", "failed", "canceled"]
 #: OpenAI's response formats; aac has no encoder in libsndfile and is refused with a reason.
 SpeechFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
 SPEED_MIN, SPEED_MAX = 0.5, 2.0

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from typing import Any
 
-from flask import Blueprint, Response, g, request, url_for
+from flask import Blueprint, Response, g, request
 
-from api.contract import JobBody, JobUrls, JobView, as_json
+from api.contract import JobBody, as_json
 from api.downloads import FILE_CACHE_MAX_BYTES, download, kept
 from api.holds import Hold, held_response
 from api.services import services
 from api.streaming import STREAMABLE, audio_stream, sse_events
-from api.submission import submit_job
 from api.validation import parse_wait, read_body
+from api.views import gone_message, job_view
 from cache.idempotency import IdempotencyKeys, body_digest
-from cache.jobstore import JobRequest
+from cache.records import JobRecord, JobStatus
 from cache.sentences import file_key, segment_keys
 from core.audio import encode, media_type, pcm16_duration
 from core.errors import Gone, JobFailed, NotFound, NotReady, ServiceUnavailable, ValidationFailed
@@ -24,89 +23,33 @@ from core.errors import Gone, JobFailed, NotFound, NotReady, ServiceUnavailable,
 bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 
 
-def _number(record: dict[str, str], name: str) -> float | None:
-    return float(record[name]) if name in record else None
-
-
-def job_view(record: dict[str, str]) -> JobView:
-    """Render a job record as the contract's JobView."""
-    job_id = record["id"]
-    req = JobRequest.from_json(record["request"])
-    total = int(record["segments_total"])
-    done = int(record["segments_done"])
-    return JobView.model_validate(
-        {
-            "id": job_id,
-            "status": record["status"],
-            "segments_total": total,
-            "segments_done": done,
-            "cached_segments": int(record.get("cached_segments", 0)),
-            "progress": round(done / total, 4) if total else 1.0,
-            "model": req.model,
-            "voice": req.voice,
-            "format": req.format,
-            "priority": req.priority,
-            "speed": req.speed,
-            "mode": req.mode,
-            "seed": req.seed,
-            "chars_total": int(record.get("chars_total", 0)),
-            "created_at": float(record["created_at"]),
-            "started_at": _number(record, "started_at"),
-            "finished_at": _number(record, "finished_at"),
-            "sample_rate": int(record["sample_rate"]) if "sample_rate" in record else None,
-            "first_due_at": _number(record, "first_due_at"),
-            "start_estimate_s": _number(record, "start_estimate_s"),
-            "audio_expires_at": _number(record, "audio_expires_at"),
-            "audio_removed_at": _number(record, "audio_removed_at"),
-            "error": record.get("error"),
-            "urls": JobUrls(
-                self=url_for("jobs.get_job", job_id=job_id),
-                audio=url_for("jobs.get_audio", job_id=job_id),
-                events=url_for("jobs.get_events", job_id=job_id),
-                segment=url_for("jobs.get_segment", job_id=job_id, index=0).rsplit("/", 1)[0] + "/{index}",
-            ),
-        }
-    )
-
-
-def _record(job_id: str) -> dict[str, str]:
+def _record(job_id: str) -> JobRecord:
     """Return the job's record, or 404: for an unknown job, and for another caller's when keys are on."""
     record = services().store.get(job_id)
-    if record is None or record.get("owner", "") != g.owner:
+    if record is None or record.owner != g.owner:
         raise NotFound(f"no job {job_id!r} (unknown, another API key's, or expired after its TTL)")
     return record
 
 
-def _raise_if_over(record: dict[str, str]) -> None:
+def _raise_if_over(record: JobRecord) -> None:
     """Raise when the job's audio cannot come: the job failed or was canceled, or its audio is no longer kept."""
-    if record["status"] in ("failed", "canceled"):
-        raise JobFailed(f"job {record['status']}: {record.get('error', 'no reason recorded')}", status=record["status"])
+    if record.status in (JobStatus.FAILED, JobStatus.CANCELED):
+        reason = record.error or "no reason recorded"
+        raise JobFailed(f"job {record.status}: {reason}", status=record.status.value)
     _raise_if_gone(record)
 
 
-def _raise_if_gone(record: dict[str, str]) -> None:
+def _raise_if_gone(record: JobRecord) -> None:
     """Raise 410 Gone when a finished job's audio is no longer kept."""
-    if record["status"] == "done" and not services().store.has_audio(record["id"]):
-        raise Gone(gone_message(record, job_ttl_s=services().settings.job_ttl_s), job_id=record["id"])
+    if record.status is JobStatus.DONE and not services().store.has_audio(record.id):
+        raise Gone(gone_message(record, job_ttl_s=services().settings.job_ttl_s), job_id=record.id)
 
 
-def gone_message(record: dict[str, str], *, job_ttl_s: int) -> str:
-    """Say why a finished job's audio is gone, when, and what the caller can do."""
-    finished = float(record.get("finished_at") or record.get("updated_at") or 0)
-    removed = float(record.get("audio_removed_at") or record.get("audio_expires_at") or finished)
-    after = f"{max(0.0, removed - finished) / 60:.0f} min"
-    until = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(finished + job_ttl_s))
-    if record.get("audio_removed_for") == "memory":
-        why = (
-            f"was removed {after} after the job finished, to keep the job store inside its memory budget "
-            "(the oldest finished audio goes first)"
-        )
-    else:
-        why = f"was kept for {after} after the job finished (TTS_AUDIO_TTL_S) and has expired"
-    return (
-        f"job {record['id']}'s audio {why}; its record stays until {until}. Download audio soon after a job "
-        "finishes, or submit the text again (segments still in the sentence cache come back at once)"
-    )
+def _sample_rate(record: JobRecord) -> int:
+    """Return the job's sample rate, known once its first segment is written."""
+    if record.sample_rate is None:
+        raise NotReady("the job's first segment is not written yet; retry shortly", segments_done=record.segments_done)
+    return record.sample_rate
 
 
 @bp.post("")
@@ -144,19 +87,7 @@ def create_job() -> tuple[dict[str, Any], int, dict[str, str]]:
 def submit_input(job_input: JobBody) -> str:
     """Submit a checked request for the caller with the app's services; return the job id."""
     svc = services()
-    return submit_job(
-        job_input,
-        owner=g.owner,
-        cache_scope=g.caller if svc.settings.cache_per_caller else "",
-        settings=svc.settings,
-        registry=svc.registry,
-        store=svc.store,
-        cache=svc.cache,
-        enqueue=svc.enqueue,
-        book=svc.book,
-        admit=svc.admission.admit,
-        check_room=svc.admission.check_room,
-    )
+    return svc.submitter.submit(job_input, owner=g.owner, cache_scope=g.caller if svc.settings.cache_per_caller else "")
 
 
 @bp.get("/<job_id>")
@@ -171,7 +102,7 @@ def cancel_job(job_id: str) -> dict[str, Any]:
     record = _record(job_id)
     svc = services()
     if svc.store.cancel(job_id):
-        svc.book.remove(job_id, range(int(record["segments_total"])))
+        svc.book.remove(job_id, range(record.segments_total))
     return as_json(job_view(_record(job_id)))
 
 
@@ -180,7 +111,7 @@ def get_segment(job_id: str, index: int) -> Response:
     """Return one segment's audio, long-polling up to ?wait= seconds; 409 not_ready otherwise."""
     svc = services()
     record = _record(job_id)
-    total = int(record["segments_total"])
+    total = record.segments_total
     if not 0 <= index < total:
         raise NotFound(f"job {job_id!r} has segments 0..{total - 1}, not {index}")
     wait = parse_wait(request.args.get("wait"), limit=svc.settings.max_wait_s)
@@ -194,12 +125,11 @@ def get_segment(job_id: str, index: int) -> Response:
         raise NotReady(
             f"segment {index} is not ready yet; retry, or long-poll with ?wait=<seconds up to "
             f"{svc.settings.max_wait_s:g}>",
-            segments_done=int(record["segments_done"]),
+            segments_done=record.segments_done,
         )
-    if "sample_rate" not in record:  # read before the job's first segment was written
+    if record.sample_rate is None:  # read before the job's first segment was written
         record = _record(job_id)
-    fmt = JobRequest.from_json(record["request"]).format
-    rate = int(record["sample_rate"])
+    fmt, rate = record.request.format, _sample_rate(record)
     return Response(
         encode(pcm, rate, fmt),
         mimetype=media_type(fmt, rate),
@@ -222,11 +152,11 @@ def _growing_audio(job_id: str, fmt: str) -> Response:
         record = _record(job_id)
         if first is None:
             _raise_if_over(record)
-            raise NotReady("segment 0 is not ready yet; retry shortly", segments_done=int(record["segments_done"]))
+            raise NotReady("segment 0 is not ready yet; retry shortly", segments_done=record.segments_done)
+        rate = _sample_rate(record)
     except BaseException:
         hold.release()
         raise
-    rate = int(record["sample_rate"])
     return held_response(
         hold,
         audio_stream(svc.store, job_id, fmt=fmt, keepalive_s=svc.settings.stream_keepalive_s),
@@ -270,17 +200,17 @@ def get_audio(job_id: str) -> Response:
     svc = services()
     record = _record(job_id)
     _raise_if_over(record)
-    job_request = JobRequest.from_json(record["request"])
+    job_request = record.request
     fmt = job_request.format
-    if record["status"] != "done":
+    if record.status is not JobStatus.DONE:
         if fmt not in STREAMABLE:
             raise NotReady(
-                f"job is {record['status']} ({record['segments_done']}/{record['segments_total']} segments) and "
+                f"job is {record.status} ({record.segments_done}/{record.segments_total} segments) and "
                 f"{fmt} cannot grow while it runs; retry when done, or submit with format wav, pcm, mp3 or ogg",
-                segments_done=int(record["segments_done"]),
+                segments_done=record.segments_done,
             )
         return _growing_audio(job_id, fmt)
-    rate = int(record["sample_rate"])
+    rate = _sample_rate(record)
     suffix = "raw" if fmt == "pcm" else fmt
     headers = {"Content-Disposition": f'attachment; filename="{job_id}.{suffix}"', "X-Sample-Rate": str(rate)}
     data = cache_key = None
@@ -290,7 +220,7 @@ def get_audio(job_id: str) -> Response:
         data = svc.cache.get_file(cache_key)
     if data is not None:
         return Response(data, mimetype=media_type(fmt, rate), headers=headers)
-    return finished_file(job_id, fmt, rate, int(record["segments_total"]), headers=headers, cache_key=cache_key)
+    return finished_file(job_id, fmt, rate, record.segments_total, headers=headers, cache_key=cache_key)
 
 
 def finished_file(

@@ -46,12 +46,74 @@ def _components(settings: Settings) -> dict[str, Any]:
     return schemas
 
 
-def build_document(settings: Settings) -> dict[str, Any]:
-    """Return the OpenAPI 3.1 document of this app (its limits come from ``settings``)."""
+def _job_paths(settings: Settings) -> dict[str, Any]:
+    """Return the paths of jobs: submit, status, cancel, and their audio as segments, a file or events."""
     job_id = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 64}}
     wait = {"name": "wait", "in": "query", "schema": {"type": "number", "minimum": 0, "maximum": settings.max_wait_s}}
     job = _json("JobView", "the job")
     auth = (401, 404) if settings.api_keys else (404,)
+    return {
+        "/v1/jobs": {
+            "post": {
+                "summary": "Submit text; answers at once with a job id.",
+                "parameters": [
+                    {"name": "Idempotency-Key", "in": "header", "schema": {"type": "string", "maxLength": 255}}
+                ],
+                "requestBody": _body("JobBody"),
+                "responses": {"202": _json("JobView", "accepted"),
+                              **_errors(400, 401, 404, 413, 415, 422, 429, 503)},
+            }
+        },
+        "/v1/jobs/{job_id}": {
+            "get": {"summary": "Status and progress.", "parameters": [job_id],
+                    "responses": {"200": job, **_errors(*auth)}},
+            "delete": {"summary": "Cancel.", "parameters": [job_id],
+                       "responses": {"200": job, **_errors(*auth)}},
+        },
+        "/v1/jobs/{job_id}/segments/{index}": {
+            "get": {
+                "summary": "One segment's audio; 409 not_ready until it exists.",
+                "parameters": [job_id, {"name": "index", "in": "path", "required": True,
+                                        "schema": {"type": "integer", "minimum": 0}}, wait],
+                "responses": {"200": _audio("segment audio"), **_errors(*auth, 409, 410, 422, 429, 503)},
+            }
+        },
+        "/v1/jobs/{job_id}/audio": {
+            "get": {"summary": "The whole audio; grows while the job runs (wav, pcm, mp3, opus, ogg).",
+                    "parameters": [job_id, wait],
+                    "responses": {"200": _audio("whole audio"), **_errors(*auth, 409, 410, 422, 429, 503)}},
+        },
+        "/v1/jobs/{job_id}/events": {
+            "get": {"summary": "Server-sent events: one per finished segment (id = index), then the end.",
+                    "parameters": [job_id, {"name": "Last-Event-ID", "in": "header",
+                                            "schema": {"type": "string", "maxLength": 12}}],
+                    "responses": {"200": {"description": "event stream", "content": {"text/event-stream": {}}},
+                                  **_errors(*auth, 410, 422, 429, 503)}},
+        },
+    }  # fmt: skip
+
+
+def _service_paths() -> dict[str, Any]:
+    """Return the paths beside jobs: speech in one call, the model registry, health and metrics."""
+    return {
+        "/v1/audio/speech": {
+            "post": {
+                "summary": "OpenAI-compatible speech; audio chunked as segments finish.",
+                "requestBody": _body("SpeechBody"),
+                "responses": {"200": _audio("speech"), **_errors(400, 401, 404, 409, 413, 415, 422, 429, 503)},
+            }
+        },
+        "/v1/models": {"get": {"summary": "The model registry.",
+                               "responses": {"200": _json("ModelsView", "models"), **_errors(401)}}},
+        "/healthz": {"get": {"summary": "Liveness.", "responses": {"200": {"description": "alive"}}}},
+        "/readyz": {"get": {"summary": "Redis answers and a worker is alive.",
+                            "responses": {"200": {"description": "ready"}, **_errors(503)}}},
+        "/metrics": {"get": {"summary": "Prometheus metrics.", "responses": {"200": {"description": "metrics"}}}},
+    }  # fmt: skip
+
+
+def build_document(settings: Settings) -> dict[str, Any]:
+    """Return the OpenAPI 3.1 document of this app (its limits come from ``settings``)."""
     return {
         "openapi": "3.1.0",
         "info": {
@@ -60,64 +122,15 @@ def build_document(settings: Settings) -> dict[str, Any]:
             "description": "Task-queue TTS: submit, poll, stream. With API keys on, send "
             "'Authorization: Bearer <key>' (or 'X-API-Key'); a job answers only the key that submitted it.",
         },
-        "paths": {
-            "/v1/jobs": {
-                "post": {
-                    "summary": "Submit text; answers at once with a job id.",
-                    "parameters": [
-                        {"name": "Idempotency-Key", "in": "header", "schema": {"type": "string", "maxLength": 255}}
-                    ],
-                    "requestBody": _body("JobBody"),
-                    "responses": {"202": _json("JobView", "accepted"),
-                                  **_errors(400, 401, 404, 413, 415, 422, 429, 503)},
-                }
-            },
-            "/v1/jobs/{job_id}": {
-                "get": {"summary": "Status and progress.", "parameters": [job_id],
-                        "responses": {"200": job, **_errors(*auth)}},
-                "delete": {"summary": "Cancel.", "parameters": [job_id],
-                           "responses": {"200": job, **_errors(*auth)}},
-            },
-            "/v1/jobs/{job_id}/segments/{index}": {
-                "get": {
-                    "summary": "One segment's audio; 409 not_ready until it exists.",
-                    "parameters": [job_id, {"name": "index", "in": "path", "required": True,
-                                            "schema": {"type": "integer", "minimum": 0}}, wait],
-                    "responses": {"200": _audio("segment audio"), **_errors(*auth, 409, 410, 422, 429, 503)},
-                }
-            },
-            "/v1/jobs/{job_id}/audio": {
-                "get": {"summary": "The whole audio; grows while the job runs (wav, pcm, mp3, opus, ogg).",
-                        "parameters": [job_id, wait],
-                        "responses": {"200": _audio("whole audio"), **_errors(*auth, 409, 410, 422, 429, 503)}},
-            },
-            "/v1/jobs/{job_id}/events": {
-                "get": {"summary": "Server-sent events: one per finished segment (id = index), then the end.",
-                        "parameters": [job_id, {"name": "Last-Event-ID", "in": "header",
-                                                "schema": {"type": "string", "maxLength": 12}}],
-                        "responses": {"200": {"description": "event stream", "content": {"text/event-stream": {}}},
-                                      **_errors(*auth, 410, 422, 429, 503)}},
-            },
-            "/v1/audio/speech": {
-                "post": {
-                    "summary": "OpenAI-compatible speech; audio chunked as segments finish.",
-                    "requestBody": _body("SpeechBody"),
-                    "responses": {"200": _audio("speech"), **_errors(400, 401, 404, 409, 413, 415, 422, 429, 503)},
-                }
-            },
-            "/v1/models": {"get": {"summary": "The model registry.",
-                                   "responses": {"200": _json("ModelsView", "models"), **_errors(401)}}},
-            "/healthz": {"get": {"summary": "Liveness.", "responses": {"200": {"description": "alive"}}}},
-            "/readyz": {"get": {"summary": "Redis answers and a worker is alive.",
-                                "responses": {"200": {"description": "ready"}, **_errors(503)}}},
-            "/metrics": {"get": {"summary": "Prometheus metrics.", "responses": {"200": {"description": "metrics"}}}},
-        },
+        "paths": {**_job_paths(settings), **_service_paths()},
         "components": {
             "schemas": _components(settings),
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
-                                "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+            },
         },
-    }  # fmt: skip
+    }
 
 
 @bp.get("/openapi.json")

@@ -10,6 +10,7 @@ from flask import Flask, current_app
 
 from api.admission import Admission
 from api.holds import StreamHolds
+from api.submission import Submitter
 from cache.breaker import CircuitBreaker
 from cache.budget import StoreBudget, build_budget
 from cache.events import EventHub
@@ -20,6 +21,7 @@ from cache.stats import Stats
 from cache.streams import CallerStreams
 from cache.workers import WorkerRegistry
 from core.apikeys import KeyRing
+from core.policy import SchedulingPolicy, scheduling_policy
 from core.registry import Registry, load_registry
 from core.settings import Settings
 from workers.celery_app import Enqueue, celery_enqueue, create_celery
@@ -45,6 +47,8 @@ class Services:
     hub: EventHub
     holds: StreamHolds
     keys: KeyRing
+    policy: SchedulingPolicy
+    submitter: Submitter
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:
@@ -53,21 +57,30 @@ class Services:
             close()
 
 
-def build_services(settings: Settings) -> Services:
-    """Connect to Redis and Celery and load the model registry."""
+def _request_pool(settings: Settings) -> redis.BlockingConnectionPool:
+    """Return the bounded pool of Redis connections this process's requests share."""
     # Held streams run by the thousand (gevent): their Redis calls queue for a bounded set of connections instead
     # of opening one each (redis-py's default pool refuses past 100), and their waits share one loop (the hub).
     # A wait without the hub blocks in XREAD for up to max_wait_s: the socket must wait longer.
-    pool = redis.BlockingConnectionPool.from_url(
+    return redis.BlockingConnectionPool.from_url(
         settings.redis_url,
         max_connections=settings.api_redis_connections,
         timeout=REDIS_CONNECTION_WAIT_S,
         health_check_interval=30,
         socket_timeout=settings.max_wait_s + 10,
     )
-    client = redis.Redis(connection_pool=pool)
-    celery = create_celery(settings)
-    workers = WorkerRegistry(client, ttl_s=settings.worker_dead_after_s)
+
+
+def _admission(
+    client: redis.Redis,
+    settings: Settings,
+    *,
+    workers: WorkerRegistry,
+    book: ScheduleBook,
+    budget: StoreBudget,
+    policy: SchedulingPolicy,
+) -> Admission:
+    """Return the admission check of new jobs, with the circuit breaker it consults."""
     stats = Stats(client)
     breaker = CircuitBreaker(
         client,
@@ -76,32 +89,65 @@ def build_services(settings: Settings) -> Services:
         min_failures=settings.breaker_min_failures,
         cooldown_s=settings.breaker_cooldown_s,
     )
-    book = ScheduleBook(client, default_seconds_per_char=settings.seconds_per_char)
-    budget = build_budget(client, settings)
-    # Every stream and long-poll of this process waits through one loop on one connection, not one each.
-    # Its own connection: the request pool may be exhausted by the very streams the hub serves.
-    hub = EventHub(redis.Redis.from_url(settings.redis_url, health_check_interval=30, socket_timeout=30))
-    holds = StreamHolds(
+    return Admission(
+        stats=stats, breaker=breaker, workers=workers, book=book, settings=settings, budget=budget, policy=policy
+    )
+
+
+def _holds(client: redis.Redis, settings: Settings) -> StreamHolds:
+    """Return the count of streams and long-polls held open, per caller and for this process."""
+    return StreamHolds(
         CallerStreams(client, ttl_s=settings.stream_slot_ttl_s),
         per_caller=settings.max_streams_per_caller,
         per_process=settings.max_streams_per_process,
         ttl_s=settings.stream_slot_ttl_s,
     )
+
+
+def build_services(settings: Settings) -> Services:
+    """Connect to Redis and Celery and load the model registry."""
+    pool = _request_pool(settings)
+    client = redis.Redis(connection_pool=pool)
+    celery = create_celery(settings)
+    policy = scheduling_policy(settings)
+    registry = load_registry(settings)
+    workers = WorkerRegistry(client, ttl_s=settings.worker_dead_after_s)
+    book = ScheduleBook(client, default_seconds_per_char=settings.seconds_per_char)
+    budget = build_budget(client, settings)
+    admission = _admission(client, settings, workers=workers, book=book, budget=budget, policy=policy)
+    # Every stream and long-poll of this process waits through one loop on one connection, not one each.
+    # Its own connection: the request pool may be exhausted by the very streams the hub serves.
+    hub = EventHub(redis.Redis.from_url(settings.redis_url, health_check_interval=30, socket_timeout=30))
+    store = store_of(client, settings, waiter=hub)
     cache = build_cache(settings)
+    enqueue = celery_enqueue(celery)
+    submitter = Submitter(
+        settings=settings,
+        registry=registry,
+        store=store,
+        cache=cache,
+        enqueue=enqueue,
+        book=book,
+        policy=policy,
+        admit=admission.admit,
+        check_room=admission.check_room,
+    )
     return Services(
         settings=settings,
         redis=client,
-        store=store_of(client, settings, waiter=hub),
-        registry=load_registry(settings),
+        store=store,
+        registry=registry,
         workers=workers,
         cache=cache,
-        admission=Admission(stats=stats, breaker=breaker, workers=workers, book=book, settings=settings, budget=budget),
-        enqueue=celery_enqueue(celery),
+        admission=admission,
+        enqueue=enqueue,
         book=book,
         budget=budget,
         hub=hub,
-        holds=holds,
+        holds=_holds(client, settings),
         keys=settings.key_ring,
+        policy=policy,
+        submitter=submitter,
         closers=[pool.disconnect, hub.close, cache.redis.connection_pool.disconnect, celery.close],
     )
 

@@ -74,19 +74,19 @@ def _wait_first(job_id: str) -> tuple[int, int]:
     svc = services()
     first = svc.store.wait_segment(job_id, 0, svc.settings.max_wait_s)
     record = svc.store.get(job_id)
-    if first is None or record is None:
+    if first is None or record is None or record.sample_rate is None:
         raise NotReady(f"job {job_id} has produced no audio yet; follow it at /v1/jobs/{job_id}")
-    return int(record["sample_rate"]), int(record["segments_total"])
+    return record.sample_rate, record.segments_total
 
 
 def _wait_whole(job_id: str, hold: Hold) -> tuple[int, int]:
     """Wait for every segment of the job, renewing the caller's stream slot; return its rate and segment count."""
     svc = services()
     record = svc.store.get(job_id)
-    total = int(record["segments_total"]) if record else 0
+    total = record.segments_total if record else 0
     for index in range(total):
         hold.keep()
         if svc.store.wait_segment(job_id, index, svc.settings.max_wait_s) is None:
             raise NotReady(f"job {job_id} is still running; follow it at /v1/jobs/{job_id}")
     record = svc.store.get(job_id)
-    return (int(record["sample_rate"]) if record else 0), total
+    return ((record.sample_rate or 0) if record else 0), total

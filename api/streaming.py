@@ -10,7 +10,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from cache.jobstore import TERMINAL, JobStore
+from cache.jobstore import JobStore
 from core.audio import StreamEncoder
 
 KEEPALIVE_S = 15.0
@@ -47,15 +47,15 @@ def follow(
         if record is None:
             yield Ended("expired", "the job expired or was removed")
             return
-        total = int(record["segments_total"])
+        total = record.segments_total
         while index < total and store.has_segment(job_id, index):
             yield Ready(index)
             index += 1
         if index >= total:
             yield Ended("done", None)
             return
-        if record["status"] in TERMINAL:
-            yield Ended(record["status"], record.get("error"))
+        if record.status.terminal:
+            yield Ended(record.status.value, record.error)
             return
         if store.wait_for_event(job_id, last_event, keepalive_s) == last_event:
             yield Idle()
@@ -102,5 +102,5 @@ def audio_stream(store: JobStore, job_id: str, *, fmt: str, keepalive_s: float =
             return
         if encoder is None:
             record = store.get(job_id)
-            encoder = StreamEncoder(fmt, int(record["sample_rate"]) if record else 0)
+            encoder = StreamEncoder(fmt, (record.sample_rate or 0) if record else 0)
         yield encoder.write(pcm)

@@ -14,7 +14,10 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench.cache import STORY, TORCH_THREADS, ensure_tiny_model, in_threads, median, write_result
+from bench.report import machine_header, median, write_result
+from bench.texts import STORY
+from bench.threads import in_threads
+from bench.tiny_model import TORCH_THREADS, ensure_tiny_model
 from core.registry import ModelSpec, load_registry
 from core.settings import load_settings
 from core.text import split_sentences
@@ -222,14 +225,8 @@ def main() -> None:
         lines += pool_cycle(pool, spec)
     finally:
         pool.close()
-    header = [
-        "## bench-batch: batching and the model pool, in-process (tiny ChatTTS, CPU)",
-        "",
-        f"{os.cpu_count()} CPU cores, torch threads per model host {TORCH_THREADS}; "
-        f"ran {time.perf_counter() - started:.0f}s.",
-        "",
-    ]
-    write_result("batch", "\n".join(header + lines))
+    title = "bench-batch: batching and the model pool, in-process (tiny ChatTTS, CPU)"
+    write_result("batch", "\n".join(machine_header(title, started, TORCH_THREADS) + lines))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import statistics
 
-from bench.cache import first_segment_latency, running_stack, write_result
+from bench.http_stack import first_segment_latency, running_stack
+from bench.report import write_result
 
 RUNS = 5
 ONE = {"espeak-en": "The morning train was late again.", "chattts-tiny": "今天早上的火车又晚点了。"}

@@ -111,6 +111,43 @@ def usage(first: Snapshot, last: Snapshot) -> dict[str, float]:
     }
 
 
+def _totals(counters: Callable[[], dict[str, float]] | None) -> dict[str, float]:
+    try:
+        return counters() if counters is not None else {}
+    except Exception:  # a failed scrape must not stop the CPU measurement
+        return {}
+
+
+def _watch(
+    found: dict[str, Any],
+    start: float,
+    end: float,
+    *,
+    probe: Callable[[], int] | None,
+    counters: Callable[[], dict[str, float]] | None,
+    every_s: float,
+) -> None:
+    """Wait for ``start``, then measure until ``end`` and put what was found into ``found``."""
+    time.sleep(max(0.0, start - time.monotonic()))
+    first, first_totals = snapshot(), _totals(counters)
+    samples: list[int] = []
+    while time.monotonic() < end:
+        if probe is not None:
+            # A failed probe must not stop the CPU measurement.
+            with contextlib.suppress(Exception):
+                samples.append(probe())
+        time.sleep(max(0.0, min(every_s, end - time.monotonic())))
+    last = snapshot()
+    found.update(usage(first, last))
+    found["roles"] = by_role(first, last)
+    last_totals = _totals(counters)
+    if first_totals and last_totals:
+        found["counters"] = {k: v - first_totals.get(k, 0.0) for k, v in last_totals.items()}
+    if samples:
+        found["queue_mean"] = round(sum(samples) / len(samples), 1)
+        found["queue_max"] = max(samples)
+
+
 def meter_window(
     start: float,
     end: float,
@@ -128,35 +165,9 @@ def meter_window(
     found: dict[str, Any] = {}
     done = threading.Event()
 
-    def totals() -> dict[str, float]:
-        try:
-            return counters() if counters is not None else {}
-        except Exception:  # a failed scrape must not stop the CPU measurement
-            return {}
-
-    def watch() -> None:
-        time.sleep(max(0.0, start - time.monotonic()))
-        first, first_totals = snapshot(), totals()
-        samples: list[int] = []
-        while time.monotonic() < end:
-            if probe is not None:
-                # A failed probe must not stop the CPU measurement.
-                with contextlib.suppress(Exception):
-                    samples.append(probe())
-            time.sleep(max(0.0, min(every_s, end - time.monotonic())))
-        last = snapshot()
-        found.update(usage(first, last))
-        found["roles"] = by_role(first, last)
-        last_totals = totals()
-        if first_totals and last_totals:
-            found["counters"] = {k: v - first_totals.get(k, 0.0) for k, v in last_totals.items()}
-        if samples:
-            found["queue_mean"] = round(sum(samples) / len(samples), 1)
-            found["queue_max"] = max(samples)
-
     def guarded() -> None:
         try:
-            watch()
+            _watch(found, start, end, probe=probe, counters=counters, every_s=every_s)
         finally:
             done.set()
 

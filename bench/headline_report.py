@@ -172,3 +172,73 @@ def targets_table(rows: list[tuple[str, str, bool | None]]) -> str:
     lines = ["| target | measured | |", "|---|---|---|"]
     lines += [f"| {name} | {measured} | {marks[met]} |" for name, measured, met in rows]
     return "\n".join(lines)
+
+
+#: Measuring windows shorter than this make a smoke test, not a verdict.
+FULL_WINDOW_S = 20.0
+#: Above this share of the CPUs used by processes not ours, the results carry a warning.
+CONTENDED_PCT = 10.0
+
+
+def cache_note(cache_line: dict[str, Any] | None) -> list[str]:
+    """Return the line on the cache-on level, if one ran."""
+    if not cache_line:
+        return []
+    hit = cache_line["cached_segments"] / max(1, cache_line["segments_total"])
+    return [
+        "",
+        f"Cache on (10 callers, one seed, {cache_line['window_s']:g}s): "
+        f"{cache_line['jobs_per_s']:.2f} jobs/s, p50 first audio {cache_line['first_audio_p50']:.2f} s, "
+        f"{hit:.0%} of segments from the cache.",
+    ]
+
+
+def contention_note(levels: list[dict[str, Any]]) -> list[str]:
+    """Return a warning when processes not ours took a noticeable share of the CPUs in a measured window."""
+    others = [
+        side["cpu"].get("others_pct", 0.0) for lv in levels for side in (lv.get("after"), lv.get("before")) if side
+    ]
+    if not others or max(others) <= CONTENDED_PCT:
+        return []
+    return [
+        "",
+        f"WARNING: other processes used up to {max(others):.0f}% of the CPUs during the measured windows "
+        "(row 'CPU busy'); expect noisier, possibly lower numbers than a quiet machine gives.",
+    ]
+
+
+def short_run_note(levels: list[dict[str, Any]], window_s: float) -> list[str]:
+    """Return a reminder that a short run is a smoke test, when it was one."""
+    if window_s >= FULL_WINDOW_S:
+        return []
+    fewest = min((side["jobs_measured"] for lv in levels for side in lv.values() if isinstance(side, dict)), default=0)
+    return [
+        "",
+        f"Short run ({window_s:g}s per level, as few as {fewest} jobs in a level): a smoke test; "
+        "judge the targets on a full run.",
+    ]
+
+
+def document(
+    title: str,
+    levels: list[dict[str, Any]],
+    engine: dict[str, Any] | None,
+    cache_line: dict[str, Any] | None,
+    rows: list[tuple[str, str, bool | None]],
+    *,
+    window_s: float,
+    footer: str,
+) -> str:
+    """Return the whole headline markdown: the tables, the notes that apply, and ``footer``."""
+    parts = [
+        f"## Headline benchmark: {title}",
+        "",
+        level_table(levels),
+        "",
+        engine_table(engine, levels),
+        "",
+        targets_table(rows),
+    ]
+    parts += cache_note(cache_line) + contention_note(levels) + short_run_note(levels, window_s)
+    parts += ["", footer]
+    return "\n".join(parts)

@@ -15,23 +15,23 @@ sends an event as often, 200 events a second in all; ``--event-interval 1`` for 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import http.client
 import json
 import resource
 import tempfile
-import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 
-from bench.cache import median, p99, write_result
+from bench.held_streams import Feeder, HeldStreams
+from bench.report import median, p99, write_result
 from cache.jobstore import JobRequest, JobStore
-from tests.support.processes import children, wait_for
-from tests.support.run_script import RunScript, readyz
-from tests.support.servers import ROOT
+from devstack.local import ROOT
+from devstack.processes import children, wait_for
+from devstack.run_script import RunScript, readyz
 
 TARGETS_MS = {"GET /healthz": 100.0, "POST /v1/jobs": 300.0}
 CALLERS = 20
@@ -40,80 +40,6 @@ SEGMENTS = 600  # per held job: more than the feeder writes while the measuremen
 #: How often each held stream gets a segment event in the active phase: a segment is a few seconds of audio.
 EVENT_INTERVAL_S = 5.0
 API_PROCESSES = 2  # make run's default
-
-
-class HeldStreams:
-    """Event streams held open from one asyncio loop in a thread of its own."""
-
-    def __init__(self, port: int, paths: list[str], sources: list[str]) -> None:
-        self.port = port
-        self.paths = paths
-        self.sources = sources
-        self.open = 0
-        self.failed: list[str] = []
-        self.ended = 0
-        self.events = 0
-        self.loop = asyncio.new_event_loop()
-        self._writers: list[asyncio.StreamWriter] = []
-        self._tasks: list[asyncio.Task[None]] = []
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self, timeout_s: float = 120) -> None:
-        """Open every stream; return once each has had its first event."""
-        self._thread.start()
-        if not self._ready.wait(timeout_s):
-            raise TimeoutError(f"only {self.open} of {len(self.paths)} streams opened in {timeout_s} s")
-        if self.failed:
-            raise RuntimeError(f"{len(self.failed)} streams refused, e.g. {self.failed[0]}")
-
-    def _run(self) -> None:
-        self.loop.run_until_complete(self._open_all())
-        self._ready.set()
-        self.loop.run_forever()
-
-    async def _open_all(self) -> None:
-        limit = asyncio.Semaphore(100)
-
-        async def one(n: int) -> None:
-            async with limit:
-                await self._open(self.paths[n], self.sources[n % len(self.sources)])
-
-        await asyncio.gather(*(one(n) for n in range(len(self.paths))))
-
-    async def _open(self, path: str, source: str) -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", self.port, local_addr=(source, 0))
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\nAccept: text/event-stream\r\n\r\n".encode())
-        await writer.drain()
-        head = await reader.readuntil(b"\r\n\r\n")
-        if b" 200 " not in head.split(b"\r\n", 1)[0]:
-            self.failed.append(head.decode(errors="replace").split("\r\n", 1)[0])
-            writer.close()
-            return
-        await reader.readuntil(b"retry: 1000")
-        self._writers.append(writer)
-        self.open += 1
-        self._tasks.append(self.loop.create_task(self._drain(reader)))
-
-    async def _drain(self, reader: asyncio.StreamReader) -> None:
-        while data := await reader.read(65536):  # events and keep-alives, until the server ends the stream
-            self.events += data.count(b"event: segment")
-        self.ended += 1
-
-    def close(self) -> None:
-        """Close every stream and stop the loop."""
-
-        async def close_all() -> None:
-            for writer in self._writers:
-                writer.close()
-            for task in self._tasks:
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-
-        asyncio.run_coroutine_threadsafe(close_all(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(30)
-        self.loop.close()
 
 
 def timed(requests: int, call: Callable[[], int]) -> list[float]:
@@ -171,80 +97,88 @@ def redis_clients(client: redis.Redis) -> tuple[int, int]:
     return len(found), sum(1 for c in found if c.get("cmd") == "xread" and "b" in c.get("flags", ""))
 
 
-class Feeder:
-    """Write one segment of every held job each ``interval_s``, so that every stream carries an event as often."""
+@dataclass
+class Measured:
+    """What the phases of one run found: latencies and API memory per phase, and how the held streams fared."""
 
-    def __init__(self, store: JobStore, jobs: list[str], *, interval_s: float) -> None:
-        self.store = store
-        self.jobs = jobs
-        self.interval_s = interval_s
-        self.written = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+    phases: dict[str, dict[str, list[float]]]
+    rss: dict[str, float]
+    opened: int
+    opened_s: float
+    still_open: int
+    event_rate: float
+    clients: int
+    blocked: int
 
-    def _run(self) -> None:
-        pcm = bytes(2 * 2205)  # 0.1 s of silence at 22,050 Hz
-        step = self.interval_s / len(self.jobs)  # the jobs take turns: segments finish spread out, not at once
-        while not self._stop.wait(step if self.written else 0):
-            job_id = self.jobs[self.written % len(self.jobs)]
-            index = self.written // len(self.jobs)
-            self.store.write_segment(job_id, index, pcm, sample_rate=22050, meta={"duration_s": 0.1})
-            self.written += 1
 
-    def __enter__(self) -> Feeder:
-        self._thread.start()
-        return self
+def raise_file_limit(streams: int) -> None:
+    """Allow this process (and scripts/run.sh's programs, which inherit the limit) a descriptor per stream."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < streams + 1000:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, streams + 4000), hard))
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
+
+def held_jobs(store: JobStore) -> list[str]:
+    """Write JOBS long-running jobs whose segments all wait in the pending list, so nothing makes them."""
+    request = JobRequest(model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav",
+                         priority="batch", seed=None)  # fmt: skip
+    return [store.create(request, ["held"] * SEGMENTS, pending=list(range(SEGMENTS))) for _ in range(JOBS)]
+
+
+def measure_phases(run: RunScript, streams: int, requests: int, interval_s: float) -> Measured:
+    """Measure with no stream, with the streams held idle, then with an event on every stream each interval."""
+    client = redis.Redis(port=run.redis_port)
+    store = JobStore(client, ttl=3600)
+    jobs = held_jobs(store)
+    phases = {"none": measure(run.api_port, requests)}
+    rss = {"none": api_rss_mb(run)}
+    paths = [f"/v1/jobs/{jobs[n % JOBS]}/events" for n in range(streams)]
+    held = HeldStreams(run.api_port, paths, [f"127.0.0.{2 + n}" for n in range(CALLERS)])
+    started = time.perf_counter()
+    held.start()
+    opened_s = time.perf_counter() - started
+    clients, blocked = redis_clients(client)
+    idle = f"{streams}, idle"
+    phases[idle] = measure(run.api_port, requests)
+    rss[idle] = api_rss_mb(run)
+    active = f"{streams}, an event every {interval_s:g} s each"
+    events_before, started = held.events, time.perf_counter()
+    with Feeder(store, jobs, interval_s=interval_s):
+        phases[active] = measure(run.api_port, requests)
+        rss[active] = api_rss_mb(run)
+    event_rate = (held.events - events_before) / (time.perf_counter() - started)
+    still_open = held.open - held.ended
+    held.close()
+    for job_id in jobs:
+        store.cancel(job_id)
+    return Measured(phases, rss, held.open, opened_s, still_open, event_rate, clients, blocked)
 
 
 def run_bench(streams: int, requests: int, out_dir: Path, *, interval_s: float = EVENT_INTERVAL_S) -> str:
     """Start `make run`, hold the streams, measure; return the markdown report."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < streams + 1000:  # one descriptor per stream here, and scripts/run.sh's programs inherit the limit
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, streams + 4000), hard))
+    raise_file_limit(streams)
     run = RunScript(
         out_dir / "run", ROOT / ".venv" / "bin" / "supervisorctl", env={"TTS_API_PROCESSES": str(API_PROCESSES)}
     )
     try:
         wait_for(lambda: readyz(run.api_port), 180, "make run ready", 0.5)
-        client = redis.Redis(port=run.redis_port)
-        store = JobStore(client, ttl=3600)
-        request = JobRequest(model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav",
-                             priority="batch", seed=None)  # fmt: skip
-        jobs = [store.create(request, ["held"] * SEGMENTS, pending=list(range(SEGMENTS))) for _ in range(JOBS)]
-        phases = {"none": measure(run.api_port, requests)}
-        rss = {"none": api_rss_mb(run)}
-        paths = [f"/v1/jobs/{jobs[n % JOBS]}/events" for n in range(streams)]
-        held = HeldStreams(run.api_port, paths, [f"127.0.0.{2 + n}" for n in range(CALLERS)])
-        started = time.perf_counter()
-        held.start()
-        opened_s = time.perf_counter() - started
-        clients, blocked = redis_clients(client)
-        idle = f"{streams}, idle"
-        phases[idle] = measure(run.api_port, requests)
-        rss[idle] = api_rss_mb(run)
-        active = f"{streams}, an event every {interval_s:g} s each"
-        events_before, started = held.events, time.perf_counter()
-        with Feeder(store, jobs, interval_s=interval_s):
-            phases[active] = measure(run.api_port, requests)
-            rss[active] = api_rss_mb(run)
-        event_rate = (held.events - events_before) / (time.perf_counter() - started)
-        still_open = held.open - held.ended
-        held.close()
-        for job_id in jobs:
-            store.cancel(job_id)
+        found = measure_phases(run, streams, requests, interval_s)
     finally:
         run.close()
+    return report(found, streams, requests, interval_s)
+
+
+def report(found: Measured, streams: int, requests: int, interval_s: float) -> str:
+    """Return the markdown report of one run."""
     rows = []
     for name, target in TARGETS_MS.items():
-        for label, found in phases.items():
-            verdict = "" if label == "none" else ("met" if p99(found[name]) < target else "**missed**")
-            rows.append(f"| {name} | {label} | {median(found[name]):.1f} | {p99(found[name]):.1f} | "
-                        f"{max(found[name]):.1f} | < {target:.0f} | {verdict} |")  # fmt: skip
-    memory = ", ".join(f"{mb:.0f} MB ({label})" for label, mb in rss.items())
+        for label, times in found.phases.items():
+            verdict = "" if label == "none" else ("met" if p99(times[name]) < target else "**missed**")
+            rows.append(f"| {name} | {label} | {median(times[name]):.1f} | {p99(times[name]):.1f} | "
+                        f"{max(times[name]):.1f} | < {target:.0f} | {verdict} |")  # fmt: skip
+    memory = ", ".join(f"{mb:.0f} MB ({label})" for label, mb in found.rss.items())
+    opened, opened_s, still_open, event_rate = found.opened, found.opened_s, found.still_open, found.event_rate
+    clients, blocked = found.clients, found.blocked
     return f"""# Held connections: the API answers while {streams} event streams stay open
 
 `python -m bench.held_connections` (`make bench-held`): `make run` itself (scripts/run.sh: gunicorn with
@@ -259,7 +193,7 @@ settings. {streams} server-sent event streams held on {JOBS} long-running jobs f
 |---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
-- {held.open} of {streams} streams opened in {opened_s:.1f} s; {still_open} still open after the measurements;
+- {opened} of {streams} streams opened in {opened_s:.1f} s; {still_open} still open after the measurements;
   {event_rate:.0f} segment events a second reached the clients while the segments were written.
 - Redis while the streams were held: {clients} connections in all, {blocked} blocked in XREAD (one waiter loop
   per API process, not one connection per stream).

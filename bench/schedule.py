@@ -13,29 +13,27 @@ callers no stall in at least 99% of jobs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
 import time
 from typing import Any
 
-from bench.headline import (
+from bench.headline_levels import progress, run_level
+from bench.headline_stack import ServiceStack
+from bench.http_clients import ServedClient
+from bench.report import write_run
+from bench.stack_args import (
     HEARTBEAT_S,
+    Plan,
     add_stack_arguments,
     corpus_texts,
     make_plan,
-    progress,
     resolve_stack_arguments,
-    run_level,
     service_env,
 )
-from bench.headline_stack import ServiceStack
-from bench.loadgen import ServedClient
 from core.settings import load_settings
-from tests.support.servers import ROOT
 
-RESULTS = ROOT / "bench" / "results"
 SCHEDULERS = ("fifo", "deadline")
 
 
@@ -106,6 +104,48 @@ def verdicts(levels: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def drive(
+    stacks: dict[str, ServiceStack], args: argparse.Namespace, plan: Plan, texts: list[tuple[str, int]]
+) -> list[dict[str, Any]]:
+    """Run every level against both stacks, alternating which goes first; return the levels' summaries."""
+    levels: list[dict[str, Any]] = []
+    for n, callers in enumerate(int(x) for x in args.levels.split(",")):
+        level: dict[str, Any] = {"callers": callers}
+        order = SCHEDULERS if n % 2 == 0 else SCHEDULERS[::-1]
+        for name in order:
+            stack = stacks[name]
+            for other in stacks.values():
+                other.wait_idle()
+            summary = run_level(ServedClient(stack.api.url, model=args.model), texts, callers, plan,
+                                window_s=plan.window_s, seed=n, probe=stack.queued,
+                                counters=stack.worker_totals)  # fmt: skip
+            level[name] = summary
+            progress(name, summary)
+        levels.append(level)
+    return levels
+
+
+def document(args: argparse.Namespace, plan: Plan, levels: list[dict[str, Any]], footer: str) -> str:
+    """Return the markdown: the settings both stacks ran with, the table, the verdicts and ``footer``."""
+    return "\n".join(
+        [
+            f"## FIFO vs deadline scheduling: {args.model}, {os.cpu_count()} CPUs, torch threads "
+            f"{args.torch_threads}, {args.replicas} model host(s), {plan.window_s:g}s per level, "
+            f"{time.strftime('%Y-%m-%d %H:%M')}",
+            "",
+            "Service settings of both stacks: "
+            + ", ".join(f"`{pair}`" for pair in args.service_env)
+            + f"; the deadline stack's first-segment priority {settings_value('deadline_first_priority_s')} s.",
+            "",
+            table(levels),
+            "",
+            *verdicts(levels),
+            "",
+            footer,
+        ]
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Start both stacks, drive every level against each, print and write the table."""
     args = parse_args(argv)
@@ -121,50 +161,20 @@ def main(argv: list[str] | None = None) -> int:
     for name in SCHEDULERS:
         (out / name).mkdir(exist_ok=True)
         stacks[name] = ServiceStack({**env, "TTS_SCHEDULER": name}, out / name, api_processes=2)
-    levels: list[dict[str, Any]] = []
     try:
         for stack in stacks.values():
             stack.start()
-        for n, callers in enumerate(int(x) for x in args.levels.split(",")):
-            level: dict[str, Any] = {"callers": callers}
-            order = SCHEDULERS if n % 2 == 0 else SCHEDULERS[::-1]
-            for name in order:
-                stack = stacks[name]
-                for other in stacks.values():
-                    other.wait_idle()
-                summary = run_level(ServedClient(stack.api.url, model=args.model), texts, callers, plan,
-                                    window_s=plan.window_s, seed=n, probe=stack.queued,
-                                    counters=stack.worker_totals)  # fmt: skip
-                level[name] = summary
-                progress(name, summary)
-            levels.append(level)
+        levels = drive(stacks, args, plan, texts)
     finally:
         for stack in stacks.values():
             stack.stop()
         for name in SCHEDULERS:
             shutil.rmtree(out / name / "redis", ignore_errors=True)
-    document = "\n".join(
-        [
-            f"## FIFO vs deadline scheduling: {args.model}, {os.cpu_count()} CPUs, torch threads "
-            f"{args.torch_threads}, {args.replicas} model host(s), {plan.window_s:g}s per level, "
-            f"{time.strftime('%Y-%m-%d %H:%M')}",
-            "",
-            "Service settings of both stacks: "
-            + ", ".join(f"`{pair}`" for pair in args.service_env)
-            + f"; the deadline stack's first-segment priority {settings_value('deadline_first_priority_s')} s.",
-            "",
-            table(levels),
-            "",
-            *verdicts(levels),
-            "",
-            f"Whole run: {time.monotonic() - started:.0f}s (heartbeat {HEARTBEAT_S:g}s). Files: {out}",
-        ]
-    )
-    (out / "schedule.md").write_text(document + "\n", encoding="utf-8")
-    (out / "results.json").write_text(json.dumps(levels, indent=1, default=str), encoding="utf-8")
-    shutil.copy(out / "schedule.md", out.parent / "schedule.md")
+    footer = f"Whole run: {time.monotonic() - started:.0f}s (heartbeat {HEARTBEAT_S:g}s). Files: {out}"
+    document_text = document(args, plan, levels, footer)
+    write_run(out, "schedule", document_text, levels)
     print()
-    print(document)
+    print(document_text)
     return 0
 
 

@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from api.contract import JobBody
 from api.validation import contract_error
-from bench.cache import write_result
+from bench.report import write_result
 from core.errors import ServiceError, ValidationFailed
 from core.registry import load_registry
 from core.settings import Settings, load_settings

@@ -2,6 +2,18 @@
 
 from __future__ import annotations
 
+from string import Template
+
+from cache.records import EndResult, JobStatus, StartState, WriteResult
+
+
+def _lua(source: str) -> str:
+    """Spell the statuses and result codes from their Python enums, so Lua and Python cannot disagree."""
+    names = {f"{s.name}": f"'{s.value}'" for s in JobStatus}
+    codes = {f"{r.__class__.__name__}_{r.name}": str(r.value) for e in (StartState, WriteResult, EndResult) for r in e}
+    return Template(source).substitute(names, **codes)
+
+
 # KEYS: record, audio, segmeta, events, texts, attempts, pending, claims (the job's own, as keys.all_job_keys),
 #       then the writer's held set, the outbox, the live-job index, the deadline books, the kept-audio index.
 # ARGV: index, audio, meta_json, now, ttl, sample_rate, segment member, job id, outbox time, advance ('1' or '0'),
@@ -13,53 +25,55 @@ from __future__ import annotations
 # {result, next index or -1}, result being 1 written, 2 written and it finished the job, 0 already there (a
 # redelivery), -1 job gone, -2 job over. The first command that can grow memory is HSETNX: a store at its
 # maxmemory refuses the script there, before it changed anything (the writer keeps its hold and retries).
-WRITE_SEGMENT = """
+WRITE_SEGMENT = _lua("""
 local function let_go()
   redis.call('SREM', KEYS[9], ARGV[7])
   redis.call('ZREM', KEYS[12], ARGV[7])
 end
-if redis.call('EXISTS', KEYS[1]) == 0 then let_go() return {-1, -1} end
+if redis.call('EXISTS', KEYS[1]) == 0 then let_go() return {$WriteResult_GONE, -1} end
 local status = redis.call('HGET', KEYS[1], 'status')
-if status == 'failed' or status == 'canceled' then let_go() return {-2, -1} end
+if status == $FAILED or status == $CANCELED then let_go() return {$WriteResult_OVER, -1} end
 -- A done job's audio may have expired before its record: a late duplicate must not write it anew.
-if status == 'done' or redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then let_go() return {0, -1} end
+if status == $DONE or redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then
+  let_go() return {$WriteResult_DUPLICATE, -1}
+end
 let_go()
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
 redis.call('HSETNX', KEYS[1], 'sample_rate', ARGV[6])
 local done = redis.call('HINCRBY', KEYS[1], 'segments_done', 1)
 local total = tonumber(redis.call('HGET', KEYS[1], 'segments_total'))
 redis.call('HSET', KEYS[1], 'updated_at', ARGV[4])
-if status == 'queued' then
-  redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[4])
+if status == $QUEUED then
+  redis.call('HSET', KEYS[1], 'status', $RUNNING, 'started_at', ARGV[4])
 end
 redis.call('XADD', KEYS[4], '*', 'type', 'segment', 'index', ARGV[1])
 if done >= total then
-  redis.call('HSET', KEYS[1], 'status', 'done', 'finished_at', ARGV[4], 'audio_expires_at', ARGV[12])
-  redis.call('XADD', KEYS[4], '*', 'type', 'status', 'status', 'done')
+  redis.call('HSET', KEYS[1], 'status', $DONE, 'finished_at', ARGV[4], 'audio_expires_at', ARGV[12])
+  redis.call('XADD', KEYS[4], '*', 'type', 'status', 'status', $DONE)
   redis.call('DEL', KEYS[7])
   for i = 1, 8 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
   redis.call('EXPIRE', KEYS[2], ARGV[11])
   redis.call('ZREM', KEYS[11], ARGV[8])
   redis.call('ZADD', KEYS[13], ARGV[4], ARGV[8])
-  return {2, -1}
+  return {$WriteResult_FINISHED, -1}
 end
 if ARGV[10] == '1' then
   local next_index = redis.call('LPOP', KEYS[7])
   if next_index then
     redis.call('ZADD', KEYS[10], ARGV[9], ARGV[8] .. ':' .. next_index)
-    return {1, tonumber(next_index)}
+    return {$WriteResult_WRITTEN, tonumber(next_index)}
   end
 end
-return {1, -1}
-"""
+return {$WriteResult_WRITTEN, -1}
+""")
 
 # KEYS: the job's own (keys.all_job_keys), then the kept-audio index.
 # ARGV: new_status ('failed' or 'canceled'), reason, now, ttl, audio ttl, when the audio expires, job id.
 # Returns 1 when the job moved to new_status, 0 when it was already terminal, -1 when gone.
-FINISH = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+FINISH = _lua("""
+if redis.call('EXISTS', KEYS[1]) == 0 then return $EndResult_GONE end
 local status = redis.call('HGET', KEYS[1], 'status')
-if status == 'done' or status == 'failed' or status == 'canceled' then return 0 end
+if status == $DONE or status == $FAILED or status == $CANCELED then return $EndResult_ALREADY_OVER end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'error', ARGV[2], 'finished_at', ARGV[3], 'updated_at', ARGV[3],
            'audio_expires_at', ARGV[6])
 redis.call('XADD', KEYS[4], '*', 'type', 'status', 'status', ARGV[1], 'error', ARGV[2])
@@ -67,12 +81,12 @@ redis.call('DEL', KEYS[7])
 for i = 1, 8 do redis.call('EXPIRE', KEYS[i], ARGV[4]) end
 redis.call('EXPIRE', KEYS[2], ARGV[5])
 redis.call('ZADD', KEYS[9], ARGV[3], ARGV[7])
-return 1
-"""
+return $EndResult_ENDED
+""")
 
 # KEYS: record, audio, attempts, texts, segmeta, claims, the worker's held set, the holders index.
 # ARGV: index, now, delivery token, segment member, worker name, known ('1' when the worker already has the
-#       job's timeline), then the terminal statuses.
+#       job's timeline).
 # What a worker reads before making a segment, in one atomic step. Returns {0} when the job is gone, {1} when
 # it is over, {2} when the segment is already written. Otherwise it records the segment as held by this worker
 # (so its death hands the segment on), counts an attempt unless this delivery's token already holds the claim
@@ -81,13 +95,11 @@ return 1
 # it reads this segment's text only, and a worker that knows the job gets a few record fields and the metadata
 # of segment 0 and of the 32 segments just before this one; only a worker new to the job gets the whole record
 # (with every segment's length) and all metadata, once.
-START_SEGMENT = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
+START_SEGMENT = _lua("""
+if redis.call('EXISTS', KEYS[1]) == 0 then return {$StartState_GONE} end
 local status = redis.call('HGET', KEYS[1], 'status')
-for i = 7, #ARGV do
-  if status == ARGV[i] then return {1} end
-end
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return {2} end
+if status == $DONE or status == $FAILED or status == $CANCELED then return {$StartState_OVER} end
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return {$StartState_WRITTEN} end
 local attempt
 local redelivered = 0
 if redis.call('HGET', KEYS[6], ARGV[1]) == ARGV[3] then
@@ -123,11 +135,11 @@ else
   record = redis.call('HGETALL', KEYS[1])
   meta = redis.call('HGETALL', KEYS[5])
 end
-if status == 'queued' then
-  redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[2], 'updated_at', ARGV[2])
+if status == $QUEUED then
+  redis.call('HSET', KEYS[1], 'status', $RUNNING, 'started_at', ARGV[2], 'updated_at', ARGV[2])
 end
-return {3, record, attempt, text or false, meta, redelivered}
-"""
+return {$StartState_GO, record, attempt, text or false, meta, redelivered}
+""")
 
 # KEYS: a dead worker's held set, the outbox, the heartbeat index, the holders index, its heartbeat key.
 # ARGV: worker name, now. Moves every segment the worker held to the outbox, due now, and forgets the worker;

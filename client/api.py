@@ -6,7 +6,7 @@ import codecs
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -162,7 +162,7 @@ class TTSClient:
                 with self._request(
                     "GET", f"/v1/jobs/{job_id}/events", headers=headers, stream=True, read_s=60.0
                 ) as response:
-                    for event in _parse_sse(response.iter_content(chunk_size=None)):
+                    for event in parse_sse(response.iter_content(chunk_size=None)):
                         received = True
                         if event["id"] is not None:
                             last_event_id = event["id"]
@@ -220,8 +220,8 @@ class TTSClient:
         return target
 
 
-def _parse_sse(chunks: Iterator[bytes]) -> Iterator[dict[str, Any]]:
-    """Parse a server-sent event stream into events, following the WHATWG rules the service needs."""
+def parse_sse(chunks: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    """Yield the events ({"event", "id", "data"}) of a server-sent stream cut into chunks anywhere (WHATWG rules)."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     pending = ""
     event: str | None = None
@@ -254,3 +254,7 @@ def _parse_sse(chunks: Iterator[bytes]) -> Iterator[dict[str, Any]]:
                 data.append(value)
             elif name == "id" and "\0" not in value:
                 event_id = value
+
+
+#: The parser's earlier, private name.
+_parse_sse = parse_sse

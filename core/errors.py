@@ -1,11 +1,44 @@
-"""The service's one error tree; api/errors.py maps it to HTTP in one place."""
+"""The service's one error tree: a client-facing branch (api/errors.py maps it to HTTP in one place) and a
+worker-side branch (engines and model hosts).
+
+Every class is the same few lines (a docstring, a status and a code): that is the shape of an error tree, one
+class per thing a caller may want to catch, and it is kept so rather than generated.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 
-class ServiceError(Exception):
+class TTSError(Exception):
+    """Raised when anything in the service fails in a way it foresaw; the root of every error it defines."""
+
+
+class SettingsInvalid(TTSError, ValueError):
+    """Raised at start-up when a setting has a value the service cannot run with; the message names its variable."""
+
+
+class WorkerError(TTSError):
+    """Raised when a worker cannot make audio: an engine, or the model host that runs it, failed."""
+
+
+class EngineLoadError(WorkerError):
+    """Raised when an engine cannot load its model; the message says where the weights must go."""
+
+
+class SynthesisError(WorkerError):
+    """Raised when an engine cannot turn a batch into exactly one waveform per request."""
+
+
+class HostCrashed(SynthesisError):
+    """Raised when a model host died or stopped answering during a call."""
+
+
+class HostHung(HostCrashed):
+    """Raised when a model host did not answer within the call's time limit (and was killed for it)."""
+
+
+class ServiceError(TTSError):
     """Raised when a request cannot be served; base of every error a client sees."""
 
     status = 500

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 from dataclasses import dataclass, field, replace
 from importlib import metadata
@@ -12,8 +13,59 @@ from typing import Any
 from core.errors import NotFound
 from core.settings import PROJECT_ROOT, Settings
 
-ENGINES = ("chattts", "espeak", "faulty")
 PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class EngineEntry:
+    """One engine models.json may name: what builds it, and what besides its weights makes its audio."""
+
+    name: str
+    #: "module:function" taking (spec, *, device) and returning an unloaded Engine; imported only in model hosts.
+    builder: str
+    #: The distribution whose version joins each model's version (None: no package of its own).
+    package: str | None = None
+    #: Our own code's part in the engine's audio: bump it when that changes.
+    revision: str | None = None
+
+
+_ENGINES: dict[str, EngineEntry] = {}
+
+
+def register_engine(name: str, *, builder: str, package: str | None = None, revision: str | None = None) -> None:
+    """Make engine ``name`` known to the registry; an engine plugin module (TTS_ENGINE_PLUGINS) calls this."""
+    if ":" not in builder:
+        raise ValueError(f"engine {name!r}: builder must be 'module:function', not {builder!r}")
+    _ENGINES[name] = EngineEntry(name=name, builder=builder, package=package, revision=revision)
+
+
+def engine_entry(name: str) -> EngineEntry:
+    """Return the registered engine ``name``, or raise ValueError naming the known ones."""
+    entry = _ENGINES.get(name)
+    if entry is None:
+        raise ValueError(
+            f"unknown engine {name!r}; known engines: {sorted(_ENGINES)} "
+            "(an engine of a plugin needs its module in TTS_ENGINE_PLUGINS)"
+        )
+    return entry
+
+
+def load_engine_plugins(modules: str) -> None:
+    """Import each comma-separated module of ``modules``; each registers its engines as it is imported."""
+    for module in (m.strip() for m in modules.split(",")):
+        if not module:
+            continue
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ValueError(f"TTS_ENGINE_PLUGINS: cannot import engine plugin {module!r}: {e}") from e
+
+
+# The revision is our per-item sampler's (workers/engines/sampling.py): it changes ChatTTS's audio.
+register_engine(
+    "chattts", builder="workers.engines.factory:build_chattts", package="chattts", revision="fused-sampler-1"
+)
+register_engine("espeak", builder="workers.engines.factory:build_espeak", package="espeakng-loader")
 
 
 @dataclass(frozen=True)
@@ -74,8 +126,11 @@ class Registry:
 
 def _parse_spec(name: str, raw: dict[str, Any], variables: dict[str, str]) -> ModelSpec:
     engine = raw.get("engine")
-    if engine not in ENGINES:
-        raise ValueError(f"model {name!r}: engine must be one of {ENGINES}, not {engine!r}")
+    if engine not in _ENGINES:
+        raise ValueError(
+            f"model {name!r}: engine must be one of {sorted(_ENGINES)}, not {engine!r} "
+            "(an engine of a plugin needs its module in TTS_ENGINE_PLUGINS)"
+        )
     precision = raw.get("precision", "fp32")
     if precision not in PRECISIONS:
         raise ValueError(f"model {name!r}: precision must be one of {PRECISIONS}")
@@ -102,11 +157,6 @@ def _parse_spec(name: str, raw: dict[str, Any], variables: dict[str, str]) -> Mo
     return replace(spec, version=model_version(spec, raw.get("version")))
 
 
-_ENGINE_PACKAGES = {"chattts": "chattts", "espeak": "espeakng-loader", "faulty": "espeakng-loader"}
-#: Our own code's part in an engine's audio: bump it when that changes (ChatTTS: our per-item sampler).
-_ENGINE_REVISIONS = {"chattts": "fused-sampler-1"}
-
-
 #: Files up to this size are hashed; larger ones (weights) are named by path and size, to start fast.
 _HASHED_FILE_BYTES = 1 << 20
 
@@ -128,15 +178,16 @@ def model_version(spec: ModelSpec, declared: str | None = None) -> str:
 
     A ``version`` declared in models.json joins the hash: bump it when weights change but keep their sizes.
     """
+    entry = engine_entry(spec.engine)
     try:
-        package = metadata.version(_ENGINE_PACKAGES[spec.engine])
+        package = metadata.version(entry.package) if entry.package else "absent"
     except metadata.PackageNotFoundError:
         package = "absent"
     material = json.dumps(
         [
             spec.engine,
             package,
-            _ENGINE_REVISIONS.get(spec.engine),
+            entry.revision,
             spec.precision,
             spec.options,
             spec.voices,
@@ -150,7 +201,8 @@ def model_version(spec: ModelSpec, declared: str | None = None) -> str:
 
 
 def load_registry(settings: Settings) -> Registry:
-    """Load and check the registry named by the settings, and pick the default model."""
+    """Import the engine plugins, load and check the registry named by the settings, and pick the default model."""
+    load_engine_plugins(settings.engine_plugins)
     variables = {
         "chattts_weights_dir": str(settings.chattts_weights_dir),
         "tiny_model_dir": str(settings.tiny_model_dir),

@@ -18,6 +18,11 @@ from tests.support.servers import ROOT, ApiProcess, RedisServer, WorkerProcess, 
 
 IN_CI = os.environ.get("CI") == "true"
 
+# The test-only engines (tests/support/engines.py: `faulty`) are a plugin, never in the production registry. Set
+# here, before any registry loads, so that every registry this suite loads knows them: in this process and in
+# the processes it starts, which inherit its environment.
+os.environ["TTS_ENGINE_PLUGINS"] = "tests.support.engines"
+
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:

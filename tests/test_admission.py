@@ -17,6 +17,7 @@ from cache.stats import Stats, Window
 from cache.workers import WorkerRegistry
 from core.errors import ServiceUnavailable
 from core.settings import load_settings
+from tests.support.processes import wait_for
 
 QUEUES = ("test-realtime", "test-batch")
 
@@ -39,9 +40,10 @@ def test_the_breaker_opens_when_no_worker_is_alive_and_half_opens_after_cooling_
     breaker = _breaker(redis_client)
     verdict = breaker.check(workers_alive=0)
     assert not verdict.allowed and verdict.reason == "no worker is alive" and verdict.retry_after >= 1
+    opened = time.monotonic()
     assert not breaker.check(workers_alive=1).allowed, "still cooling down"
-    time.sleep(1.2)
-    assert breaker.check(workers_alive=1).allowed, "one trial passes"
+    wait_for(lambda: breaker.check(workers_alive=1).allowed, 5, "one trial passes once cooled down")
+    assert time.monotonic() - opened >= 1.0, "not before the cooldown"
     assert not breaker.check(workers_alive=1).allowed, "others wait for the trial"
     Stats(redis_client).record(ok=1)  # the trial's segment succeeded
     assert breaker.check(workers_alive=1).allowed
@@ -56,8 +58,9 @@ def test_the_breaker_opens_on_a_high_failure_rate_and_a_failed_trial_reopens_it(
     stats.record(failed=2)
     verdict = breaker.check(workers_alive=1)
     assert not verdict.allowed and "failed" in verdict.reason
-    time.sleep(1.2)
-    assert breaker.check(workers_alive=1).allowed  # the trial
+    opened = time.monotonic()
+    wait_for(lambda: breaker.check(workers_alive=1).allowed, 5, "the trial once cooled down")
+    assert time.monotonic() - opened >= 1.0, "not before the cooldown"
     stats.record(failed=1)
     assert not breaker.check(workers_alive=1).allowed
     assert breaker.state()[0] == "open"

@@ -8,10 +8,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from core.errors import SynthesisError
+from core.policy import BatchTiming
 from core.registry import ModelSpec
 from core.schedule import priority_step
-from workers.batcher import Batcher, _Pending, compatible
+from tests.support.processes import wait_for
+from workers.batcher import Batcher
 from workers.engines.base import SynthesisRequest, Waveform
+from workers.planner import BatchPlanner, Pending, compatible
 
 SPEC = ModelSpec(name="m", engine="espeak")
 OTHER = ModelSpec(name="other", engine="espeak")
@@ -23,12 +27,12 @@ def test_texts_of_similar_length_are_compatible_and_very_different_ones_are_not(
     assert not compatible(24, 120, max_ratio=1.5)
 
 
-def _pending(text: str, deadline: float) -> _Pending:
-    return _Pending(SPEC, SynthesisRequest(text=text), deadline)
+def _pending(text: str, deadline: float) -> Pending:
+    return Pending(SPEC, SynthesisRequest(text=text), deadline)
 
 
 def test_a_batch_is_the_earliest_deadline_and_the_similar_lengths_due_soonest_after_it() -> None:
-    batcher = Batcher(RecordingEngine(), max_batch=3, max_wait_s=0.0, horizon_s=100)
+    batcher = Batcher(RecordingEngine(), max_batch=3, max_wait_s=0.0, timing=BatchTiming(horizon_s=100))
     items = [
         _pending("x" * 100, 5.0),  # long: not with a short head
         _pending("x" * 20, 9.0),
@@ -42,7 +46,7 @@ def test_a_batch_is_the_earliest_deadline_and_the_similar_lengths_due_soonest_af
 
 
 def test_a_batch_takes_no_segment_due_beyond_the_horizon() -> None:
-    batcher = Batcher(RecordingEngine(), max_batch=8, max_wait_s=0.0, horizon_s=10)
+    batcher = Batcher(RecordingEngine(), max_batch=8, max_wait_s=0.0, timing=BatchTiming(horizon_s=10))
     group = batcher.choose([_pending("abc", 0.0), _pending("abd", 9.0), _pending("abe", 11.0)])
     assert [p.due for p in group] == [0.0, 9.0]
 
@@ -111,7 +115,7 @@ def test_a_failed_call_fails_every_segment_in_it_and_none_hangs() -> None:
 def test_a_call_that_returns_too_few_waveforms_fails_the_batch() -> None:
     batcher = Batcher(RecordingEngine(short_by=1), max_batch=8, max_wait_s=0.05)
     results = _submit_concurrently(batcher, [(SPEC, f"t{i}") for i in range(4)])
-    assert all(isinstance(r, RuntimeError) and "waveforms for" in str(r) for r in results)
+    assert all(isinstance(r, SynthesisError) and "waveforms for" in str(r) for r in results)
 
 
 def test_a_failing_observer_neither_fails_the_batch_nor_stops_the_batcher() -> None:
@@ -137,7 +141,7 @@ def test_a_due_first_segment_overtakes_queued_later_segments_of_other_jobs() -> 
     batcher = Batcher(engine, max_batch=2, max_wait_s=0.0)
     now = time.time()
     blocker = batcher.submit(SPEC, SynthesisRequest(text="keeps the engine busy"), deadline=now)
-    time.sleep(0.05)
+    wait_for(lambda: engine.calls, 5, "the blocker's engine call started")
     later = [batcher.submit(SPEC, SynthesisRequest(text=f"later segment {i}"), deadline=now + 10 + i) for i in range(4)]
     first = batcher.submit(SPEC, SynthesisRequest(text="first segment"), deadline=time.time())
     for future in (blocker, first, *later):
@@ -151,7 +155,6 @@ def test_with_no_deadlines_segments_run_in_arrival_order() -> None:
     futures = []
     for i in range(4):
         futures.append(batcher.submit(SPEC, SynthesisRequest(text=f"segment {i}")))
-        time.sleep(0.01)
     for future in futures:
         future.result(5)
     assert [texts for _, texts in engine.calls] == [[f"segment {i}"] for i in range(4)]
@@ -162,20 +165,29 @@ def test_a_slack_segment_is_not_starved_by_a_flood_of_due_ones() -> None:
     engine = RecordingEngine(delay_s=0.02)
     batcher = Batcher(engine, max_batch=1, max_wait_s=0.0)
     stop = threading.Event()
+    flooded: list[float] = []
 
     def flood() -> None:
         while not stop.is_set():
             now = time.time()
             batcher.submit(SPEC, SynthesisRequest(text=f"{now:.6f}"), deadline=now)  # due the moment it arrives
-            time.sleep(0.004)
+            flooded.append(now)
+            time.sleep(0.004)  # the flood's pace, not a synchronisation
 
-    threading.Thread(target=flood, daemon=True).start()
-    time.sleep(0.1)
-    deadline = time.time() + 0.3
-    batcher.submit(SPEC, SynthesisRequest(text="slack"), deadline=deadline).result(10)
-    assert not stop.is_set(), "it ran while the flood went on"
-    time.sleep(0.1)
-    stop.set()
+    flooder = threading.Thread(target=flood, daemon=True)
+    flooder.start()
+    try:
+        wait_for(lambda: len(flooded) >= 10 and len(engine.calls) >= 2, 5, "the flood is under way")
+        deadline = time.time() + 0.3
+        batcher.submit(SPEC, SynthesisRequest(text="slack"), deadline=deadline).result(10)
+        submitted_by_then = len(flooded)
+        # The flood went on after the slack segment was served: it did not have to wait for the flood to end.
+        wait_for(lambda: len(flooded) > submitted_by_then + 5, 5, "the flood goes on after the slack segment")
+        assert flooder.is_alive(), "the flood ran throughout"
+        wait_for(lambda: len(engine.calls) > [t[0] for _, t in engine.calls].index("slack") + 2, 5, "flood after it")
+    finally:
+        stop.set()
+        flooder.join(5)
     order = [texts[0] for _, texts in engine.calls]
     position = order.index("slack")
     assert all(float(t) <= deadline for t in order[:position]), "only work due earlier went first"
@@ -184,10 +196,10 @@ def test_a_slack_segment_is_not_starved_by_a_flood_of_due_ones() -> None:
 
 def test_a_segment_with_slack_waits_for_company_and_a_due_one_does_not() -> None:
     engine = RecordingEngine(delay_s=0.01)
-    batcher = Batcher(engine, max_batch=4, max_wait_s=0.0, hold_s=0.3)
+    batcher = Batcher(engine, max_batch=4, max_wait_s=0.0, timing=BatchTiming(hold_s=0.3))
     now = time.time()
     first = batcher.submit(SPEC, SynthesisRequest(text="slack one"), deadline=now + 30)
-    time.sleep(0.1)
+    wait_for(lambda: batcher.holds >= 1, 5, "the slack segment is held for company")
     second = batcher.submit(SPEC, SynthesisRequest(text="slack two"), deadline=now + 31)
     first.result(5), second.result(5)
     assert engine.calls[0][1] == ["slack one", "slack two"], "the slack segment held for a fuller batch"
@@ -229,16 +241,17 @@ def test_a_deadline_that_cannot_be_computed_neither_stops_the_batcher_nor_its_se
 
 
 def test_an_unexpected_fault_in_a_round_fails_that_round_and_the_batcher_goes_on() -> None:
-    class Faulty(Batcher):
+    class FaultyPlanner(BatchPlanner):
         broken = True
 
-        def _plan(self, items: list[_Pending]) -> tuple[list[_Pending], float]:
+        def plan(self, items: list[Pending]) -> tuple[list[Pending], float]:
             if self.broken:
                 self.broken = False
                 raise ValueError("planner bug")
-            return super()._plan(items)
+            return super().plan(items)
 
-    batcher = Faulty(RecordingEngine(), max_batch=4, max_wait_s=0.0)
+    batcher = Batcher(RecordingEngine(), max_batch=4, max_wait_s=0.0)
+    batcher.planner = FaultyPlanner(max_batch=4, max_ratio=1.5, timing=BatchTiming())
     first = batcher.submit(SPEC, SynthesisRequest(text="caught in the fault"))
     try:
         first.result(5)
@@ -251,10 +264,10 @@ def test_an_unexpected_fault_in_a_round_fails_that_round_and_the_batcher_goes_on
 
 def test_a_first_segment_gains_priority_as_it_waits_and_none_while_it_has_not() -> None:
     engine = RecordingEngine(delay_s=0.4)  # the blocker's call outlasts the four submissions
-    batcher = Batcher(engine, max_batch=1, max_wait_s=0.0, first_priority_s=2.0)
+    batcher = Batcher(engine, max_batch=1, max_wait_s=0.0, timing=BatchTiming(first_priority_s=2.0))
     now = time.time()
     blocker = batcher.submit(SPEC, SynthesisRequest(text="keeps the engine busy"), deadline=now)
-    time.sleep(0.05)
+    wait_for(lambda: engine.calls, 5, "the blocker's engine call started")
     # Late by 1.5 s (its listener has waited that long): it goes before a stream's segment due 1 s before it.
     stream = batcher.submit(SPEC, SynthesisRequest(text="a stream's next"), deadline=now - 2.5, early=True)
     waiting = batcher.submit(SPEC, SynthesisRequest(text="a waiting listener's first"), deadline=now - 1.5)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.headline import combine_engines
+from bench.headline_engine import combine_engines
 from bench.headline_report import engine_table
 
 

@@ -19,7 +19,7 @@ from flask import Flask
 from api import create_app
 from cache import keys
 from cache.budget import StoreBudget
-from cache.jobstore import JobRequest, JobStore, WriteResult
+from cache.jobstore import JobRequest, JobStore, StartState, WriteResult
 from cache.stats import Stats
 from core.audio import PackedAudio, to_pcm16
 from core.errors import StoreFull
@@ -92,8 +92,9 @@ def test_a_finished_jobs_audio_expires_before_its_record(redis_client: redis.Red
     job_id = _done_job(store, pcm, rate)
     assert 3500 < redis_client.ttl(keys.audio(job_id)) <= 3600
     assert redis_client.ttl(keys.job(job_id)) > 80_000
-    record = store.get(job_id) or {}
-    assert float(record["audio_expires_at"]) == pytest.approx(float(record["finished_at"]) + 3600, abs=1)
+    record = store.get(job_id)
+    assert record is not None and record.finished_at is not None
+    assert record.audio_expires_at == pytest.approx(record.finished_at + 3600, abs=1)
     assert redis_client.zscore(keys.AUDIO_KEPT, job_id) is not None, "listed for the memory budget"
 
 
@@ -180,7 +181,7 @@ def test_a_write_to_a_full_store_changes_nothing_and_is_refused_as_out_of_memory
     pcm, rate = speech
     store = JobStore(own_redis, ttl=600)
     job_id = store.create(REQUEST, ["One.", "Two."], pending=[1])
-    assert store.start_segment(job_id, 0, worker="w1").state == "go"
+    assert store.start_segment(job_id, 0, worker="w1").state is StartState.GO
     own_redis.config_set("maxmemory", own_redis.info("memory")["used_memory"] + 4 * 2**20)
     _fill(own_redis)
     with pytest.raises(redis.OutOfMemoryError):
@@ -217,8 +218,8 @@ def _synthesizer(client: redis.Redis, store: JobStore, budget: StoreBudget, wave
                  **extra: Any) -> SegmentSynthesizer:  # fmt: skip
     from cache.schedule import ScheduleBook
     from cache.sentences import SentenceCache
+    from core.policy import scheduling_policy
     from core.registry import load_registry
-    from core.settings import deadline_policy
 
     settings = Settings()
     return SegmentSynthesizer(
@@ -231,7 +232,7 @@ def _synthesizer(client: redis.Redis, store: JobStore, budget: StoreBudget, wave
         max_attempts=3,
         worker="w1",
         book=ScheduleBook(client, default_seconds_per_char=0.08),
-        policy=deadline_policy(settings),
+        policy=scheduling_policy(settings),
         wait_for_room=budget.wait_for_room,
         **extra,
     )

@@ -227,12 +227,41 @@ def test_speed_maps_to_the_speed_prompt() -> None:
     assert speed_prompt(4.0) == "[speed_9]"
 
 
-def test_quality_mode_refines_the_text_first(free_engine: ChatTTSEngine) -> None:
+def test_quality_mode_refines_the_text_first(free_engine: ChatTTSEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    tokenizer = free_engine._chat.tokenizer  # type: ignore[union-attr]
+    encode, decode_ids = tokenizer.encode, tokenizer.decode
+    encoded: list[list[str]] = []
+    refined_texts: list[str] = []
+
+    def encoding(prompts: list[str], *args: object, **kwargs: object) -> object:
+        encoded.append(list(prompts))
+        return encode(prompts, *args, **kwargs)
+
+    def decoding(*args: object, **kwargs: object) -> object:
+        texts = decode_ids(*args, **kwargs)
+        refined_texts.extend(texts)
+        return texts
+
+    # Spies that call through: ChatTTS's own tokenizer still does the work.
+    monkeypatch.setattr(tokenizer, "encode", encoding)
+    monkeypatch.setattr(tokenizer, "decode", decoding)
     batch = [SynthesisRequest(TEXTS[0], mode="quality"), SynthesisRequest(TEXTS[0])]
     refined, plain = free_engine.synthesize(batch)
-    assert refined.dtype == np.float32
-    assert len(refined) > 0
+    refine_pass, code_pass = encoded
+    # The refinement pass ran on the quality item alone, with ChatTTS's refine prompt around its text.
+    assert len(refine_pass) == 1 and refine_pass[0].startswith("[Sbreak]") and TEXTS[0] in refine_pass[0]
+    # Its output, not the text as sent, is what the speech pass spoke for that item; the other kept its text.
+    (refined_text,) = refined_texts
+    assert refined_text != TEXTS[0]
+    speaker = free_engine._chat.speaker  # type: ignore[union-attr]
+    spoken = [
+        speaker.decorate_code_prompts([text], speed_prompt(1.0), None, None)[0] for text in (refined_text, TEXTS[0])
+    ]
+    assert code_pass == spoken
+    assert refined.dtype == np.float32 and len(refined) > 0
+    assert len(refined) != len(plain) or not np.allclose(refined, plain), "the refined text sounds different"
     np.testing.assert_allclose(plain, alone(free_engine, batch[1]), rtol=0, atol=1e-5)
+    assert len(encoded) == 3, "a batch without a quality item makes no refinement pass"
 
 
 def test_half_precision_runs_and_keeps_float32_output(tiny_model_dir: Path) -> None:

@@ -17,7 +17,7 @@ from kombu import Connection
 from cache import keys
 from cache.custody import BrokerKeys, Custody
 from cache.idempotency import CLAIM_TTL_S, TTL_S, IdempotencyKeys
-from cache.jobstore import OUTBOX_GRACE_S, JobRequest, JobStore, WriteResult
+from cache.jobstore import OUTBOX_GRACE_S, JobRequest, JobStore, StartState, WriteResult
 from cache.workers import WorkerRegistry
 from celery_config import SYNTHESIZE_TASK
 from tests.support.servers import RedisServer
@@ -105,7 +105,7 @@ def test_a_dead_workers_segments_are_enqueued_again_and_its_job_finishes(app: Fl
     job_id = store.create(REQUEST, TEXTS[:2])
     # What a worker SIGKILLed mid-batch leaves: two segments held, their messages unacked in kombu for an hour.
     for index in (0, 1):
-        assert store.start_segment(job_id, index, worker="w-ghost", token=f"ghost-{index}:0").state == "go"
+        assert store.start_segment(job_id, index, worker="w-ghost", token=f"ghost-{index}:0").state is StartState.GO
     services.redis.zadd(keys.WORKERS, {"w-ghost": time.time() - 60})
     assert wait_done(served, job_id)["status"] == "done"
     assert "w-ghost" not in custody.holders() and custody.held("w-ghost") == set()
@@ -123,7 +123,9 @@ def test_segments_written_to_the_outbox_but_never_published_are_published_after_
     job_id = _store(app).create(REQUEST, TEXTS[:2], publish=[0, 1])
     job = wait_done(served, job_id, timeout=OUTBOX_GRACE_S + 30)
     assert job["status"] == "done"
-    finished_at = float((_store(app).get(job_id) or {})["finished_at"])
+    record = _store(app).get(job_id)
+    assert record is not None and record.finished_at is not None
+    finished_at = record.finished_at
     assert finished_at - written_at >= OUTBOX_GRACE_S, "published before its taker's grace ran out"
     assert services.redis.zscore(keys.OUTBOX, keys.segment_member(job_id, 0)) is None
     assert _segment_events(services.redis, job_id) == {0: 1, 1: 1}

@@ -60,7 +60,7 @@ def _finished_job(store: JobStore, fmt: str, segments: int, samples: int = SEGME
         meta = {"duration_s": round(samples / RATE, 4)}
         store.write_segment(job_id, index, _tone(index, samples), sample_rate=RATE, meta=meta)
     record = store.get(job_id)
-    assert record is not None and record["status"] == "done"
+    assert record is not None and record.status == "done"
     return job_id
 
 

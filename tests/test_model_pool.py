@@ -127,7 +127,8 @@ def test_a_model_host_ends_when_its_worker_is_killed_even_in_the_middle_of_a_bat
     code = (
         "import sys, time; from core.settings import load_settings; from core.registry import load_registry; "
         "from workers.engines.base import SynthesisRequest; from workers.pool.handle import ModelHost; "
-        f"spec = load_registry(load_settings(models_file={str(registry)!r})).get('faulty'); "
+        f"settings = load_settings(models_file={str(registry)!r}, engine_plugins='tests.support.engines'); "
+        "spec = load_registry(settings).get('faulty'); "
         "host = ModelHost(spec, device='cpu'); print(host.pid, flush=True); "
         "host.synthesize([SynthesisRequest(text='HANG-ME')], timeout_s=600)"
     )

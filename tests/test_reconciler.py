@@ -15,11 +15,13 @@ from workers.reconciler import Reconciler
 def _wait(
     client: FlaskClient, job_id: str, statuses: tuple[str, ...] = ("done",), timeout: float = 60
 ) -> dict[str, Any]:
+    """Poll the job until it reaches one of ``statuses``; fail at once if it ends in another."""
     deadline = time.monotonic() + timeout
     while True:
         job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}").get_json()
-        if job["status"] in statuses or job["status"] in ("failed", "canceled"):
+        if job["status"] in statuses:
             return job
+        assert job["status"] not in ("done", "failed", "canceled"), f"ended {job['status']}, not {statuses}: {job}"
         assert time.monotonic() < deadline, job
         time.sleep(0.05)
 
@@ -74,8 +76,8 @@ def test_a_second_book_gets_its_first_segment_before_the_first_book_ends(served:
     second = served.post("/v1/jobs", json={"text": second_book, **body}).get_json()
     assert served.get(f"/v1/jobs/{second['id']}/segments/0?wait=30").status_code == 200
     assert served.get(f"/v1/jobs/{first['id']}").get_json()["status"] != "done", "the second book waited for all"
-    _wait(served, first["id"], timeout=120)
-    _wait(served, second["id"], timeout=120)
+    assert _wait(served, first["id"], timeout=120)["segments_done"] == first["segments_total"]
+    assert _wait(served, second["id"], timeout=120)["segments_done"] == second["segments_total"]
 
 
 def test_the_reconciler_prunes_deadline_entries_of_jobs_that_ended(app: Flask, served: FlaskClient) -> None:

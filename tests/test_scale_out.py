@@ -17,6 +17,7 @@ import redis
 from flask import Flask
 
 from api import create_app
+from tests.support.processes import wait_for
 from tests.support.servers import ROOT, RedisServer
 from workers.launch import worker_environments
 
@@ -40,11 +41,12 @@ def fleet(tmp_path: Path, settings_env: dict[str, str]) -> Iterator[tuple[Flask,
         launcher = subprocess.Popen([sys.executable, "-m", "workers.launch", "--fake-devices", "3"],
                                     cwd=ROOT, env=env, stdout=log, stderr=log)  # fmt: skip
     client = redis.Redis.from_url(server.url)
-    deadline = time.monotonic() + 120
-    while client.zcard("tts:workers") < 3:
+
+    def three_up() -> bool:
         assert launcher.poll() is None, (tmp_path / "launch.log").read_text()[-3000:]
-        assert time.monotonic() < deadline, "three workers did not come up"
-        time.sleep(0.2)
+        return bool(client.zcard("tts:workers") >= 3)
+
+    wait_for(three_up, 120, "three workers up", 0.2)
     app = create_app(
         {
             "redis_url": server.url,
@@ -77,18 +79,18 @@ def test_load_spreads_over_three_workers_and_a_killed_one_loses_nothing(
         assert response.status_code == 202, response.get_data(as_text=True)
         jobs.append(response.get_json()["id"])
     workers = [n.decode() for n in client.zrange("tts:workers", 0, -1)]
-    deadline = time.monotonic() + 60
-    while not all(client.scard(f"tts:held:{name}") for name in workers):  # every worker has taken work
-        assert time.monotonic() < deadline, {name: client.scard(f"tts:held:{name}") for name in workers}
-        time.sleep(0.05)
+    wait_for(lambda: all(client.scard(f"tts:held:{name}") for name in workers), 60, "every worker has taken work")
     victim = json.loads(client.get(f"tts:worker:{workers[0]}") or b"{}")
     os.kill(victim["pid"], signal.SIGKILL)  # its segments are handed on; the launcher starts another
 
     deadline = time.monotonic() + 180
     for job_id in jobs:
-        while (job := api.get(f"/v1/jobs/{job_id}").get_json())["status"] not in ("done", "failed"):
-            assert time.monotonic() < deadline, job
-            time.sleep(0.2)
+        job = wait_for(
+            lambda job_id=job_id: (j := api.get(f"/v1/jobs/{job_id}").get_json())["status"] in ("done", "failed") and j,
+            max(1.0, deadline - time.monotonic()),
+            f"job {job_id} ended",
+            0.2,
+        )
         assert job["status"] == "done", job
         assert client.hlen(f"tts:job:{{{job_id}}}:audio") == job["segments_total"]
         segment_events = [e for _, e in client.xrange(f"tts:job:{{{job_id}}}:events") if e[b"type"] == b"segment"]

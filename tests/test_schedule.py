@@ -10,8 +10,9 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from cache import keys
-from cache.jobstore import JobRequest, JobStore, SegmentStart
+from cache.jobstore import JobRequest, JobStore, SegmentStart, StartState
 from cache.stats import Stats
+from core.policy import SchedulingPolicy
 from core.schedule import DeadlinePolicy, playback_stalls, priority_step, timeline
 from workers.segment import Outcome, SegmentSynthesizer
 
@@ -130,7 +131,7 @@ def test_a_segment_whose_job_vanishes_as_it_is_read_is_skipped_and_leaves_no_key
         max_attempts=2,
         worker="test",
         book=services.book,
-        policy=POLICY,
+        policy=SchedulingPolicy(deadlines=POLICY),
     )
     assert synthesizer.run(job_id, 1) is Outcome.SKIPPED
     assert not services.redis.exists(*keys.all_job_keys(job_id)), "no attempt counter without a job"
@@ -142,22 +143,23 @@ def test_starting_a_segment_reads_its_job_counts_the_attempt_and_marks_the_job_r
                          priority="realtime", seed=None, cache=False)  # fmt: skip
     job_id = store.create(request, ["First part.", "Second part."])
     first = store.start_segment(job_id, 1)
-    assert first.state == "go"
+    assert first.state is StartState.GO
     assert first.request == request
     assert first.text == "Second part.", "its own text, never the job's whole list"
     assert first.chars == [11, 12], "and, read whole once, every segment's length"
     assert first.attempt == 1 and first.meta == {}
-    assert first.record["status"] == "queued"  # as read; the job is running from now on
-    assert (store.get(job_id) or {})["status"] == "running"
+    assert first.record is not None and first.record.status == "queued"  # as read; the job is running from now on
+    record = store.get(job_id)
+    assert record is not None and record.status == "running"
     assert store.start_segment(job_id, 1).attempt == 2
 
     store.write_segment(job_id, 0, b"\0\0", sample_rate=24000, meta={"duration_s": 0.5, "finished_at": 1.0})
-    assert store.start_segment(job_id, 0).state == "written"
+    assert store.start_segment(job_id, 0).state is StartState.WRITTEN
     assert store.start_segment(job_id, 1).meta == {0: {"duration_s": 0.5, "finished_at": 1.0}}
     known = store.start_segment(job_id, 1, known=True)
     assert known.text == "Second part." and known.meta == {0: {"duration_s": 0.5, "finished_at": 1.0}}
     assert known.chars is None and known.request == request, "a worker that knows the job gets a few fields"
     store.cancel(job_id)
-    assert store.start_segment(job_id, 1).state == "over"
+    assert store.start_segment(job_id, 1).state is StartState.OVER
     assert store.attempts(job_id, 1) == 4, "an ended job's segments count no more attempts"
-    assert store.start_segment("no-such-job", 0).state == "gone"
+    assert store.start_segment("no-such-job", 0).state is StartState.GONE

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import numpy as np
+import pytest
 import soundfile as sf
 from flask import Flask
 from flask.testing import FlaskClient
@@ -16,6 +17,9 @@ from flask.testing import FlaskClient
 from api.streaming import Ended, Ready, follow
 from cache.jobstore import JobRequest, JobStore
 from tests.support.http import serving
+
+#: A growing stream answers with these headers; a finished job's file with a Content-Disposition instead.
+GROWING = "no-store"
 
 FIVE = (
     "One small step. Two birds sing. Three cats sleep on the warm roof. "
@@ -106,6 +110,9 @@ def test_the_growing_stream_has_the_same_bytes_as_the_finished_file(served: Flas
     growing = served.get(f"/v1/jobs/{job['id']}/audio", buffered=False)
     assert growing.status_code == 200
     assert growing.headers["Content-Type"].startswith("audio/L16")
+    assert growing.headers["Cache-Control"] == GROWING and "Content-Disposition" not in growing.headers, (
+        "the job was still running when the GET began: the stream grew, it was not the finished file"
+    )
     streamed = growing.get_data()
     assert served.get(f"/v1/jobs/{job['id']}").get_json()["status"] == "done"
     final = served.get(f"/v1/jobs/{job['id']}/audio")
@@ -116,7 +123,9 @@ def test_a_growing_wav_stream_plays_the_same_samples_as_the_file(served: FlaskCl
     job = _submit(
         served, text="第一句话。第二句话比较长一点。第三句。", model="chattts-tiny", format="wav", cache=False
     )
-    streamed = served.get(f"/v1/jobs/{job['id']}/audio", buffered=False).get_data()
+    growing = served.get(f"/v1/jobs/{job['id']}/audio", buffered=False)
+    assert growing.headers["Cache-Control"] == GROWING, "the job was still running when the GET began"
+    streamed = growing.get_data()
     final = served.get(f"/v1/jobs/{job['id']}/audio").data
     assert streamed[:4] == b"RIFF"
     assert streamed[44:] == final[44:]
@@ -169,3 +178,63 @@ def test_a_long_poll_gets_a_segment_written_as_it_ended_its_job(redis_client: An
 
     store.segment = segment_written_just_after_looking  # type: ignore[method-assign]
     assert store.wait_segment(job_id, 0, timeout_s=5) == b"\x01\x02"
+
+
+RATE = 24000
+
+
+def _tone(index: int, seconds: float = 0.5) -> bytes:
+    """Return a segment of 16-bit PCM: a tone of its own pitch, so that each segment is told apart."""
+    t = np.arange(int(RATE * seconds)) / RATE
+    return (np.sin(2 * np.pi * (220 + 110 * index) * t) * 12000).astype("<i2").tobytes()
+
+
+def _unfinished_job(app: Flask, fmt: str, segments: int = 3) -> str:
+    """Create a job no worker makes (never enqueued), with only its first segment written."""
+    store = app.extensions["tts"].store
+    request = JobRequest(model="chattts-tiny", voice="default", speed=1.0, mode="balanced", format=fmt,
+                         priority="realtime", seed=None, cache=False)  # fmt: skip
+    job_id: str = store.create(request, [f"segment {i}" for i in range(segments)])
+    store.write_segment(job_id, 0, _tone(0), sample_rate=RATE, meta={"duration_s": 0.5})
+    return job_id
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "ogg", "wav", "pcm"])
+def test_a_running_jobs_audio_grows_as_each_segment_is_written(app: Flask, client: FlaskClient, fmt: str) -> None:
+    store = app.extensions["tts"].store
+    job_id = _unfinished_job(app, fmt)
+    response = client.get(f"/v1/jobs/{job_id}/audio", buffered=False)
+    assert response.status_code == 200, response.get_data(as_text=True)
+    assert response.headers["Cache-Control"] == GROWING
+    assert client.get(f"/v1/jobs/{job_id}").get_json()["status"] in ("queued", "running"), "unfinished as it is read"
+    chunks = iter(response.response)
+    before = b""
+    while len(before) == 0 or (fmt in ("mp3", "opus", "ogg") and len(before) < 64):
+        before += next(chunks)  # segment 0's audio (an encoder may hold back a little of it)
+    for index in (1, 2):
+        store.write_segment(job_id, index, _tone(index), sample_rate=RATE, meta={"duration_s": 0.5})
+    whole = before + b"".join(chunks)
+    response.close()
+    assert len(whole) > len(before), "the later segments came down the same response"
+    if fmt == "pcm":
+        assert whole == b"".join(_tone(i) for i in range(3))
+        return
+    samples, rate = sf.read(io.BytesIO(whole), dtype="float32")
+    # Opus decodes at 48 kHz; mp3 and opus add an encoder delay of a few milliseconds.
+    assert abs(len(samples) / rate - 1.5) < 0.1, (fmt, len(samples) / rate)
+    assert client.get(f"/v1/jobs/{job_id}").get_json()["status"] == "done"
+
+
+def test_a_running_flac_job_answers_409_not_ready_until_it_is_done(app: Flask, client: FlaskClient) -> None:
+    store = app.extensions["tts"].store
+    job_id = _unfinished_job(app, "flac", segments=2)
+    response = client.get(f"/v1/jobs/{job_id}/audio")
+    assert response.status_code == 409
+    error = response.get_json()["error"]
+    assert error["code"] == "not_ready" and "flac cannot grow" in error["message"]
+    assert response.headers["Retry-After"] == "1"
+    store.write_segment(job_id, 1, _tone(1), sample_rate=RATE, meta={"duration_s": 0.5})
+    done = client.get(f"/v1/jobs/{job_id}/audio")
+    assert done.status_code == 200
+    samples, rate = sf.read(io.BytesIO(done.data), dtype="int16")
+    assert rate == RATE and samples.tobytes() == _tone(0) + _tone(1), "FLAC is lossless"

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Protocol
 
 from core.registry import ModelSpec
-from workers.batcher import Batcher, Due
+from workers.batcher import Batcher
 from workers.engines.base import SynthesisRequest, Waveform
+from workers.planner import Due
 from workers.pool.pool import ModelPool
 
 

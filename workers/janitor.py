@@ -21,10 +21,11 @@ import redis
 from cache import keys
 from cache.budget import StoreBudget
 from cache.custody import Custody
-from cache.jobstore import TERMINAL, JobRequest, JobStore
+from cache.jobstore import JobStore
 from cache.schedule import ScheduleBook
 from cache.workers import WorkerRegistry
 from core.metrics import OUTBOX_PUBLISHED, SEGMENTS_HANDED_OVER
+from core.policy import SchedulingPolicy
 from workers.celery_app import Enqueue
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ class Janitor:
     interval_s: float
     working_on: Callable[[], set[str]]
     account_every_s: float = 15.0
-    use_deadlines: bool = True
+    policy: SchedulingPolicy = field(default_factory=SchedulingPolicy)
     budget: StoreBudget | None = None  # kept each pass, by every worker (deletions are idempotent)
     _reachable_since: float | None = field(default=None, init=False)
     _last_pass: float = field(default=0.0, init=False)
@@ -209,12 +210,12 @@ class Janitor:
         published = 0
         for job_id, indexes in by_job.items():
             record = self.store.get(job_id)
-            if record is not None and record["status"] not in TERMINAL:
+            if record is not None and not record.status.terminal:
                 missing = [i for i in indexes if not self.store.has_segment(job_id, i)]
                 if missing:
-                    lane = JobRequest.from_json(record["request"]).priority
+                    lane = record.request.priority
                     self.book.add(job_id, dict.fromkeys(missing, now))  # overdue: due now
-                    self.enqueue(job_id, missing, lane, [now] * len(missing) if self.use_deadlines else None)
+                    self.enqueue(job_id, missing, lane, self.policy.broker_order([now] * len(missing)))
                     published += len(missing)
                     OUTBOX_PUBLISHED.inc(len(missing))
                     log.info("published %d segments of job %s from the outbox", len(missing), job_id,

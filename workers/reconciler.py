@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import redis
 
 from cache import keys
-from cache.jobstore import TERMINAL, JobRequest, JobStore
+from cache.jobstore import JobStore
 from cache.schedule import ScheduleBook
 from workers.celery_app import Enqueue
 
@@ -38,23 +38,21 @@ class Reconciler:
         counts = {"requeued_jobs": 0, "requeued_segments": 0, "expired": 0, "forgotten": 0}
         for job_id in self.store.live_jobs():
             record = self.store.get(job_id)
-            if record is None or record["status"] in TERMINAL:
+            if record is None or record.status.terminal:
                 self.store.forget_live(job_id)
                 counts["forgotten"] += 1
                 continue
-            if now - float(record["created_at"]) > self.deadline_s:
+            if now - record.created_at > self.deadline_s:
                 self.store.fail(job_id, f"deadline of {self.deadline_s:.0f} s exceeded")
                 counts["expired"] += 1
                 continue
-            if now - float(record["updated_at"]) < self.stall_s:
+            if now - record.updated_at < self.stall_s:
                 continue
             waiting = set(self.store.pending(job_id))  # not lost: the enqueue window feeds them in later
-            missing = [
-                i for i in self.store.missing_segments(job_id, int(record["segments_total"])) if i not in waiting
-            ]
+            missing = [i for i in self.store.missing_segments(job_id, record.segments_total) if i not in waiting]
             if not missing:
                 continue
-            lane = JobRequest.from_json(record["request"]).priority
+            lane = record.request.priority
             self.store.touch(job_id)
             if self.book is not None:
                 self.book.add(job_id, dict.fromkeys(missing, now))  # overdue: due now
@@ -73,7 +71,7 @@ class Reconciler:
         gone: dict[str, list[int]] = {}
         for job_id, index in self.book.overdue_since(now - self.stall_s / 10):
             record = self.store.get(job_id)
-            if record is None or record["status"] in TERMINAL or self.store.has_segment(job_id, index):
+            if record is None or record.status.terminal or self.store.has_segment(job_id, index):
                 gone.setdefault(job_id, []).append(index)
         for job_id, indexes in gone.items():
             self.book.remove(job_id, indexes)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import threading
 import time
@@ -13,7 +12,7 @@ from dataclasses import dataclass, field
 import redis
 from celery import Celery
 
-from cache.budget import build_budget
+from cache.budget import StoreBudget, build_budget
 from cache.custody import BrokerKeys, Custody
 from cache.jobstore import JobStore, store_of
 from cache.schedule import ScheduleBook
@@ -22,8 +21,9 @@ from cache.stats import Stats
 from cache.workers import WorkerRegistry
 from celery_config import QUEUES, SYNTHESIZE_TASK, queue_keys
 from core.metrics import BATCH_SIZE, GPU_MEMORY, MODEL_MEMORY, MODELS_RESIDENT, SYNTHESIS_SECONDS
+from core.policy import SchedulingPolicy, scheduling_policy
 from core.registry import ModelSpec, Registry, load_registry
-from core.settings import Settings, deadline_policy
+from core.settings import Settings
 from workers.backend import PooledBackend
 from workers.batcher import Batcher, BatchObserver
 from workers.celery_app import Enqueue
@@ -111,15 +111,21 @@ class WorkerRuntime:
     def _load(self, specs: list[ModelSpec]) -> None:
         try:
             for spec in specs:
-                log.info("worker %s: loading model %r (engine %s, device %s)", self.hostname, spec.name, spec.engine,
-                         self.device)  # fmt: skip
+                log.info(
+                    "worker %s: loading model %r (engine %s, device %s)",
+                    self.hostname,
+                    spec.name,
+                    spec.engine,
+                    self.device,
+                )
                 # Straight to the pool: a load is not work, and must not skew the throughput stats.
                 for replica in range(self.settings.model_replicas):
                     self.backend.pool.synthesize(spec, [SynthesisRequest(text="ready")], replica)
                 self._loading.remove(spec.name)
         except Exception:
-            log.exception("worker %s: loading its models failed; segments of them will fail and be retried",
-                          self.hostname)  # fmt: skip
+            log.exception(
+                "worker %s: loading its models failed; segments of them will fail and be retried", self.hostname
+            )
             return
         log.info("worker %s ready: serving model %r with engine %s", self.hostname, specs[0].name, specs[0].engine)
         with contextlib.suppress(redis.RedisError):
@@ -157,85 +163,117 @@ def batch_observer(stats: Stats) -> BatchObserver:
     return observe
 
 
-def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> WorkerRuntime:
-    """Wire a worker's dependencies from the settings."""
-    client = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
-    store = store_of(client, settings)
-    budget = build_budget(client, settings)
-    stats = Stats(client)
-    book = ScheduleBook(client, default_seconds_per_char=settings.seconds_per_char)
-    heartbeats = WorkerRegistry(client, ttl_s=settings.worker_dead_after_s)
-    deadlines = settings.scheduler == "deadline"
-    registry = load_registry(settings)
+def _model_pool(settings: Settings) -> ModelPool:
+    """Return the pool that runs each model in a host process of its own."""
     # "auto" is resolved inside each model host: the worker itself never imports torch.
-    device = settings.device
-    pool = ModelPool(
-        lambda spec: ModelHost(spec, device=device, log_level=settings.log_level, torch_threads=settings.torch_threads),
+    return ModelPool(
+        lambda spec: ModelHost(
+            spec, device=settings.device, log_level=settings.log_level, torch_threads=settings.torch_threads
+        ),
         budget_mb=settings.model_budget_mb,
         idle_s=settings.model_idle_s,
         call_timeout_s=settings.task_time_limit_s,
     )
-    batcher = Batcher(
+
+
+def _batcher(settings: Settings, pool: ModelPool, stats: Stats, policy: SchedulingPolicy) -> Batcher:
+    """Return the batcher feeding ``pool``, trading fuller batches against urgency as the policy says."""
+    return Batcher(
         pool.synthesize,
         max_batch=settings.batch_max_size,
         max_wait_s=settings.batch_wait_ms / 1000,
         max_ratio=settings.batch_max_ratio,
-        hold_s=settings.batch_hold_ms / 1000 if deadlines else 0.0,
-        horizon_s=settings.batch_horizon_s if deadlines else math.inf,
-        lead=settings.deadline_lead if deadlines else 0.0,
-        first_priority_s=settings.deadline_first_priority_s if deadlines else 0.0,
+        timing=policy.batch_timing,
         replicas=settings.model_replicas,
         observe=batch_observer(stats),
     )
-    backend = PooledBackend(batcher=batcher, pool=pool, timeout_s=settings.task_time_limit_s)
+
+
+@dataclass(frozen=True)
+class _Shared:
+    """What a worker's parts share: its Redis client, the records kept there, its scheduling policy."""
+
+    client: redis.Redis
+    store: JobStore
+    stats: Stats
+    book: ScheduleBook
+    heartbeats: WorkerRegistry
+    budget: StoreBudget
+    policy: SchedulingPolicy
+
+
+def _janitor(
+    settings: Settings, shared: _Shared, *, hostname: str, enqueue: Enqueue, synthesizer: SegmentSynthesizer
+) -> Janitor:
+    """Return the janitor that hands dead workers' segments on and accounts for live jobs'."""
+    return Janitor(
+        store=shared.store,
+        custody=Custody(
+            shared.client,
+            BrokerKeys(queues=[key for lane in QUEUES for key in queue_keys(lane)]),
+            task_name=SYNTHESIZE_TASK,
+        ),
+        heartbeats=shared.heartbeats,
+        enqueue=enqueue,
+        book=shared.book,
+        worker=hostname,
+        dead_after_s=settings.worker_dead_after_s,
+        interval_s=settings.heartbeat_s,
+        working_on=synthesizer.working_on,
+        account_every_s=settings.reconcile_interval_s,
+        policy=shared.policy,
+        budget=shared.budget,
+    )
+
+
+def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> WorkerRuntime:
+    """Wire a worker's dependencies from the settings."""
+    client = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
+    shared = _Shared(
+        client=client,
+        store=store_of(client, settings),
+        stats=Stats(client),
+        book=ScheduleBook(client, default_seconds_per_char=settings.seconds_per_char),
+        heartbeats=WorkerRegistry(client, ttl_s=settings.worker_dead_after_s),
+        budget=build_budget(client, settings),
+        policy=scheduling_policy(settings),
+    )
+    registry = load_registry(settings)
+    pool = _model_pool(settings)
+    backend = PooledBackend(
+        batcher=_batcher(settings, pool, shared.stats, shared.policy), pool=pool, timeout_s=settings.task_time_limit_s
+    )
     synthesizer = SegmentSynthesizer(
-        stats=stats,
+        stats=shared.stats,
         enqueue=enqueue,
         cache=build_cache(settings),
-        store=store,
+        store=shared.store,
         registry=registry,
         backend=backend,
         max_attempts=settings.segment_max_attempts,
         worker=hostname,
-        book=book,
-        policy=deadline_policy(settings),
-        use_deadlines=deadlines,
-        wait_for_room=budget.wait_for_room,
+        book=shared.book,
+        policy=shared.policy,
+        wait_for_room=shared.budget.wait_for_room,
+    )
+    reconciler = Reconciler(
+        store=shared.store,
+        enqueue=enqueue,
+        stall_s=settings.reconcile_stall_s,
+        deadline_s=settings.job_deadline_s,
+        book=shared.book,
     )
     return WorkerRuntime(
         settings=settings,
         hostname=hostname,
-        device=device,
-        store=store,
+        device=settings.device,
+        store=shared.store,
         registry=registry,
         backend=backend,
-        heartbeats=heartbeats,
-        reconciler=Reconciler(
-            store=store,
-            enqueue=enqueue,
-            stall_s=settings.reconcile_stall_s,
-            deadline_s=settings.job_deadline_s,
-            book=book,
-        ),
+        heartbeats=shared.heartbeats,
+        reconciler=reconciler,
         synthesizer=synthesizer,
-        janitor=Janitor(
-            store=store,
-            custody=Custody(
-                client,
-                BrokerKeys(queues=[key for lane in QUEUES for key in queue_keys(lane)]),
-                task_name=SYNTHESIZE_TASK,
-            ),
-            heartbeats=heartbeats,
-            enqueue=enqueue,
-            book=book,
-            worker=hostname,
-            dead_after_s=settings.worker_dead_after_s,
-            interval_s=settings.heartbeat_s,
-            working_on=synthesizer.working_on,
-            account_every_s=settings.reconcile_interval_s,
-            use_deadlines=deadlines,
-            budget=budget,
-        ),
+        janitor=_janitor(settings, shared, hostname=hostname, enqueue=enqueue, synthesizer=synthesizer),
     )
 
 

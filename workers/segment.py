@@ -1,4 +1,8 @@
-"""Synthesise one segment of one job and write it to the job store (plain, testable)."""
+"""Make one segment of one job: read it, synthesise it, write it once in the step that advances its job.
+
+What only observes the write (metrics, the sentence-cache fill, the pace book, the job's summary) is handed to
+observers afterwards (workers/observers.py).
+"""
 
 from __future__ import annotations
 
@@ -7,37 +11,27 @@ import enum
 import logging
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 import redis
 
 from cache import keys
-from cache.jobstore import JobStore, SegmentStart, SegmentWrite, WriteResult
+from cache.jobstore import JobStore, SegmentStart, SegmentWrite, StartState, WriteResult
 from cache.schedule import ScheduleBook
-from cache.sentences import CachedSegment, SentenceCache, segment_keys
+from cache.sentences import SentenceCache
 from cache.stats import Stats
-from core.audio import PackedAudio, to_pcm16
+from core.audio import to_pcm16
 from core.errors import StoreFull
-from core.metrics import (
-    AUDIO_SECONDS,
-    CACHE_BYTES_STORED,
-    JOB_STALL_SECONDS,
-    JOB_STALLS,
-    QUEUE_WAIT,
-    REAL_TIME_FACTOR,
-    SEGMENT_LATENESS,
-    SEGMENT_REDELIVERIES,
-    SEGMENTS,
-    STORE_FULL_WAITS,
-    TIME_TO_FIRST_SEGMENT,
-)
+from core.metrics import SEGMENT_REDELIVERIES, SEGMENTS, STORE_FULL_WAITS
+from core.policy import SchedulingPolicy
 from core.registry import Registry
-from core.schedule import DeadlinePolicy, Timeline, playback_stalls, timeline
+from core.schedule import Timeline
 from workers.backend import SynthesisBackend
 from workers.celery_app import Enqueue
 from workers.engines.base import SynthesisRequest
+from workers.observers import MadeSegment, SegmentObserver, default_observers
+from workers.timelines import Timelines
 
 log = logging.getLogger(__name__)
 
@@ -49,37 +43,6 @@ class Outcome(enum.Enum):
     DUPLICATE = "duplicate"
     SKIPPED = "skipped"
     GAVE_UP = "gave_up"
-
-
-class Timelines:
-    """The timelines of jobs this worker holds segments of, shared by those segments; oldest forgotten first."""
-
-    def __init__(self, limit: int = 10_000) -> None:
-        self._timelines: OrderedDict[str, Timeline] = OrderedDict()
-        self._lock = threading.Lock()
-        self._limit = limit
-
-    def known(self, job_id: str) -> Timeline | None:
-        """Return the job's shared timeline if this worker has one."""
-        with self._lock:
-            return self._timelines.get(job_id)
-
-    def get(self, job_id: str, fresh: Timeline) -> Timeline:
-        """Return the job's shared timeline, updated with what ``fresh`` (read from the store now) knows."""
-        with self._lock:
-            found = self._timelines.get(job_id)
-            if found is None:
-                found = self._timelines[job_id] = fresh
-                while len(self._timelines) > self._limit:
-                    self._timelines.popitem(last=False)
-            else:
-                found.merge(fresh)
-            return found
-
-    def forget(self, job_id: str) -> None:
-        """Drop a finished job's timeline."""
-        with self._lock:
-            self._timelines.pop(job_id, None)
 
 
 class SegmentSynthesizer:
@@ -97,10 +60,10 @@ class SegmentSynthesizer:
         max_attempts: int,
         worker: str,
         book: ScheduleBook,
-        policy: DeadlinePolicy,
-        use_deadlines: bool = True,
+        policy: SchedulingPolicy,
         wait_for_room: Callable[[float], bool] | None = None,
         room_wait_s: float = 60.0,
+        observer: SegmentObserver | None = None,
     ) -> None:
         self.store = store
         self.cache = cache
@@ -112,10 +75,10 @@ class SegmentSynthesizer:
         self.worker = worker
         self.book = book
         self.policy = policy
-        self.use_deadlines = use_deadlines
         self.wait_for_room = wait_for_room  # blocks until the store has room (cache/budget.py), or says it timed out
         self.room_wait_s = room_wait_s
-        self._timelines = Timelines()
+        self._timelines = Timelines(store=store, policy=policy.deadlines, default_pace=book.default_seconds_per_char)
+        self.observer = observer or default_observers(stats=stats, cache=cache, book=book, store=store)
         self._working_on: Counter[str] = Counter()
         self._working_lock = threading.Lock()
 
@@ -155,11 +118,11 @@ class SegmentSynthesizer:
         """
         # One atomic read: the job, whether the segment exists, the attempt, its text, what is done (all of it
         # only when this worker does not know the job yet: a segment's start never reads the whole job).
-        known = self._timelines.known(job_id) is not None
+        known = self._timelines.known(job_id)
         start = self.store.start_segment(job_id, index, worker=self.worker, token=token, known=known)
-        if start.state in ("gone", "over"):
+        if start.state in (StartState.GONE, StartState.OVER):
             return Outcome.SKIPPED
-        if start.state == "written":
+        if start.state is StartState.WRITTEN:
             return Outcome.DUPLICATE
         if start.redelivered:
             SEGMENT_REDELIVERIES.inc()
@@ -176,22 +139,36 @@ class SegmentSynthesizer:
             raise
 
     def _make(self, job_id: str, index: int, start: SegmentStart) -> Outcome:
-        """Synthesise a started segment, write it, and advance its job."""
-        attempt, record = start.attempt, start.record
-        if attempt > self.max_attempts:
+        """Synthesise a started segment, write it in the step that advances its job, then tell the observers."""
+        if start.attempt > self.max_attempts:
             # A redelivery after crashes (the worker died each time): stop the loop.
             self.store.release(self.worker, job_id, index)
             self.store.fail(job_id, f"segment {index} was attempted {self.max_attempts} times without finishing")
             return Outcome.GAVE_UP
-        request = start.request
-        if request is None or start.text is None:
+        if start.record is None or start.text is None:
             self.store.release(self.worker, job_id, index)
             return Outcome.SKIPPED
-        text = start.text
-        QUEUE_WAIT.observe(max(0.0, time.time() - float(record["created_at"])))
+        self.observer.started(start, index)
+        plan = self._timelines.of(job_id, start)
+        made = self._synthesize(job_id, index, start, plan)
+        write = self._write(made, start.attempt)
+        outcome = _OUTCOMES[write.result]
+        lane = made.request.priority
+        if outcome is Outcome.WRITTEN:  # later segments here follow its listener
+            plan.arrived(index, made.finished_at, made.duration_s * self.policy.deadlines.stretch(lane))
+        self.observer.written(made, outcome.value)
+        if write.result is WriteResult.FINISHED:
+            self._timelines.forget(job_id)
+            self.observer.job_finished(job_id, lane)
+        elif write.next_index is not None:
+            self._feed_next(job_id, write.next_index, plan, lane)
+        return outcome
+
+    def _synthesize(self, job_id: str, index: int, start: SegmentStart, plan: Timeline) -> MadeSegment:
+        """Run the segment through the engine by its deadline, which moves with its listener meanwhile."""
+        assert start.record is not None and start.text is not None  # checked by the caller
+        request = start.record.request
         spec = self.registry.get(request.model)
-        lane = request.priority
-        plan = self._plan(job_id, start, lane)
 
         def due() -> float:  # moves with the job's listener as its earlier segments arrive
             return plan.deadline(index)
@@ -199,74 +176,41 @@ class SegmentSynthesizer:
         started = time.perf_counter()
         wave, rate = self.backend.synthesize(
             spec,
-            SynthesisRequest(text=text, voice=request.voice, speed=request.speed, seed=request.seed, mode=request.mode),
-            deadline=(plan.due0 if index == 0 else due) if self.use_deadlines else None,
+            SynthesisRequest(
+                text=start.text, voice=request.voice, speed=request.speed, seed=request.seed, mode=request.mode
+            ),
+            deadline=(plan.due0 if index == 0 else due) if self.policy.by_deadline else None,
             early=index > 0,
         )
         synth_s = time.perf_counter() - started
-        audio = self.store.pack(to_pcm16(wave), rate)  # encoded once: the store and the cache keep these bytes
-        duration = len(wave) / rate
-        finished = time.time()
-        deadline = due()
-        meta = {
-            "duration_s": round(duration, 4),
-            "synth_s": round(synth_s, 4),
-            "worker": self.worker,
-            "finished_at": round(finished, 4),
-            "lateness_s": round(finished - deadline, 4),
-        }
-        write = self._write(job_id, index, audio, rate, {**meta, "attempt": attempt})
-        outcome = _OUTCOMES[write.result]
-        SEGMENTS.labels(outcome.value).inc()
-        self.stats.record(ok=1)
-        AUDIO_SECONDS.labels(spec.name).inc(duration)
-        if outcome is Outcome.WRITTEN:
-            plan.arrived(index, finished, duration * self.policy.stretch(lane))  # later segments here follow it
-            SEGMENT_LATENESS.labels(lane).observe(finished - deadline)
-            self.book.observe(spec.name, chars=len(text), audio_s=duration)
-        if duration > 0:
-            REAL_TIME_FACTOR.labels(spec.name).observe(synth_s / duration)
-        if index == 0 and outcome is Outcome.WRITTEN:
-            TIME_TO_FIRST_SEGMENT.observe(max(0.0, time.time() - float(record["created_at"])))
-        if request.cache:
-            key = segment_keys(spec, request, [text])[0]
-            kept = {k: meta[k] for k in ("duration_s", "synth_s", "worker")}  # not this job's times
-            CACHE_BYTES_STORED.inc(self.cache.put(key, CachedSegment(audio, rate, kept)))
-        log.info(
-            "segment %s/%d %s: %d chars, %.2fs audio in %.2fs",
-            job_id,
-            index,
-            outcome.value,
-            len(text),
-            duration,
-            synth_s,
-            extra={
-                "job_id": job_id,
-                "segment": index,
-                "chars": len(text),
-                "audio_s": round(duration, 3),
-                "synth_s": round(synth_s, 3),
-                "outcome": outcome.value,
-            },
+        return MadeSegment(
+            job_id=job_id,
+            index=index,
+            text=start.text,
+            spec=spec,
+            request=request,
+            audio=self.store.pack(to_pcm16(wave), rate),  # encoded once: the store and the cache keep these bytes
+            sample_rate=rate,
+            duration_s=len(wave) / rate,
+            synth_s=synth_s,
+            finished_at=time.time(),
+            deadline=due(),
+            accepted_at=start.record.created_at,
+            worker=self.worker,
         )
-        if write.result is WriteResult.FINISHED:
-            self._timelines.forget(job_id)
-            self._log_job_done(job_id, lane)
-        elif write.next_index is not None:
-            self._feed_next(job_id, write.next_index, plan, lane)
-        return outcome
 
-    def _write(self, job_id: str, index: int, audio: PackedAudio, rate: int, meta: dict[str, Any]) -> SegmentWrite:
+    def _write(self, made: MadeSegment, attempt: int) -> SegmentWrite:
         """Write a made segment; while the store is at its memory limit, wait for room rather than lose the work.
 
         A full store is not the engine's fault: nothing is counted against the segment or the breaker. After
         ``room_wait_s`` the StoreFull error lets the task retry later, as the same attempt (workers/tasks.py).
         """
+        job_id, index, meta = made.job_id, made.index, {**made.meta(), "attempt": attempt}
         waited_from = time.monotonic()
         while True:
             try:
                 return self.store.write_segment(
-                    job_id, index, audio, sample_rate=rate, meta=meta, worker=self.worker, advance=True
+                    job_id, index, made.audio, sample_rate=made.sample_rate, meta=meta, worker=self.worker, advance=True
                 )
             except redis.OutOfMemoryError as e:
                 STORE_FULL_WAITS.inc()
@@ -275,76 +219,15 @@ class SegmentSynthesizer:
                     raise StoreFull(f"the job store stayed at its memory limit for {self.room_wait_s:g} s") from e
                 log.warning("job %s: the store is full; segment %d waits for room to be written", job_id, index)
 
-    def _plan(self, job_id: str, start: SegmentStart, lane: str) -> Timeline:
-        """Return the job's shared timeline: built from the whole record the first time, then kept up to date."""
-        durations = {i: float(m["duration_s"]) for i, m in start.meta.items() if "duration_s" in m}
-        arrivals = {i: float(m["finished_at"]) for i, m in start.meta.items() if "finished_at" in m}
-        plan = self._timelines.known(job_id)
-        if plan is not None:
-            stretch = self.policy.stretch(lane)
-            plan.learn(arrivals, {i: d * stretch for i, d in durations.items()})
-            return plan
-        # Only a start that said it knew the job lacks the lengths: the job was forgotten here meanwhile.
-        record = start.record if start.chars is not None else {**start.record, **(self.store.get(job_id) or {})}
-        chars = SegmentStart(start.state, record=record).chars or []
-        total = int(record.get("segments_total", 0))
-        if len(chars) != total:  # a job written without the lengths: estimate every segment like this one
-            chars = [len(start.text or "")] * total
-        return self._timelines.get(job_id, self.timeline(record, lane, chars, durations, arrivals))
-
-    def timeline(
-        self,
-        record: dict[str, str],
-        lane: str,
-        chars: list[int],
-        durations: dict[int, float],
-        arrivals: dict[int, float],
-    ) -> Timeline:
-        """Return the job's deadlines, with the real durations and first-audio time known so far."""
-        return timeline(
-            lane=lane,
-            accepted_at=float(record["created_at"]),
-            chars=chars,
-            seconds_per_char=float(record.get("seconds_per_char") or self.book.default_seconds_per_char),
-            policy=self.policy,
-            durations=durations,
-            arrivals=arrivals,
-        )
-
     def _feed_next(self, job_id: str, index: int, plan: Timeline, lane: str) -> None:
         """Publish the pending segment the write moved to the outbox: each one finished lets one more in."""
         deadline = plan.deadline(index)
         try:
             self.book.add(job_id, {index: deadline})
-            self.enqueue(job_id, [index], lane, [deadline] if self.use_deadlines else None)
+            self.enqueue(job_id, [index], lane, self.policy.broker_order([deadline]))
             self.store.published(job_id, [index])
         except Exception as e:  # the segment is written: failing its task now would only repeat it
             log.warning("job %s: could not publish segment %d (%s); the outbox will", job_id, index, e)
-
-    def _log_job_done(self, job_id: str, lane: str) -> None:
-        """Write the one summary line per finished job, with its timings and its listener's stalls."""
-        record = self.store.get(job_id) or {}
-        meta = self.store.segment_meta(job_id)
-        created = float(record.get("created_at", 0))
-        ordered = [meta.get(i, {}) for i in range(int(record.get("segments_total", 0)))]
-        # A cached segment was there at acceptance; one without a time (older meta) counts as on time.
-        arrived = [float(m.get("finished_at", created)) for m in ordered]
-        stalls, stalled_s = playback_stalls(arrived, [float(m.get("duration_s", 0.0)) for m in ordered])
-        JOB_STALLS.labels(lane).observe(stalls)
-        JOB_STALL_SECONDS.labels(lane).observe(stalled_s)
-        timings = {
-            "job_id": job_id,
-            "segments": int(record.get("segments_total", 0)),
-            "cached_segments": int(record.get("cached_segments", 0)),
-            "chars": int(record.get("chars_total", 0)),
-            "audio_s": round(sum(m.get("duration_s", 0.0) for m in meta.values()), 3),
-            "queued_s": round(float(record.get("started_at", created)) - created, 3),
-            "total_s": round(float(record.get("finished_at", created)) - created, 3),
-            "first_audio_s": round(arrived[0] - created, 3) if arrived else None,
-            "stalls": stalls,
-            "stalled_s": round(stalled_s, 3),
-        }
-        log.info("job %s done: %s", job_id, timings, extra=timings)
 
 
 _OUTCOMES = {

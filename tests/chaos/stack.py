@@ -18,7 +18,10 @@ from flask.testing import FlaskClient
 from api import create_app
 from cache import keys
 from cache.jobstore import TERMINAL, JobRequest, JobStore
-from tests.support.servers import ROOT, RedisServer, WorkerProcess
+from devstack.local import ROOT
+from devstack.processes import descendants, kill_quietly
+from devstack.redis_server import RedisServer
+from devstack.worker import WorkerProcess
 
 #: Worker settings every scenario shares. Every timer is `make run`'s default (heartbeat, reconciler interval
 #: and stall, visibility timeout, task time limit, attempts): a scenario rescued by a shortened timer would
@@ -30,6 +33,8 @@ WORKER_ENV = {
     "TTS_TORCH_THREADS": "1",
     "TTS_LOG_LEVEL": "INFO",
     "TTS_LOG_FORMAT": "json",
+    # The ``faulty`` engine is test code: the workers load it as a plugin, production never does.
+    "TTS_ENGINE_PLUGINS": "tests.support.engines",
 }
 
 
@@ -47,29 +52,6 @@ def write_registry(path: Path) -> Path:
     }
     path.write_text(json.dumps(registry), encoding="utf-8")
     return path
-
-
-def descendants(pid: int) -> list[int]:
-    """Return the ids of every live process below ``pid`` (Linux /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def kill_quietly(pid: int) -> None:
-    """SIGKILL a process that may already be gone."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
 
 
 class Stack:
@@ -122,24 +104,11 @@ class Stack:
 
     def heartbeat(self, worker: WorkerProcess) -> dict[str, Any] | None:
         """Return the worker's latest heartbeat, or None while it has none."""
-        for key in self.redis.scan_iter(match=keys.worker("*")):
-            raw = self.redis.get(key)
-            if raw is not None and json.loads(raw)["pid"] == worker.pid:
-                found: dict[str, Any] = json.loads(raw)
-                return found
-        return None
+        return worker.heartbeat(self.redis)
 
     def wait_heartbeat(self, worker: WorkerProcess, timeout: float = 120) -> dict[str, Any]:
         """Wait until this worker (not merely some worker) announces itself."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if worker.process is not None and worker.process.poll() is not None:
-                raise RuntimeError(f"worker exited early:\n{worker.log_tail()}")
-            beat = self.heartbeat(worker)
-            if beat is not None and not beat.get("loading"):
-                return beat
-            time.sleep(0.1)
-        raise TimeoutError(f"worker not ready after {timeout}s:\n{worker.log_tail()}")
+        return worker.wait_heartbeat(self.redis, timeout)
 
     def host_pid(self, worker: WorkerProcess, model: str, timeout: float = 30) -> int:
         """Return the pid of the worker's host process for ``model``, as its heartbeat lists it."""
@@ -204,7 +173,9 @@ class Stack:
 
     def record(self, job_id: str) -> dict[str, str]:
         """Return a job's record (empty when there is none)."""
-        return self.store.get(job_id) or {}
+        # The hash as strings, as the scenarios read it (store.get parses it into a typed JobRecord).
+        raw = self.redis.hgetall(keys.job(job_id))
+        return {k.decode(): v.decode() for k, v in raw.items()}
 
     def attempts(self, job_id: str) -> dict[int, int]:
         """Return the attempts each segment of a job has had."""

@@ -1,1 +1,1 @@
-"""Helpers the tests share: a real Redis server and real worker processes."""
+"""Helpers the tests share; the real Redis, workers, API and `make run` they drive come from devstack."""

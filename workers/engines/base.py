@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Sized
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+
+from core.errors import SynthesisError
 
 Waveform = npt.NDArray[np.float32]
 
@@ -20,6 +23,12 @@ class SynthesisRequest:
     speed: float = 1.0
     seed: int | None = None
     mode: str = "balanced"
+
+
+def expect_one_per_input(outputs: Sized, inputs: Sized, *, what: str, unit: str = "waveforms") -> None:
+    """Raise SynthesisError unless ``what`` gave exactly one output (a waveform, unless ``unit`` says) per input."""
+    if len(outputs) != len(inputs):
+        raise SynthesisError(f"{what} returned {len(outputs)} {unit} for {len(inputs)} inputs")
 
 
 class Engine(abc.ABC):

@@ -12,38 +12,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from workers.engines import decode
-from workers.engines.base import Engine, SynthesisRequest, Waveform
-from workers.engines.chattts_tiny import read_tiny_config, tiny_chat_config
+from workers.engines.base import Engine, SynthesisRequest, Waveform, expect_one_per_input
+from workers.engines.chattts_assets import descriptor_config, find_weights, read_descriptor, where_weights_go
+from workers.engines.chattts_generate import generate
 from workers.engines.errors import EngineLoadError, SynthesisError
-from workers.engines.sampling import PerItemSampler
+
+__all__ = ["ChatTTSEngine", "find_weights", "speed_prompt", "where_weights_go"]
 
 log = logging.getLogger(__name__)
 
 PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-HF_SNAPSHOTS = Path("models--2Noise--ChatTTS") / "snapshots"
 MIN_TOKENS = 24
-
-
-def where_weights_go(weights_dir: Path) -> str:
-    """Return the sentence that tells an operator where ChatTTS weights must be put."""
-    return (
-        f"put ChatTTS weights at {weights_dir}/asset/ (Vocos.safetensors, DVAE.safetensors, Decoder.safetensors, "
-        f"Embed.safetensors, gpt/, tokenizer/) or a Hugging Face cache of 2Noise/ChatTTS at "
-        f"{weights_dir / HF_SNAPSHOTS}/<revision>/"
-    )
-
-
-def find_weights(weights_dir: Path) -> tuple[str, Path]:
-    """Return ChatTTS's ``source`` for ``weights_dir`` and the folder that holds its ``asset/``."""
-    if (weights_dir / "asset").is_dir():
-        return "custom", weights_dir
-    snapshots = weights_dir / HF_SNAPSHOTS
-    # ChatTTS itself picks the most recently modified snapshot; find the same one.
-    revisions = sorted(snapshots.iterdir(), key=lambda p: p.stat().st_mtime) if snapshots.is_dir() else []
-    if revisions and revisions[-1].is_dir():
-        return "huggingface", revisions[-1]
-    raise EngineLoadError(f"no ChatTTS weights in {weights_dir}: {where_weights_go(weights_dir)}")
 
 
 def speed_prompt(speed: float) -> str:
@@ -113,11 +92,7 @@ class ChatTTSEngine(Engine):
         source, root = find_weights(self._weights_dir)
         chat = ChatTTS.Chat(log)
         try:
-            tiny = read_tiny_config(root)
-            if tiny is not None:
-                # Only a tiny model's own descriptor replaces sizes and hashes; real weights keep the real check.
-                chat.config = tiny_chat_config(tiny["sizes"])
-                chat.sha256_map.update(tiny["sha256"])
+            _take_descriptor(chat, root)
             loaded = chat.load(
                 source=source, custom_path=str(self._weights_dir), device=torch.device(self._device), compile=False
             )
@@ -190,8 +165,7 @@ class ChatTTSEngine(Engine):
             raise
         except Exception as e:
             raise SynthesisError(f"ChatTTS failed on a batch of {len(batch)}: {e}") from e
-        if len(waves) != len(batch):
-            raise SynthesisError(f"ChatTTS returned {len(waves)} waveforms for {len(batch)} requests")
+        expect_one_per_input(waves, batch, what="ChatTTS")
         return waves
 
     def _speaker(self, voice: str | None) -> str | None:
@@ -209,7 +183,7 @@ class ChatTTSEngine(Engine):
             return texts
         params = chat.RefineTextParams(show_tqdm=False)
         prompts = chat.speaker.decorate_text_prompts([texts[i] for i in quality], params.prompt)
-        result = self._generate(
+        result = generate(
             chat,
             prompts,
             params,
@@ -232,7 +206,7 @@ class ChatTTSEngine(Engine):
             for r, text, speaker in zip(batch, texts, speakers, strict=True)
         ]
         budgets = [self.token_budget(r.text) for r in batch]
-        result = self._generate(
+        result = generate(
             chat,
             prompts,
             params,
@@ -242,82 +216,9 @@ class ChatTTSEngine(Engine):
             infer_text=False,
             speakers=speakers,
         )
-        if len(result.hiddens) != len(batch):
-            raise SynthesisError(f"ChatTTS generated {len(result.hiddens)} sequences for {len(batch)} requests")
+        expect_one_per_input(result.hiddens, batch, what="ChatTTS", unit="sequences")
         # The sampler already ended each item at its budget; the cut makes that a guarantee.
         return [hidden.narrow(0, 0, min(len(hidden), n)) for hidden, n in zip(result.hiddens, budgets, strict=True)]
-
-    def _generate(
-        self,
-        chat: Any,
-        prompts: list[str],
-        params: Any,
-        *,
-        seeds: list[int],
-        min_tokens: list[int],
-        max_tokens: list[int],
-        infer_text: bool,
-        speakers: list[str | None] | None = None,
-    ) -> Any:
-        num_vq = chat.config.gpt.num_vq
-        input_ids, attention_mask, text_mask = chat.tokenizer.encode(prompts, num_vq, device=chat.device_gpt)
-        emb = chat.embed(input_ids, text_mask)
-        for i, embedding in enumerate(speakers or []):
-            if embedding is not None:
-                chat.speaker.apply(
-                    emb.narrow(0, i, 1),
-                    embedding,
-                    input_ids.narrow(0, i, 1),
-                    chat.tokenizer.spk_emb_ids,
-                    chat.gpt.device_gpt,
-                )
-        eos = chat.tokenizer.eos_token if infer_text else chat.config.gpt.num_audio_tokens - 1
-        # ChatTTS's repetition penalty, top-p and top-k, fused into one per-item sampler (see sampling.py).
-        sampler = PerItemSampler(
-            seeds=seeds,
-            rows_per_item=1 if infer_text else num_vq,
-            eos_token=eos,
-            min_tokens=min_tokens,
-            max_tokens=max_tokens,
-            device=chat.device,
-            top_p=params.top_P,
-            top_k=params.top_K,
-            repetition_penalty=params.repetition_penalty,
-        )
-        temperature = torch.tensor([params.temperature] * (1 if infer_text else num_vq), device=chat.device)
-        steps = max(max_tokens) + 1  # one step past the longest budget, in which the sampler ends every item
-        if decode.supports(chat.gpt):  # ended items leave the batch
-            return decode.generate(
-                chat.gpt,
-                emb,
-                input_ids,
-                attention_mask,
-                temperature=temperature,
-                sampler=sampler,
-                eos_token=eos,
-                max_new_token=steps,
-                infer_text=infer_text,
-                return_hidden=not infer_text,
-                interrupted=chat.context.get,
-            )
-        generation = chat.gpt.generate(  # every row runs to the end: a model without a key/value cache
-            emb,
-            input_ids,
-            temperature=temperature,
-            eos_token=eos,
-            attention_mask=attention_mask,
-            max_new_token=steps,
-            min_new_token=0,
-            logits_processors=(sampler,),
-            infer_text=infer_text,
-            return_hidden=not infer_text,
-            stream=False,
-            show_tqdm=False,
-            ensure_non_empty=False,
-            manual_seed=0,
-            context=chat.context,
-        )
-        return next(generation)
 
     def _decode(self, chat: Any, hidden: torch.Tensor) -> Waveform:
         # Decoded alone: the convolutions would let a batch's zero padding leak into this item's tail.
@@ -361,6 +262,20 @@ class ChatTTSEngine(Engine):
             files = [p for p in (root / "asset").rglob("*.safetensors") if p.is_file()]
             total = sum(p.stat().st_size * (llama_bytes / 4 if p.parent.name == "gpt" else 1) for p in files)
         return math.ceil(total / 2**20)
+
+
+def _take_descriptor(chat: Any, root: Path) -> None:
+    """Give ``chat`` a random-weight model's own sizes and hashes; real weights (no descriptor) keep ChatTTS's."""
+    descriptor = read_descriptor(root)
+    if descriptor is None:
+        return
+    log.info(
+        "%s is a random-weight ChatTTS model: ChatTTS's check against the real weights' hashes is skipped, "
+        "its files are checked against its own descriptor's",
+        root,
+    )
+    chat.config = descriptor_config(descriptor["sizes"])
+    chat.sha256_map.update(descriptor["sha256"])
 
 
 def _seed(request: SynthesisRequest) -> int:

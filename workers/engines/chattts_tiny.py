@@ -17,8 +17,10 @@ import pybase16384 as b14
 import torch
 from safetensors.torch import save_file
 
-#: The small JSON file that marks a tiny model and carries the sizes ChatTTS's Config must take.
-TINY_CONFIG_NAME = "tiny_config.json"
+from workers.engines.chattts_assets import ASSET_FILES, DESCRIPTOR_NAME, descriptor_config, read_descriptor
+
+#: The descriptor reader's old name here, which tests import.
+read_tiny_config = read_descriptor
 
 _FORMAT = 1
 _HIDDEN = 64
@@ -35,19 +37,6 @@ SPECIAL_TOKENS = [
     *(f"[oral_{i}]" for i in range(10)),
     *(f"[speed_{i}]" for i in range(10)),
 ]
-
-#: Each asset ChatTTS hash-checks, keyed as in ``ChatTTS/res/sha256_map.json``.
-ASSET_FILES = {
-    "sha256_asset_Decoder_safetensors": "asset/Decoder.safetensors",
-    "sha256_asset_DVAE_safetensors": "asset/DVAE.safetensors",
-    "sha256_asset_Embed_safetensors": "asset/Embed.safetensors",
-    "sha256_asset_Vocos_safetensors": "asset/Vocos.safetensors",
-    "sha256_asset_gpt_config_json": "asset/gpt/config.json",
-    "sha256_asset_gpt_model_safetensors": "asset/gpt/model.safetensors",
-    "sha256_asset_tokenizer_special_tokens_map_json": "asset/tokenizer/special_tokens_map.json",
-    "sha256_asset_tokenizer_tokenizer_config_json": "asset/tokenizer/tokenizer_config.json",
-    "sha256_asset_tokenizer_tokenizer_json": "asset/tokenizer/tokenizer.json",
-}
 
 
 def _tiny_sizes(num_text_tokens: int, spk_stat: str) -> dict[str, Any]:
@@ -75,39 +64,6 @@ def _tiny_sizes(num_text_tokens: int, spk_stat: str) -> dict[str, Any]:
     }
 
 
-def tiny_chat_config(sizes: dict[str, Any]) -> Any:
-    """Return a fresh ChatTTS Config with the tiny sizes replacing (never mutating) the defaults."""
-    from ChatTTS.config import config as c
-
-    cfg = c.Config()
-    cfg.gpt = c.GPT(**sizes["gpt"])
-    cfg.embed = c.Embed(**sizes["embed"])
-    cfg.decoder = c.Decoder(**sizes["decoder"])
-    dvae = sizes["dvae"]
-    cfg.dvae = c.DVAE(
-        encoder=c.Decoder(**dvae["encoder"]),
-        decoder=c.Decoder(**dvae["decoder"]),
-        vq=c.VQ(**dvae["vq"]),
-    )
-    vocos = sizes["vocos"]
-    cfg.vocos = c.Vocos(
-        feature_extractor=c.FeatureExtractor(),
-        backbone=c.Backbone(init_args=c.BackboneInitArgs(**vocos["backbone"])),
-        head=c.FourierHead(init_args=c.FourierHeadInitArgs(**vocos["head"])),
-    )
-    cfg.spk_stat = sizes["spk_stat"]
-    return cfg
-
-
-def read_tiny_config(root: Path) -> dict[str, Any] | None:
-    """Return the tiny model's descriptor under ``root``, or None for real weights."""
-    path = root / TINY_CONFIG_NAME
-    if not path.is_file():
-        return None
-    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    return data
-
-
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -115,7 +71,7 @@ def _sha256(path: Path) -> str:
 def is_complete(out_dir: Path, *, seed: int = 0) -> bool:
     """Say whether ``out_dir`` holds a whole tiny model of ``seed`` whose files match their hashes."""
     try:
-        descriptor = read_tiny_config(out_dir)
+        descriptor = read_descriptor(out_dir)
     except (OSError, ValueError):
         return False
     if descriptor is None or descriptor.get("format") != _FORMAT or descriptor.get("seed") != seed:
@@ -195,7 +151,7 @@ def _save_modules(asset: Path, cfg: Any) -> None:
 def build_tiny_model(out_dir: Path, *, seed: int = 0) -> Path:
     """Write a tiny random-weight ChatTTS model (asset layout) into ``out_dir`` and return it."""
     out_dir = Path(out_dir)
-    (out_dir / TINY_CONFIG_NAME).unlink(missing_ok=True)
+    (out_dir / DESCRIPTOR_NAME).unlink(missing_ok=True)
     asset = out_dir / "asset"
     for sub in ("gpt", "tokenizer"):
         (asset / sub).mkdir(parents=True, exist_ok=True)
@@ -204,7 +160,7 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0) -> Path:
         torch.manual_seed(seed)
         spk_stat = _speaker_stat(torch.Generator().manual_seed(seed))
         sizes = _tiny_sizes(num_text_tokens, spk_stat)
-        _save_modules(asset, tiny_chat_config(sizes))
+        _save_modules(asset, descriptor_config(sizes))
     descriptor = {
         "format": _FORMAT,
         "seed": seed,
@@ -214,8 +170,8 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0) -> Path:
     # Written last, through a rename, so its presence means the build finished.
     with tempfile.NamedTemporaryFile("w", dir=out_dir, suffix=".tmp", delete=False, encoding="utf-8") as f:
         json.dump(descriptor, f, indent=1, ensure_ascii=False)
-    Path(f.name).replace(out_dir / TINY_CONFIG_NAME)
-    for path in (out_dir / TINY_CONFIG_NAME, *(out_dir / rel for rel in ASSET_FILES.values())):
+    Path(f.name).replace(out_dir / DESCRIPTOR_NAME)
+    for path in (out_dir / DESCRIPTOR_NAME, *(out_dir / rel for rel in ASSET_FILES.values())):
         path.chmod(0o644)
     return out_dir
 

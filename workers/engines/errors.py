@@ -1,11 +1,7 @@
-"""Errors raised by speech engines."""
+"""Errors raised by speech engines: the worker branch of the one tree in core/errors.py, re-exported here."""
 
 from __future__ import annotations
 
+from core.errors import EngineLoadError, SynthesisError, WorkerError
 
-class EngineLoadError(Exception):
-    """Raised when an engine cannot load its model; the message says where the weights must go."""
-
-
-class SynthesisError(Exception):
-    """Raised when an engine cannot turn a batch into exactly one waveform per request."""
+__all__ = ["EngineLoadError", "SynthesisError", "WorkerError"]

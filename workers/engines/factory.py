@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from core.registry import ModelSpec
+import importlib
+from collections.abc import Callable
+
+from core.registry import ModelSpec, engine_entry
 from workers.engines.base import Engine
+
+#: What an engine's registered builder is: (spec, *, device) → an unloaded engine.
+EngineBuilder = Callable[..., Engine]
 
 
 def resolve_device(device: str) -> str:
@@ -15,26 +21,38 @@ def resolve_device(device: str) -> str:
     return "cuda:0" if torch.cuda.is_available() else "cpu"
 
 
-def build_engine(spec: ModelSpec, *, device: str) -> Engine:
-    """Return an unloaded engine for ``spec`` on ``device``."""
-    if spec.engine == "espeak":
-        from workers.engines.espeak import EspeakEngine
+def resolve_builder(path: str) -> EngineBuilder:
+    """Import the "module:function" an engine registered as its builder and return the function."""
+    module, _, name = path.partition(":")
+    try:
+        builder: EngineBuilder = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"engine builder {path!r} cannot be imported: {e}") from e
+    return builder
 
-        return EspeakEngine(voices=dict(spec.voices), **spec.options)
-    if spec.engine == "faulty":
-        from workers.engines.faulty import FaultyEngine
 
-        return FaultyEngine(voices=dict(spec.voices), **spec.options)
-    if spec.engine == "chattts":
-        from workers.engines.chattts import ChatTTSEngine
+def build_engine(spec: ModelSpec, *, device: str, builder: str | None = None) -> Engine:
+    """Return an unloaded engine for ``spec`` on ``device``, made by ``builder`` (default: its engine's own)."""
+    return resolve_builder(builder or engine_entry(spec.engine).builder)(spec, device=device)
 
-        if spec.weights is None:
-            raise ValueError(f"model {spec.name!r} has no weights directory")
-        return ChatTTSEngine(
-            weights_dir=spec.weights,
-            device=resolve_device(device),
-            precision=spec.precision,
-            voices=dict(spec.voices),
-            **spec.options,
-        )
-    raise ValueError(f"unknown engine {spec.engine!r}")
+
+def build_espeak(spec: ModelSpec, *, device: str) -> Engine:
+    """Return an espeak engine for ``spec`` (it runs on the CPU whatever ``device`` says)."""
+    from workers.engines.espeak import EspeakEngine
+
+    return EspeakEngine(voices=dict(spec.voices), **spec.options)
+
+
+def build_chattts(spec: ModelSpec, *, device: str) -> Engine:
+    """Return a ChatTTS engine for ``spec``'s weights on ``device`` ('auto': a GPU when one is visible)."""
+    from workers.engines.chattts import ChatTTSEngine
+
+    if spec.weights is None:
+        raise ValueError(f"model {spec.name!r} has no weights directory")
+    return ChatTTSEngine(
+        weights_dir=spec.weights,
+        device=resolve_device(device),
+        precision=spec.precision,
+        voices=dict(spec.voices),
+        **spec.options,
+    )

@@ -10,24 +10,18 @@ import threading
 import time
 from typing import Any
 
-from core.registry import ModelSpec
-from workers.engines.base import SynthesisRequest, Waveform
-from workers.engines.errors import EngineLoadError, SynthesisError
+from core.errors import EngineLoadError, HostCrashed, HostHung, SynthesisError
+from core.registry import ModelSpec, engine_entry
+from workers.engines.base import SynthesisRequest, Waveform, expect_one_per_input
 from workers.pool.host import host_main
+
+__all__ = ["HostCrashed", "HostHung", "ModelHost"]  # the errors' old home: pool.py and tests import them here
 
 log = logging.getLogger(__name__)
 
 # Spawn, never fork: a forked child of a process that touched CUDA or torch's
 # thread pools inherits locks and state it cannot use.
 _SPAWN = multiprocessing.get_context("spawn")
-
-
-class HostCrashed(SynthesisError):
-    """Raised when a model host died or stopped answering during a call."""
-
-
-class HostHung(HostCrashed):
-    """Raised when a model host did not answer within the call's time limit (and was killed for it)."""
 
 
 class ModelHost:
@@ -44,9 +38,12 @@ class ModelHost:
     ) -> None:
         self.spec = spec
         self._conn, child = _SPAWN.Pipe()
+        # Resolved here, where the registry's plugins were imported: the spawned host has imported none of them.
+        builder = engine_entry(spec.engine).builder
         self.process = _SPAWN.Process(
             target=host_main,
-            args=(child, spec, device, log_level, torch_threads),
+            args=(child, spec),
+            kwargs={"builder": builder, "device": device, "log_level": log_level, "torch_threads": torch_threads},
             name=f"model-{spec.name}",
             daemon=True,
         )
@@ -111,8 +108,7 @@ class ModelHost:
             raise SynthesisError(str(reply[1]))
         waves: list[Waveform] = reply[1]
         self.memory = reply[2]
-        if len(waves) != len(requests):
-            raise SynthesisError(f"model {self.spec.name} returned {len(waves)} waveforms for {len(requests)} inputs")
+        expect_one_per_input(waves, requests, what=f"model {self.spec.name}")
         return waves
 
     def kill(self) -> None:

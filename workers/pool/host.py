@@ -52,8 +52,10 @@ def exit_with_parent(parent: int, every_s: float = 0.5) -> None:
     os._exit(1)
 
 
-def host_main(conn: Connection, spec: ModelSpec, device: str, log_level: str, torch_threads: int = 0) -> None:
-    """Load the engine, say ready, then answer ('synth', requests) messages until told to stop."""
+def host_main(
+    conn: Connection, spec: ModelSpec, *, builder: str, device: str, log_level: str, torch_threads: int = 0
+) -> None:
+    """Load the engine ``builder`` ("module:function") makes, say ready, then serve batches until told to stop."""
     # A host whose worker was killed would finish its batch for no one, on the CPU or GPU memory the
     # worker's replacement is loading its model into. (Not PR_SET_PDEATHSIG: it fires when the thread
     # that started the host ends, and the pool starts hosts from short-lived threads.)
@@ -67,7 +69,7 @@ def host_main(conn: Connection, spec: ModelSpec, device: str, log_level: str, to
         torch.set_num_threads(torch_threads)
     log = logging.getLogger(f"workers.pool.host.{spec.name}")
     try:
-        engine = build_engine(spec, device=device)
+        engine = build_engine(spec, device=device, builder=builder)
         engine.load()
         engine.warmup()
     except Exception as e:

@@ -1,6 +1,7 @@
-"""An espeak engine that hangs or dies on marked input: it exists for the fault tests (tests/chaos).
+"""Engines that exist only for tests, registered by importing this module (TTS_ENGINE_PLUGINS=tests.support.engines).
 
-It is registered only in the test registry those tests write; models.json never names it.
+The ``faulty`` engine speaks like espeak but hangs or dies on marked input, for the fault tests (tests/chaos);
+models.json never names it: only the registries those tests write do.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 
+from core.registry import ModelSpec, register_engine
 from workers.engines.base import Engine, SynthesisRequest, Waveform
 from workers.engines.espeak import EspeakEngine
 
@@ -56,3 +58,12 @@ class FaultyEngine(Engine):
     def memory_estimate_mb(self) -> int:
         """Return the wrapped engine's estimate."""
         return self._inner.memory_estimate_mb()
+
+
+def build_faulty(spec: ModelSpec, *, device: str) -> Engine:
+    """Return a faulty engine for ``spec`` (on the CPU, as espeak runs, whatever ``device`` says)."""
+    return FaultyEngine(voices=dict(spec.voices), **spec.options)
+
+
+# Its audio is espeak's: the same package versions it.
+register_engine("faulty", builder="tests.support.engines:build_faulty", package="espeakng-loader")

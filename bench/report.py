@@ -1,11 +1,20 @@
-"""Turn one level's job results into the numbers the headline table reports."""
+"""What every benchmark shares to report: percentiles and medians, a level's summary, the files in bench/results/."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import statistics
+import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from bench.loadgen import STALL_EPSILON_S, LevelRun
+from devstack.local import ROOT
+
+RESULTS = ROOT / "bench" / "results"
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -17,6 +26,19 @@ def percentile(values: list[float], q: float) -> float | None:
     low = int(rank)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def median(values: list[float]) -> float:
+    """Return the median of ``values``."""
+    return statistics.median(values)
+
+
+def p99(values: list[float]) -> float:
+    """Return the 99th percentile of ``values`` (linear interpolation); there must be some."""
+    found = percentile(values, 99)
+    if found is None:
+        raise ValueError("no values to take the 99th percentile of")
+    return found
 
 
 def summarize(run: LevelRun) -> dict[str, Any]:
@@ -52,3 +74,37 @@ def summarize(run: LevelRun) -> dict[str, Any]:
         "cached_segments": sum(r.cached_segments for r in measured),
         "segments_total": sum(len(r.segments) for r in run.results if r.ok),
     }
+
+
+def machine_header(title: str, started: float, torch_threads: int) -> list[str]:
+    """Return a bench table's title and the line saying what it ran on and for how long (from perf_counter)."""
+    return [
+        f"## {title}",
+        "",
+        f"{os.cpu_count()} CPU cores, torch threads per model host {torch_threads}; "
+        f"ran {time.perf_counter() - started:.0f}s.",
+        "",
+    ]
+
+
+def save_result(name: str, markdown: str) -> Path:
+    """Write a bench's markdown to bench/results/<name>.md and return the path."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.md"
+    path.write_text(markdown, encoding="utf-8")
+    return path
+
+
+def write_result(name: str, markdown: str) -> Path:
+    """Print a bench's markdown and write it to bench/results/<name>.md."""
+    path = save_result(name, markdown)
+    print(markdown)
+    print(f"(written to {path.relative_to(ROOT)})")
+    return path
+
+
+def write_run(out: Path, name: str, document: str, record: object) -> None:
+    """Write a run's <name>.md and results.json into its folder, and copy the markdown beside it as the latest."""
+    (out / f"{name}.md").write_text(document + "\n", encoding="utf-8")
+    (out / "results.json").write_text(json.dumps(record, indent=1, default=str), encoding="utf-8")
+    shutil.copy(out / f"{name}.md", out.parent / f"{name}.md")

@@ -1,0 +1,96 @@
+"""One concurrency level of the closed loop: drive it, meter its window, summarise it, print a line."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench.headline_cpu import meter_window
+from bench.headline_stack import ServiceStack
+from bench.loadgen import Client, run_closed_loop
+from bench.report import summarize
+from bench.stack_args import Plan
+
+
+def run_level(
+    client: Client,
+    texts: list[tuple[str, int]],
+    callers: int,
+    plan: Plan,
+    *,
+    window_s: float,
+    seed: int,
+    probe: Callable[[], int] | None = None,
+    counters: Callable[[], dict[str, float]] | None = None,
+) -> dict[str, Any]:
+    """Drive one level and return its summary with the CPU use (and the worker's view) of its window."""
+    start = time.monotonic()
+    metering = meter_window(start + plan.warmup_s, start + plan.warmup_s + window_s, probe=probe, counters=counters)
+    run = run_closed_loop(
+        client, texts, callers=callers, warmup_s=plan.warmup_s, window_s=window_s, drain_s=plan.drain_s, seed=seed
+    )
+    meter = metering.result()  # the loop can return right at the window's end, before the last readings
+    summary = summarize(run)
+    summary["queue"] = {k: meter.pop(k) for k in ("queue_mean", "queue_max") if k in meter} or None
+    summary.update(worker_view(meter.pop("counters", {}), window_s))
+    summary["cpu_roles"] = meter.pop("roles", None)
+    summary["cpu"] = dict(meter)
+    summary["wall_s"] = round(time.monotonic() - start, 1)
+    return summary
+
+
+def worker_view(delta: dict[str, float], window_s: float) -> dict[str, Any]:
+    """Return the worker's batch size, engine busy share and queue wait over the window, from its metrics."""
+
+    def mean(name: str) -> float | None:
+        count = delta.get(f"{name}_count", 0.0)
+        return delta[f"{name}_sum"] / count if count else None
+
+    if not delta:
+        return {}
+    return {
+        "mean_batch_size": mean("tts_batch_size"),
+        "engine_busy": delta.get("tts_synthesis_seconds_sum", 0.0) / window_s,
+        "audio_made_per_s": delta["tts_audio_seconds_total"] / window_s if "tts_audio_seconds_total" in delta else None,
+        "queue_wait_mean_s": mean("tts_queue_wait_seconds"),
+        "first_segment_mean_s": mean("tts_time_to_first_segment_seconds"),
+    }
+
+
+class BatchCounter:
+    """Per-level mean batch size from the worker's cumulative mean and the segments we know it ran."""
+
+    def __init__(self, stack: ServiceStack, heartbeat_s: float) -> None:
+        self.stack = stack
+        self.heartbeat_s = heartbeat_s
+        self.items = 1.0  # the worker's start-up synthesis of "ready"
+        self.batches = 1.0
+
+    def after_level(self, segments: int) -> float | None:
+        """Return the mean batch size of the ``segments`` the level just ran."""
+        time.sleep(2.5 * self.heartbeat_s)  # let a heartbeat written after the last batch land
+        mean = self.stack.heartbeat().get("mean_batch_size")
+        if not mean or not segments:
+            return None
+        items = self.items + segments
+        batches = items / float(mean)
+        level = segments / (batches - self.batches) if batches > self.batches else None
+        self.items, self.batches = items, batches
+        return level
+
+
+def progress(side: str, summary: dict[str, Any]) -> None:
+    """Print one line per measured level."""
+
+    def f(key: str) -> str:
+        value = summary.get(key)
+        return "–" if value is None else f"{value:.2f}"
+
+    print(
+        f"  {side:<7} {summary['callers']:>3} callers: {summary['jobs_per_s']:.2f} jobs/s, "
+        f"{summary['chars_per_s']:.0f} chars/s, p50/p99 done {f('latency_p50')}/{f('latency_p99')} s, "
+        f"p99 first audio {f('first_audio_p99')} s, errors {summary['errors'] or 0}, "
+        f"cpu {summary['cpu'] or '–'} ({summary['wall_s']}s)",
+        flush=True,
+    )

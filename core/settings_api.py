@@ -1,0 +1,88 @@
+"""Settings of the API: held streams, admission, the circuit breaker, API keys, where it listens."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings
+
+from core.apikeys import KeyRing, parse_api_keys
+
+
+class ApiSettings(BaseSettings):
+    """What the API processes read: how many streams they hold, whom they admit and how."""
+
+    max_wait_s: float = Field(30.0, gt=0, description="Longest long-poll a client may ask for with ?wait=.")
+    max_streams_per_caller: int = Field(
+        100,
+        ge=1,
+        description="Streams and long-polls (events, growing or downloading audio, speech, ?wait=) one caller may "
+        "hold open at once across every API process; beyond it 429 with Retry-After.",
+    )
+    max_streams_per_process: int = Field(
+        2000,
+        ge=1,
+        description="The same, for all callers together in one API process (beyond it 503 with Retry-After); "
+        "gunicorn's worker_connections is set above it, so the rest of the API always finds a connection.",
+    )
+    stream_keepalive_s: float = Field(
+        15.0,
+        gt=0,
+        description="An idle event stream sends a keep-alive this often; a client that left is noticed at the "
+        "next one, and its stream slot freed.",
+    )
+    api_redis_connections: int = Field(
+        100,
+        ge=4,
+        description="Redis connections one API process opens at most; a request beyond them waits for one (up to "
+        "10 s, then 503). Held streams need none of their own: each process's waits share one.",
+    )
+
+    admission_realtime_wait_s: float = Field(
+        30.0, gt=0, description="Refuse realtime jobs (503) when their estimated queue wait is longer."
+    )
+    admission_batch_wait_s: float = Field(
+        3600.0, gt=0, description="Refuse batch jobs (503) when their estimated queue wait is longer."
+    )
+    breaker_failure_rate: float = Field(0.5, gt=0, le=1, description="Open the breaker at this share of failures.")
+    breaker_min_failures: int = Field(5, ge=1, description="...but only after this many failures in a minute.")
+    breaker_cooldown_s: float = Field(30.0, gt=0, description="How long an open breaker refuses jobs.")
+    api_keys: str = Field(
+        "",
+        description="Comma-separated `key=submissions_per_minute` (or just `key`, at least 16 characters); empty "
+        "turns auth off (local use). With keys on, each job belongs to the key that submitted it. Checked at start: "
+        "a malformed entry stops the service.",
+    )
+    cache_scope: Literal["auto", "caller", "shared"] = Field(
+        "auto",
+        description="Whose segments a sentence-cache hit may reuse: `caller` (only the same API key's), `shared` "
+        "(everyone's: a caller can tell another already said a sentence), `auto` (per key with keys on, else shared).",
+    )
+    anonymous_per_minute: int = Field(
+        0, ge=0, description="Submissions per minute per client IP without keys; 0 = no limit."
+    )
+    api_host: str = Field("127.0.0.1", description="Address the API binds to.")
+    api_port: int = Field(8000, ge=1, le=65535, description="Port the API listens on.")
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_parse(cls, value: str) -> str:
+        parse_api_keys(value)  # raises naming the entry: the service does not start on a malformed one
+        return value
+
+    @property
+    def key_ring(self) -> KeyRing:
+        """Return the configured API keys (empty: authentication off)."""
+        return parse_api_keys(self.api_keys)
+
+    @property
+    def cache_per_caller(self) -> bool:
+        """Return whether sentence-cache hits are limited to the caller that made the audio."""
+        return self.cache_scope == "caller" or (self.cache_scope == "auto" and bool(self.api_keys.strip()))
+
+    @property
+    def stream_slot_ttl_s(self) -> float:
+        """Return how long an open stream's slot counts without being renewed (a crashed process's slots lapse)."""
+        # A stream renews its slot at each keep-alive; a long-poll holds it for up to max_wait_s unrenewed.
+        return 2 * max(self.stream_keepalive_s, self.max_wait_s) + 10

@@ -1,0 +1,97 @@
+"""Settings of a worker: its threads, batching and deadline scheduling, model pool, heartbeat."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings
+
+from core.lanes import Scheduler
+
+
+class WorkerSettings(BaseSettings):
+    """What a worker process reads: how it orders, batches and runs segments, and how it shows it is alive."""
+
+    worker_concurrency: int = Field(
+        128,
+        ge=1,
+        description="Segments one worker holds at once (threads): the window its deadline scheduler orders; "
+        "several times the batch size lets batches fill.",
+    )
+    model_replicas: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Host processes per model in each worker, running batches side by side: on CPUs, one per "
+        "core with TTS_TORCH_THREADS=1 uses every core; on a GPU keep 1 (one worker per GPU instead).",
+    )
+    batch_max_size: int = Field(16, ge=1, description="Most segments in one engine call.")
+    batch_wait_ms: float = Field(
+        10.0, ge=0, description="How long the batcher waits for company after a segment arrives."
+    )
+    batch_max_ratio: float = Field(1.5, ge=1.0, description="Longest/shortest text length allowed in one batch.")
+    scheduler: Scheduler = Field(
+        "deadline",
+        description="Order of work: `deadline` (earliest playback deadline first) or `fifo` (arrival order).",
+    )
+    batch_hold_ms: float = Field(
+        150.0, ge=0, description="How long a batch may wait to fill while its most urgent segment still has slack."
+    )
+    batch_horizon_s: float = Field(
+        30.0, ge=0, description="A batch only takes segments due within this many seconds of its most urgent one."
+    )
+    deadline_lead: float = Field(
+        2.0,
+        ge=0,
+        description="A stream's next segment is ordered this many engine calls before its deadline, so it is "
+        "written by then (one call may be running, then its own); a call is the recent average, longer "
+        "for a longer text.",
+    )
+    deadline_first_priority_s: float = Field(
+        2.0,
+        ge=0,
+        description="A job's first segment is ordered as many seconds before its deadline as it is already late, "
+        "up to this: when the engines are overloaded someone must wait, and a listener who has heard nothing "
+        "yet waits first-hand.",
+    )
+    deadline_first_audio_s: float = Field(
+        1.0, ge=0, description="Expected first-audio time of a realtime job: its listener's start until known."
+    )
+    deadline_batch_delay_s: float = Field(
+        60.0, ge=0, description="A batch-lane job's first segment is due this long after acceptance."
+    )
+    deadline_batch_stretch: float = Field(
+        2.0, ge=1.0, description="Batch-lane deadlines assume a listener this many times slower than real time."
+    )
+    seconds_per_char: float = Field(
+        0.2, gt=0, description="Audio seconds per character assumed for a model until its own pace is measured."
+    )
+    model_budget_mb: int = Field(
+        8192, ge=64, description="Memory all loaded models may hold (GPU memory on CUDA, resident on CPU)."
+    )
+    model_idle_s: float = Field(600.0, gt=0, description="Unpinned models idle this long are unloaded.")
+    torch_threads: int = Field(
+        0, ge=0, description="CPU threads per model process for torch; 0 keeps torch's default (use 1 on shared CPUs)."
+    )
+    metrics_port: int = Field(9310, ge=0, le=65535, description="Worker's Prometheus port; 0 turns it off.")
+    log_format: str = Field("text", pattern="^(text|json)$", description="Log lines as text or JSON.")
+    heartbeat_s: float = Field(
+        2.0,
+        gt=0,
+        description="How often a worker announces itself in Redis, and looks for dead workers and unpublished "
+        "segments.",
+    )
+    malloc_trim_s: float = Field(
+        60.0,
+        ge=0,
+        description="How often a worker gives its free heap pages back to the system (glibc malloc_trim); 0 = never.",
+    )
+    heartbeat_misses: int = Field(
+        3,
+        ge=2,
+        description="A worker whose heartbeat is this many intervals old is dead: its segments are enqueued again.",
+    )
+
+    @property
+    def worker_dead_after_s(self) -> float:
+        """Return how old a worker's last heartbeat is when the worker counts as dead."""
+        return self.heartbeat_misses * self.heartbeat_s

@@ -1,0 +1,57 @@
+"""One program of the stack in a process of its own, its output in a log file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from devstack.local import ROOT
+
+
+class ChildProcess:
+    """A program started from the checkout with the environment it is given on top of this process's own."""
+
+    #: How errors name the program.
+    name = "the process"
+
+    def __init__(self, env: Mapping[str, str], log_path: Path) -> None:
+        self.env = {**os.environ, **env}
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def spawn(self, command: Sequence[str]) -> subprocess.Popen[bytes]:
+        """Start ``command`` in the checkout; its output goes to the log file."""
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(list(command), cwd=ROOT, env=self.env, stdout=log, stderr=log)
+        return self.process
+
+    @property
+    def pid(self) -> int:
+        """Return the process id."""
+        if self.process is None:
+            raise RuntimeError(f"{self.name} was not started")
+        return self.process.pid
+
+    def exited(self) -> bool:
+        """Say whether the process was started and has ended."""
+        return self.process is not None and self.process.poll() is not None
+
+    def log_tail(self, lines: int = 60) -> str:
+        """Return the end of the log."""
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, sig: int = signal.SIGTERM, grace_s: float = 30) -> None:
+        """Send ``sig`` and wait; SIGKILL the process if it outlives ``grace_s``."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(sig)
+        try:
+            self.process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)

@@ -1,0 +1,47 @@
+"""A worker takes realtime-lane segments before batch-lane ones, whatever order they were queued in."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+from kombu import Queue
+from kombu.message import Message
+
+from celery_config import QUEUES
+from core.settings import load_settings
+from workers.celery_app import celery_enqueue, create_celery
+
+
+@pytest.fixture
+def empty_broker(settings_env: dict[str, str]) -> Iterator[str]:
+    """Return the URL of a database no worker consumes, emptied before and after."""
+    url = settings_env["REDIS_URL"].rsplit("/", 1)[0] + "/6"
+    redis.Redis.from_url(url).flushdb()
+    yield url
+    redis.Redis.from_url(url).flushdb()
+
+
+def test_realtime_segments_are_consumed_before_batch_segments_queued_earlier(empty_broker: str) -> None:
+    app = create_celery(load_settings(redis_url=empty_broker))
+    enqueue = celery_enqueue(app)
+    enqueue("book", [0, 1, 2], "batch")
+    enqueue("listener", [0, 1], "realtime")
+    taken: list[tuple[str, int]] = []
+
+    def take(_: object, message: Message) -> None:
+        (job_id, index), _, _ = message.decode()  # Celery's message body: args, kwargs, embed
+        taken.append((job_id, index))
+        message.ack()
+
+    # What the worker does: one consumer of every lane, in QUEUES order (its -Q), one message in flight at a time.
+    assert QUEUES == ("realtime", "batch")
+    with app.connection_for_read() as connection:
+        consumer = connection.Consumer([Queue(lane) for lane in QUEUES], callbacks=[take], accept=["json"])
+        consumer.qos(prefetch_count=1)
+        with consumer:
+            while len(taken) < 5:
+                connection.drain_events(timeout=5)
+    app.close()
+    assert taken == [("listener", 0), ("listener", 1), ("book", 0), ("book", 1), ("book", 2)]

@@ -1,0 +1,142 @@
+"""Choose a batch from the segments waiting for one model: the most urgent, and similar-length company."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from core.policy import BatchTiming
+from core.registry import ModelSpec
+from workers.engines.base import SynthesisRequest, Waveform
+
+log = logging.getLogger(__name__)
+
+#: A deadline in epoch seconds, or a function returning the current one.
+Due = float | Callable[[], float]
+#: Requests remembered as having been in a failed batch (oldest forgotten first).
+_MAX_SUSPECTS = 4096
+
+
+@dataclass
+class Pending:
+    """One segment waiting for an engine call, and the future its caller waits on."""
+
+    spec: ModelSpec
+    request: SynthesisRequest
+    #: When the listener needs it (epoch seconds, or a function giving the current estimate, which
+    #: may move as the job's first audio becomes known); its arrival time when none was given (FIFO).
+    due: Due
+    #: Start it ``lead`` engine calls early: it continues a stream, and a late one makes its listener stall.
+    early: bool = False
+    future: Future[tuple[Waveform, int]] = field(default_factory=Future)
+    submitted: float = field(default_factory=time.monotonic)
+
+
+def compatible(a: int, b: int, *, max_ratio: float, slack: int = 8) -> bool:
+    """Say whether texts of lengths ``a`` and ``b`` pad acceptably in one batch."""
+    return max(a, b) <= max_ratio * min(a, b) + slack
+
+
+class BatchPlanner:
+    """Plan batches for the models of one worker, learning each model's call time as batches run.
+
+    The next batch is the segment with the earliest deadline (a stream's next segment counted ``lead`` engine
+    calls early, a job's first segment as early as it is late, up to ``first_priority_s``), with the segments of
+    similar length (``max_ratio``) due soonest after it, up to ``max_batch`` and at most ``horizon_s`` later.
+    Segments whose batch failed run alone next time, so one poison input cannot fail its neighbours again.
+    """
+
+    def __init__(
+        self, *, max_batch: int, max_ratio: float, timing: BatchTiming, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.max_batch = max_batch
+        self.max_ratio = max_ratio
+        self.timing = timing
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._suspects: OrderedDict[SynthesisRequest, None] = OrderedDict()
+        self._batch_s: dict[str, float] = {}  # per model: a moving average of one engine call's seconds
+        self._batch_chars: dict[str, float] = {}  # ... and of its longest text's characters
+
+    def plan(self, items: list[Pending]) -> tuple[list[Pending], float]:
+        """Return the next batch and its most urgent deadline (sorting ``items`` by deadline)."""
+        due = self._urgency(items)
+        items.sort(key=lambda p: (due[id(p)], p.submitted))
+        head = items[0]
+        with self._lock:
+            suspect = {id(p) for p in items if p.request in self._suspects}
+        head_due = due[id(head)]
+        if id(head) in suspect:
+            return [head], head_due
+        low = high = len(head.request.text)  # the group's shortest and longest texts
+        group = [head]
+        for p in items[1:]:
+            if len(group) >= self.max_batch or due[id(p)] > head_due + self.timing.horizon_s:
+                break
+            length = len(p.request.text)
+            if id(p) not in suspect and compatible(min(low, length), max(high, length), max_ratio=self.max_ratio):
+                group.append(p)
+                low, high = min(low, length), max(high, length)
+        return group, head_due
+
+    def _urgency(self, items: list[Pending]) -> dict[int, float]:
+        """Return each item's deadline, moved earlier by the lead it deserves."""
+        name = items[0].spec.name
+        call_s, call_chars = self._batch_s.get(name, 0.0), self._batch_chars.get(name, 1.0)
+        now, timing = self._clock(), self.timing
+
+        def lead(p: Pending, due: float) -> float:
+            # A first segment gains priority as it waits past its deadline, up to first_priority_s: under
+            # overload its listener, who has nothing yet, waits first-hand; when the engines keep up it gains
+            # little, and streams already playing keep theirs.
+            if not p.early:
+                return min(timing.first_priority_s, max(0.0, now - due))
+            # A stream's next segment must be written by its deadline, so it starts ``lead`` calls earlier;
+            # a call lasts about as long as its longest text, so a long segment's call is counted longer.
+            return timing.lead * call_s * max(1.0, len(p.request.text) / call_chars)
+
+        return {id(p): d - lead(p, d) for p, d in ((p, self.due(p)) for p in items)}
+
+    def due(self, pending: Pending) -> float:
+        """Return a segment's deadline now; one that cannot be computed (its job vanished) is due at once."""
+        if not callable(pending.due):
+            return pending.due
+        try:
+            return pending.due()
+        except Exception:
+            log.exception("deadline of a segment could not be computed; it is due now")
+            pending.due = self._clock() - (time.monotonic() - pending.submitted)  # its arrival; logged once
+            return pending.due
+
+    def should_hold(self, group: list[Pending], items: list[Pending], head_due: float) -> bool:
+        """Hold for company only when the batch is not full, all waiting work is in it, and it has slack."""
+        hold_s = self.timing.hold_s
+        if hold_s <= 0 or len(group) >= self.max_batch or len(items) > len(group):
+            return False
+        expected = self._batch_s.get(group[0].spec.name, 0.0)
+        return head_due - self._clock() > expected + hold_s
+
+    def ran(self, group: list[Pending], elapsed: float) -> None:
+        """Learn from a batch that succeeded: its members are no longer suspect, and the model's call time."""
+        name = group[0].spec.name
+        longest = float(max(len(p.request.text) for p in group))
+        with self._lock:
+            for pending in group:
+                self._suspects.pop(pending.request, None)
+            previous = self._batch_s.get(name)
+            self._batch_s[name] = elapsed if previous is None else 0.8 * previous + 0.2 * elapsed
+            previous = self._batch_chars.get(name)
+            self._batch_chars[name] = longest if previous is None else 0.8 * previous + 0.2 * longest
+
+    def failed(self, requests: list[SynthesisRequest]) -> None:
+        """Remember the members of a failed batch, so that each runs alone next time."""
+        with self._lock:
+            for request in requests:
+                self._suspects[request] = None
+            while len(self._suspects) > _MAX_SUSPECTS:
+                self._suspects.popitem(last=False)

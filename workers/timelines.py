@@ -1,0 +1,74 @@
+"""The playback timelines of the jobs a worker holds segments of: built once per job, then kept up to date."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from cache.jobstore import JobStore
+from cache.records import JobRecord, SegmentStart
+from core.schedule import DeadlinePolicy, Timeline, timeline
+
+
+class Timelines:
+    """The timelines of jobs this worker holds segments of, shared by those segments; oldest forgotten first."""
+
+    def __init__(self, *, store: JobStore, policy: DeadlinePolicy, default_pace: float, limit: int = 10_000) -> None:
+        self.store = store
+        self.policy = policy
+        self.default_pace = default_pace  # seconds of audio per character, for a job written without its pace
+        self._timelines: OrderedDict[str, Timeline] = OrderedDict()
+        self._lock = threading.Lock()
+        self._limit = limit
+
+    def known(self, job_id: str) -> bool:
+        """Say whether this worker has the job's timeline (its next start reads less)."""
+        with self._lock:
+            return job_id in self._timelines
+
+    def of(self, job_id: str, start: SegmentStart) -> Timeline:
+        """Return the job's shared timeline, updated with what ``start`` (read from the store now) knows."""
+        if start.record is None:
+            raise ValueError("a start that found no job has no timeline")
+        lane = start.record.request.priority
+        stretch = self.policy.stretch(lane)
+        durations = {i: float(m["duration_s"]) * stretch for i, m in start.meta.items() if "duration_s" in m}
+        arrivals = {i: float(m["finished_at"]) for i, m in start.meta.items() if "finished_at" in m}
+        with self._lock:
+            found = self._timelines.get(job_id)
+        if found is not None:
+            found.learn(arrivals, durations)
+            return found
+        # Only a start that said it knew the job lacks the lengths: the job was forgotten here meanwhile.
+        record = start.record if start.record.segment_chars is not None else self.store.get(job_id) or start.record
+        fresh = self._build(record, len(start.text or ""), start.meta)
+        with self._lock:
+            found = self._timelines.get(job_id)
+            if found is None:
+                found = self._timelines[job_id] = fresh
+                while len(self._timelines) > self._limit:
+                    self._timelines.popitem(last=False)
+            else:
+                found.merge(fresh)
+            return found
+
+    def _build(self, record: JobRecord, own_chars: int, meta: dict[int, dict[str, Any]]) -> Timeline:
+        """Return a job's deadlines from its record, with the real durations and first-audio time known so far."""
+        chars = list(record.segment_chars or ())
+        if len(chars) != record.segments_total:  # written without the lengths: estimate each like this one
+            chars = [own_chars] * record.segments_total
+        return timeline(
+            lane=record.request.priority,
+            accepted_at=record.created_at,
+            chars=chars,
+            seconds_per_char=record.seconds_per_char or self.default_pace,
+            policy=self.policy,
+            durations={i: float(m["duration_s"]) for i, m in meta.items() if "duration_s" in m},
+            arrivals={i: float(m["finished_at"]) for i, m in meta.items() if "finished_at" in m},
+        )
+
+    def forget(self, job_id: str) -> None:
+        """Drop a finished job's timeline."""
+        with self._lock:
+            self._timelines.pop(job_id, None)
