@@ -12,7 +12,7 @@ from cache.stats import Stats
 from cache.workers import WorkerRegistry
 from core.errors import ServiceUnavailable, StoreFull
 from core.metrics import ADMISSION_REJECTIONS
-from core.policy import SchedulingPolicy, scheduling_policy
+from core.policy import SchedulingPolicy
 from core.settings import Settings
 
 
@@ -27,15 +27,15 @@ class Admission:
         workers: WorkerRegistry,
         book: ScheduleBook,
         settings: Settings,
+        policy: SchedulingPolicy,
         budget: StoreBudget | None = None,
-        policy: SchedulingPolicy | None = None,
     ) -> None:
         self.stats = stats
         self.budget = budget
         self.breaker = breaker
         self.workers = workers
         self.book = book
-        self.policy = policy or scheduling_policy(settings)
+        self.policy = policy
         self.replicas = settings.model_replicas  # busy seconds overlap on a worker's replicas
         self.limits = {"realtime": settings.admission_realtime_wait_s, "batch": settings.admission_batch_wait_s}
 

@@ -16,6 +16,7 @@ from cache.schedule import ScheduleBook
 from cache.stats import Stats, Window
 from cache.workers import WorkerRegistry
 from core.errors import ServiceUnavailable
+from core.policy import scheduling_policy
 from core.settings import load_settings
 from tests.support.processes import wait_for
 
@@ -85,8 +86,9 @@ def _admission(client: redis.Redis, book: ScheduleBook, **settings: object) -> t
     workers.beat("w1", {})
     alive = len(workers.alive())  # the session's real worker may be alive too: capacity scales with workers
     stats = Stats(client)
-    admission = Admission(stats=stats, breaker=_breaker(client), workers=workers, book=book,
-                          settings=load_settings(**settings))  # fmt: skip
+    loaded = load_settings(**settings)
+    admission = Admission(stats=stats, breaker=_breaker(client), workers=workers, book=book, settings=loaded,
+                          policy=scheduling_policy(loaded))  # fmt: skip
     return admission, stats, alive
 
 

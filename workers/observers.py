@@ -1,4 +1,4 @@
-"""What follows a segment's write: metrics, the sentence-cache fill, the pace book, the job's summary line.
+"""What observes a segment's making and write: metrics, the sentence-cache fill, the pace book, the job's summary.
 
 The main path (read → synthesize → one atomic write that advances the job) stays in workers/segment.py; work that
 only observes it lives here, behind hooks that do nothing unless overridden, as dramatiq's middleware does.
@@ -69,6 +69,9 @@ class SegmentObserver:
     def started(self, start: SegmentStart, index: int) -> None:
         """Called when a worker holds a segment and is about to make it."""
 
+    def made(self, made: MadeSegment) -> None:
+        """Called when the engine has made a segment, just before its write (a job done is then a job cached)."""
+
     def written(self, made: MadeSegment, outcome: str) -> None:
         """Called after the write: ``outcome`` is "written", "duplicate" or "skipped" (the job ended meanwhile)."""
 
@@ -86,6 +89,11 @@ class Observers(SegmentObserver):
         """Tell every observer a segment started."""
         for observer in self.observers:
             self._guard(observer, observer.started, start, index)
+
+    def made(self, made: MadeSegment) -> None:
+        """Tell every observer a segment was made."""
+        for observer in self.observers:
+            self._guard(observer, observer.made, made)
 
     def written(self, made: MadeSegment, outcome: str) -> None:
         """Tell every observer a segment was written (or found written)."""
@@ -159,12 +167,15 @@ class PaceKeeper(SegmentObserver):
 
 
 class CacheFill(SegmentObserver):
-    """Keep every made segment in the sentence cache, so the same sentence is never made twice."""
+    """Keep every made segment in the sentence cache, so the same sentence is never made twice.
+
+    It fills before the write, so that once a job is done, a repeat of its text finds every segment cached.
+    """
 
     def __init__(self, cache: SentenceCache) -> None:
         self.cache = cache
 
-    def written(self, made: MadeSegment, outcome: str) -> None:
+    def made(self, made: MadeSegment) -> None:
         """Store the segment's audio under its sentence key (without this job's own times)."""
         if not made.request.cache:
             return

@@ -151,6 +151,7 @@ class SegmentSynthesizer:
         self.observer.started(start, index)
         plan = self._timelines.of(job_id, start)
         made = self._synthesize(job_id, index, start, plan)
+        self.observer.made(made)
         write = self._write(made, start.attempt)
         outcome = _OUTCOMES[write.result]
         lane = made.request.priority

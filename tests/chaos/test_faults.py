@@ -24,6 +24,7 @@ from cache import keys
 from cache.jobstore import OUTBOX_GRACE_S, JobRequest
 from celery_config import SYNTHESIZE_TASK
 from core.settings import load_settings
+from devstack.worker import WorkerProcess
 from tests.chaos.audit import Audit, audit_jobs
 from tests.chaos.conftest import MakeStack
 from tests.chaos.stack import Stack
@@ -90,13 +91,20 @@ def run_to_end(
     return audit
 
 
+def _in_flight(stack: Stack, worker: WorkerProcess) -> tuple[list[str], float, int, int]:
+    """Submit the standard workload with the worker's models paused, then wait until part of it is in flight;
+    return the job ids, when they were submitted (monotonic), and the segments written and attempted by then."""
+    started = time.monotonic()
+    with stack.models_paused(worker):
+        job_ids = submit(stack, workload())
+    written, attempted = stack.wait_in_flight(job_ids)
+    return job_ids, started, written, attempted
+
+
 def test_a_worker_killed_mid_batch_loses_nothing(make_stack: MakeStack) -> None:
     stack = make_stack()
     first = stack.start_worker()
-    started = time.monotonic()
-    with stack.models_paused(first):
-        job_ids = submit(stack, workload())
-    written, attempted = stack.wait_in_flight(job_ids)
+    job_ids, started, written, attempted = _in_flight(stack, first)
     fault_at = time.time()
     stack.kill_worker(first, signal.SIGKILL)
     stack.start_worker()  # what the worker's supervisor does
@@ -109,10 +117,7 @@ def test_a_model_host_killed_mid_batch_is_restarted_and_loses_nothing(make_stack
     stack = make_stack()
     worker = stack.start_worker()
     host = stack.host_pid(worker, "espeak-en")
-    started = time.monotonic()
-    with stack.models_paused(worker):
-        job_ids = submit(stack, workload())
-    written, attempted = stack.wait_in_flight(job_ids)
+    job_ids, started, written, attempted = _in_flight(stack, worker)
     fault_at = time.time()
     stack.kill_host(host)
     audit = run_to_end(stack, "b. model host SIGKILL (GPU OOM)", job_ids, started, fault_at=fault_at)
@@ -126,10 +131,7 @@ def test_a_model_host_killed_mid_batch_is_restarted_and_loses_nothing(make_stack
 def test_a_worker_stopped_during_work_hands_its_segments_over(make_stack: MakeStack) -> None:
     stack = make_stack()
     old = stack.start_worker()
-    started = time.monotonic()
-    with stack.models_paused(old):
-        job_ids = submit(stack, workload())
-    written, attempted = stack.wait_in_flight(job_ids)
+    job_ids, started, written, attempted = _in_flight(stack, old)
     stack.start_worker(wait=False)  # the replacement starts while the old one drains
     stopping, fault_at = time.monotonic(), time.time()
     stack.kill_worker(old, signal.SIGTERM)
@@ -143,10 +145,7 @@ def test_a_worker_stopped_during_work_hands_its_segments_over(make_stack: MakeSt
 def test_redis_killed_and_restarted_from_its_aof_loses_nothing(make_stack: MakeStack) -> None:
     stack = make_stack()
     worker = stack.start_worker()
-    started = time.monotonic()
-    with stack.models_paused(worker):
-        job_ids = submit(stack, workload())
-    written, attempted = stack.wait_in_flight(job_ids)
+    job_ids, started, written, attempted = _in_flight(stack, worker)
     fault_at = time.time()
     stack.redis_server.kill()
     status, _, headers = stack.submit(stack.client(), workload(jobs=1, first_seed=100)[0])
