@@ -1,4 +1,8 @@
-"""Settings of the API: held streams, admission, the circuit breaker, API keys, where it listens."""
+"""Settings of the API: held streams, admission, the circuit breaker, API keys, where it listens.
+
+Declared boilerplate: its fields are declarations of one shape (`name: type = Field(default, description=…)`)
+that the duplicate finder pairs; that is what a settings object is.
+"""
 
 from __future__ import annotations
 
