@@ -2,6 +2,9 @@
 
 Its fields are declared in groups, one module each: jobs (settings_jobs), the API (settings_api) and
 workers (settings_worker); the places the service finds its parts are declared here.
+
+Declared boilerplate: the fields, here and in the groups, are declarations of one shape (name, type, a Field with
+its default and description), which the duplicate finder pairs; that is what a settings object is.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""Settings of the API: held streams, admission, the circuit breaker, API keys, where it listens.
-
-Declared boilerplate: its fields are declarations of one shape (`name: type = Field(default, description=…)`)
-that the duplicate finder pairs; that is what a settings object is.
-"""
+"""Settings of the API: held streams, admission, the circuit breaker, API keys, where it listens."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Settings of a job's life: how long a text may be, how it is cut up, how long its parts and audio are kept.
-
-Declared boilerplate: its fields are declarations of one shape (`name: type = Field(default, description=…)`)
-that the duplicate finder pairs; that is what a settings object is.
-"""
+"""Settings of a job's life: how long a text may be, how it is cut up, how long its parts and audio are kept."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Settings of a worker: its threads, batching and deadline scheduling, model pool, heartbeat.
-
-Declared boilerplate: its fields are declarations of one shape (`name: type = Field(default, description=…)`)
-that the duplicate finder pairs; that is what a settings object is.
-"""
+"""Settings of a worker: its threads, batching and deadline scheduling, model pool, heartbeat."""
 
 from __future__ import annotations
 
