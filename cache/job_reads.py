@@ -29,11 +29,9 @@ def pairs(flat: list[Any]) -> dict[bytes, bytes]:
     return {as_bytes(flat[i]): as_bytes(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
-def _record(raw: dict[Any, Any]) -> JobRecord | None:
-    """Parse a record's hash as read (bytes), or None when the hash is empty (no such job)."""
-    if not raw:
-        return None
-    return JobRecord.from_hash({as_bytes(k).decode(): as_bytes(v).decode() for k, v in raw.items()})
+def record_of(raw: dict[Any, Any]) -> JobRecord | None:
+    """Parse a record's hash as read (bytes), or None when it is no job (see ``JobRecord.parse``)."""
+    return JobRecord.parse({as_bytes(k).decode(): as_bytes(v).decode() for k, v in raw.items()})
 
 
 class JobReads:
@@ -58,7 +56,7 @@ class JobReads:
 
     def get(self, job_id: str) -> JobRecord | None:
         """Return the job's record, or None when there is no such job."""
-        return _record(self.redis.hgetall(keys.job(job_id)))
+        return record_of(self.redis.hgetall(keys.job(job_id)))
 
     def get_with_meta(self, job_id: str) -> tuple[JobRecord | None, dict[int, dict[str, Any]]]:
         """Return the job's record and every finished segment's metadata, in one round trip."""
@@ -66,10 +64,7 @@ class JobReads:
         pipe.hgetall(keys.job(job_id))
         pipe.hgetall(keys.segment_meta(job_id))
         raw, meta = pipe.execute()
-        record = (
-            JobRecord.from_hash({as_bytes(k).decode(): as_bytes(v).decode() for k, v in raw.items()}) if raw else None
-        )
-        return record, {int(k): json.loads(v) for k, v in meta.items()}
+        return record_of(raw), {int(k): json.loads(v) for k, v in meta.items()}
 
     def texts(self, job_id: str) -> list[str]:
         """Return every segment text of the job, in order."""

@@ -13,7 +13,7 @@ from redis.typing import EncodableT, FieldT
 
 from cache import keys, scripts
 from cache.events import EventWaiter
-from cache.job_reads import JobReads, as_bytes, as_text, pairs
+from cache.job_reads import JobReads, as_bytes, as_text, pairs, record_of
 from cache.records import (
     TERMINAL,
     EndResult,
@@ -168,7 +168,7 @@ class JobStore(JobReads):
         _, record, attempt, text, meta, redelivered = reply
         return SegmentStart(
             state,
-            record=JobRecord.from_hash({k.decode(): v.decode() for k, v in pairs(record).items()}),
+            record=record_of(pairs(record)),  # None for a stray partial hash: the segment is skipped
             attempt=int(attempt),
             redelivered=bool(int(redelivered)),
             text=as_text(text) if text else None,

@@ -92,6 +92,12 @@ class JobRecord:
     audio_removed_for: str | None = None
 
     @classmethod
+    def parse(cls, raw: Mapping[str, str]) -> JobRecord | None:
+        """Parse a record's hash, or return None when it is no job: empty, or a stray write left only a few fields
+        (the memory budget's mark on a record that expired meanwhile, say)."""
+        return cls.from_hash(raw) if "id" in raw and "request" in raw else None
+
+    @classmethod
     def from_hash(cls, raw: Mapping[str, str]) -> JobRecord:
         """Parse a record's hash fields (decoded); unknown fields are ignored, missing ones take defaults."""
         chars = raw.get("segment_chars")
