@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install install-dev install-bench constraints run worker test chaos lint tiny-model bench bench-batch bench-cache bench-stream bench-schedule bench-held bench-text soak clean
+.PHONY: help install install-dev install-bench constraints run worker test chaos lint tiny-model full-model bench-engine gpu-check bench bench-batch bench-cache bench-stream bench-schedule bench-held bench-text soak clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -43,6 +43,9 @@ worker: install  ## Start one worker per GPU (one on CPU) against $$REDIS_URL, r
 tiny-model: install  ## Build the tiny random-weight ChatTTS into models/chattts-tiny.
 	$(PY) -m workers.engines.chattts_tiny models/chattts-tiny
 
+full-model: install  ## Build the random-weight ChatTTS at its real sizes (1.1 GB, seeded, no download) into models/chattts-random.
+	$(PY) -m workers.engines.chattts_random --preset full models/chattts-random
+
 test: install-dev  ## Run the whole test suite against a Redis and workers it starts itself.
 	scripts/ensure_redis_server.sh
 	scripts/ensure_chromium.sh
@@ -74,6 +77,13 @@ bench-schedule: install-bench  ## FIFO vs deadline scheduling at 10 and 50 calle
 bench-held: install-bench  ## /healthz and POST /v1/jobs p50/p99 on `make run` while 1,000 event streams are held open.
 	scripts/ensure_redis_server.sh
 	$(PY) -m bench.held_connections $(BENCH_ARGS)
+
+bench-engine: full-model install-bench  ## The real-size engine on this machine: batch 1-32, stage shares, best torch threads and replicas.
+	$(PY) -m bench.engine_real $(BENCH_ARGS)
+
+gpu-check: full-model install-bench  ## On a GPU (sized for 8 min; BENCH_ARGS=--rehearse on a CPU): real-size engine in fp32/fp16/bf16, then the service on cuda:0 at 1/16/64 callers.
+	scripts/ensure_redis_server.sh
+	$(PY) -m bench.gpu_check $(BENCH_ARGS)
 
 bench-text: install-bench  ## Adversarial texts at the length limit through validation and planning (each under 50 ms).
 	$(PY) -m bench.text_adversarial $(BENCH_ARGS)

@@ -148,6 +148,7 @@ class ModelView(BaseModel):
     id: str
     engine: str
     available: bool
+    random_weights: bool = Field(False, description="A random-weight benchmark model: real compute, noise for audio.")
     voices: list[str]
 
 

@@ -51,6 +51,7 @@ def list_models() -> dict[str, Any]:
                 "engine": spec.engine,
                 "language": spec.language,
                 "available": spec.available,
+                "random_weights": spec.random_weights,
                 "voices": sorted(spec.voices),
                 "default_voice": spec.default_voice,
             }

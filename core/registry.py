@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
@@ -27,16 +29,46 @@ class EngineEntry:
     package: str | None = None
     #: Our own code's part in the engine's audio: bump it when that changes.
     revision: str | None = None
+    #: "module:function" taking a weights folder and returning an Availability; the API calls it at every
+    #: submission, so it must import neither torch nor the engine. None: a folder that exists will do.
+    weights_check: str | None = None
 
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a model can be served now and, if not, what is wrong."""
+
+    ok: bool
+    reason: str = ""
+
+
+AVAILABLE = Availability(ok=True)
 
 _ENGINES: dict[str, EngineEntry] = {}
 
 
-def register_engine(name: str, *, builder: str, package: str | None = None, revision: str | None = None) -> None:
+def register_engine(
+    name: str,
+    *,
+    builder: str,
+    package: str | None = None,
+    revision: str | None = None,
+    weights_check: str | None = None,
+) -> None:
     """Make engine ``name`` known to the registry; an engine plugin module (TTS_ENGINE_PLUGINS) calls this."""
-    if ":" not in builder:
-        raise ValueError(f"engine {name!r}: builder must be 'module:function', not {builder!r}")
-    _ENGINES[name] = EngineEntry(name=name, builder=builder, package=package, revision=revision)
+    for what, path in (("builder", builder), ("weights_check", weights_check)):
+        if path is not None and ":" not in path:
+            raise ValueError(f"engine {name!r}: {what} must be 'module:function', not {path!r}")
+    _ENGINES[name] = EngineEntry(
+        name=name, builder=builder, package=package, revision=revision, weights_check=weights_check
+    )
+
+
+@functools.cache
+def _weights_check(path: str) -> Callable[[Path], Availability]:
+    module, _, function = path.partition(":")
+    check: Callable[[Path], Availability] = getattr(importlib.import_module(module), function)
+    return check
 
 
 def engine_entry(name: str) -> EngineEntry:
@@ -63,7 +95,11 @@ def load_engine_plugins(modules: str) -> None:
 
 # The revision is our per-item sampler's (workers/engines/sampling.py): it changes ChatTTS's audio.
 register_engine(
-    "chattts", builder="workers.engines.factory:build_chattts", package="chattts", revision="fused-sampler-1"
+    "chattts",
+    builder="workers.engines.factory:build_chattts",
+    package="chattts",
+    revision="fused-sampler-1",
+    weights_check="workers.engines.chattts_files:check_weights",
 )
 register_engine("espeak", builder="workers.engines.factory:build_espeak", package="espeakng-loader")
 
@@ -84,11 +120,22 @@ class ModelSpec:
     options: dict[str, Any] = field(default_factory=dict)
     #: A hash of what makes this model's audio: engine, its package version, weights, precision, options.
     version: str = ""
+    #: Built with random weights (for benchmarks and tests): its audio is noise, its cost is real.
+    random_weights: bool = False
+
+    def availability(self) -> Availability:
+        """Say whether the model's weights are whole, as its engine checks them (engines without weights always are)."""
+        if self.weights is None:
+            return AVAILABLE
+        check = engine_entry(self.engine).weights_check
+        if check is None:
+            return AVAILABLE if self.weights.is_dir() else Availability(ok=False, reason=f"no folder {self.weights}")
+        return _weights_check(check)(self.weights)
 
     @property
     def available(self) -> bool:
-        """Say whether the model's weights are present (engines without weights always are)."""
-        return self.weights is None or self.weights.is_dir()
+        """Say whether the model's weights are whole (engines without weights always are)."""
+        return self.availability().ok
 
     def resolve_voice(self, voice: str | None) -> str:
         """Return the registered voice name for ``voice``, or raise NotFound."""
@@ -116,11 +163,14 @@ class Registry:
         spec = self.models.get(key)
         if spec is None:
             raise NotFound(f"unknown model {key!r}; known models: {sorted(self.models)}", field="model")
-        if not spec.available:
-            raise NotFound(
-                f"model {key!r} has no weights at {spec.weights}; see README 'Real ChatTTS weights'",
-                field="model",
+        availability = spec.availability()
+        if not availability.ok:
+            remedy = (
+                "it is a random-weight model: `make full-model` or `make tiny-model` builds it"
+                if spec.random_weights
+                else "see README 'Real ChatTTS weights'"
             )
+            raise NotFound(f"model {key!r} is not available: {availability.reason} ({remedy})", field="model")
         return spec
 
 
@@ -151,6 +201,7 @@ def _parse_spec(name: str, raw: dict[str, Any], variables: dict[str, str]) -> Mo
         default_voice=raw.get("default_voice", "default"),
         voices=dict(raw.get("voices", {"default": None})),
         options=dict(raw.get("options", {})),
+        random_weights=bool(raw.get("random_weights", False)),
     )
     if spec.default_voice not in spec.voices:
         raise ValueError(f"model {name!r}: default_voice {spec.default_voice!r} is not among its voices")
@@ -209,6 +260,9 @@ def load_registry(settings: Settings) -> Registry:
     }
     raw = json.loads(settings.models_file.read_text(encoding="utf-8"))
     models = {name: _parse_spec(name, spec, variables) for name, spec in raw["models"].items()}
+    for spec in models.values():
+        # The first check of real weights hashes them (seconds): here at start, never inside a request.
+        spec.availability()
     default = settings.default_model
     if default is None:
         chattts = models.get("chattts")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,10 +48,20 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def models_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Return the project's registry plus a model whose weights are broken."""
+def models_file(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """Return the project's registry plus a model whose weights are broken.
+
+    Its files are whole (so it is available, and accepted at submission) but its descriptor states the wrong
+    sizes: the model fails as it loads, in the worker, as weights of the wrong model do.
+    """
+    from workers.engines.chattts_assets import DESCRIPTOR_NAME
+
     registry = json.loads((ROOT / "models.json").read_text(encoding="utf-8"))
     broken_dir = tmp_path_factory.mktemp("broken-weights")
+    shutil.copytree(tiny_model_dir, broken_dir, dirs_exist_ok=True)
+    descriptor = json.loads((broken_dir / DESCRIPTOR_NAME).read_text(encoding="utf-8"))
+    descriptor["sizes"]["embed"]["hidden_size"] *= 2
+    (broken_dir / DESCRIPTOR_NAME).write_text(json.dumps(descriptor), encoding="utf-8")
     registry["models"]["broken-chattts"] = {
         **registry["models"]["chattts-tiny"],
         "weights": str(broken_dir),

@@ -6,6 +6,7 @@ import gc
 import logging
 import math
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,9 @@ import torch
 
 from workers.engines.base import Engine, SynthesisRequest, Waveform, expect_one_per_input
 from workers.engines.chattts_assets import descriptor_config, find_weights, read_descriptor, where_weights_go
+from workers.engines.chattts_files import check_weights
 from workers.engines.chattts_generate import generate
+from workers.engines.chattts_jit import cache_text_jit
 from workers.engines.errors import EngineLoadError, SynthesisError
 
 __all__ = ["ChatTTSEngine", "find_weights", "speed_prompt", "where_weights_go"]
@@ -29,28 +32,6 @@ def speed_prompt(speed: float) -> str:
     """Map a speed factor to ChatTTS's prompt: 1.0 is ``[speed_5]``, clamped to ``[speed_0]``..``[speed_9]``."""
     level = min(9, max(0, math.floor(5 * speed + 0.5)))
     return f"[speed_{level}]"
-
-
-#: ChatTTS's text helpers that numba compiles on first use (ChatTTS/norm.py), without a cache of their own.
-_JITTED_TEXT_HELPERS = ("_find_index", "_fast_replace", "_split_tags", "_combine_tags")
-
-
-def cache_text_jit() -> None:
-    """Give ChatTTS's numba-compiled text helpers an on-disk cache.
-
-    Compiling them costs about 5 s of CPU in every new model host (measured here), and a host is new after
-    every crash, eviction or worker restart: with the cache, only the first host on a machine pays it.
-    """
-    import numba
-    from ChatTTS import norm
-
-    for name in _JITTED_TEXT_HELPERS:
-        helper = getattr(norm, name, None)
-        if isinstance(helper, numba.core.dispatcher.Dispatcher) and not helper.targetoptions.get("cache"):
-            try:
-                setattr(norm, name, numba.jit(nopython=True, cache=True)(helper.py_func))
-            except RuntimeError as e:  # no writable place for the cache (set NUMBA_CACHE_DIR): compile as before
-                log.warning("ChatTTS's %s compiles without a cache: %s", name, e)
 
 
 class ChatTTSEngine(Engine):
@@ -84,18 +65,34 @@ class ChatTTSEngine(Engine):
         self._chat: Any = None
         self._speakers: dict[str, str] = {}
 
+    @property
+    def chat(self) -> Any:
+        """Return the loaded ChatTTS instance (None before load), for measurements that wrap its methods."""
+        return self._chat
+
+    @property
+    def llama_dtype(self) -> torch.dtype | None:
+        """Return the dtype the loaded Llama runs in (what the precision became on this device), or None."""
+        return None if self._chat is None else self._chat.gpt.gpt.dtype
+
     def load(self) -> None:
         """Load ChatTTS from the weights directory onto the device and cast its Llama to the precision."""
         import ChatTTS
 
         cache_text_jit()
+        # ChatTTS's loader hashes real weights itself; this finds missing, empty and truncated files first.
+        availability = check_weights(self._weights_dir, hashes=False)
+        if not availability.ok:
+            raise EngineLoadError(f"ChatTTS cannot load {self._weights_dir}: {availability.reason}")
         source, root = find_weights(self._weights_dir)
         chat = ChatTTS.Chat(log)
+        device = torch.device(self._device)
         try:
-            _take_descriptor(chat, root)
-            loaded = chat.load(
-                source=source, custom_path=str(self._weights_dir), device=torch.device(self._device), compile=False
-            )
+            descriptor = read_descriptor(root)
+            if descriptor is None:
+                loaded = chat.load(source=source, custom_path=str(self._weights_dir), device=device, compile=False)
+            else:
+                loaded = _load_random_weights(chat, root, descriptor, device)
         except Exception as e:
             raise EngineLoadError(f"ChatTTS failed to load {root}: {e}; {where_weights_go(self._weights_dir)}") from e
         if not loaded:
@@ -264,18 +261,21 @@ class ChatTTSEngine(Engine):
         return math.ceil(total / 2**20)
 
 
-def _take_descriptor(chat: Any, root: Path) -> None:
-    """Give ``chat`` a random-weight model's own sizes and hashes; real weights (no descriptor) keep ChatTTS's."""
-    descriptor = read_descriptor(root)
-    if descriptor is None:
-        return
-    log.info(
-        "%s is a random-weight ChatTTS model: ChatTTS's check against the real weights' hashes is skipped, "
-        "its files are checked against its own descriptor's",
+def _load_random_weights(chat: Any, root: Path, descriptor: dict[str, Any], device: torch.device) -> bool:
+    """Load a random-weight model with ChatTTS's own loading code at its descriptor's sizes, skipping the hash check.
+
+    ``Chat.load`` is its hash check (``download_models``) followed by ``Chat._load`` on the asset paths; random
+    weights cannot match ChatTTS's map of the real ones, so only the second half runs, with the same arguments.
+    """
+    log.warning(
+        "%s holds RANDOM weights (a %s-size benchmark model, not ChatTTS's): ChatTTS's SHA-256 check of the real "
+        "weights is skipped; the audio is noise",
         root,
+        descriptor.get("preset", "tiny"),
     )
     chat.config = descriptor_config(descriptor["sizes"])
-    chat.sha256_map.update(descriptor["sha256"])
+    paths = {key: str(root / rel) for key, rel in asdict(chat.config.path).items()}
+    return bool(chat._load(device=device, compile=False, **paths))
 
 
 def _seed(request: SynthesisRequest) -> int:

@@ -1,7 +1,8 @@
 """A ChatTTS model folder: its asset layout, where it may sit, and the descriptor a random-weight model carries.
 
 Real weights are ChatTTS's own files, checked against ChatTTS's own SHA-256 map. A random-weight model (built by
-chattts_tiny.py for tests and benchmarks) carries a small JSON descriptor of its sizes and hashes instead.
+chattts_random.py for tests and benchmarks) carries a small JSON descriptor of its sizes, file sizes and hashes
+instead, and is loaded without the hash check.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from typing import Any
 from workers.engines.errors import EngineLoadError
 
 #: The descriptor that marks a random-weight model and carries the sizes ChatTTS's Config must take.
-DESCRIPTOR_NAME = "tiny_config.json"
+DESCRIPTOR_NAME = "random_weights.json"
+#: Its name before full-size random models existed; folders built then still load.
+LEGACY_DESCRIPTOR_NAME = "tiny_config.json"
 
 HF_SNAPSHOTS = Path("models--2Noise--ChatTTS") / "snapshots"
 
@@ -54,11 +57,12 @@ def find_weights(weights_dir: Path) -> tuple[str, Path]:
 
 def read_descriptor(root: Path) -> dict[str, Any] | None:
     """Return the random-weight model's descriptor under ``root``, or None for real weights."""
-    path = root / DESCRIPTOR_NAME
-    if not path.is_file():
-        return None
-    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    return data
+    for name in (DESCRIPTOR_NAME, LEGACY_DESCRIPTOR_NAME):
+        path = root / name
+        if path.is_file():
+            data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+            return data
+    return None
 
 
 def descriptor_config(sizes: dict[str, Any]) -> Any:

@@ -1,0 +1,100 @@
+"""The GPU check's engine part: the real-size model in one precision at a few batch sizes, a fixed step count each.
+
+Each cell is one timed call (on a GPU after an untimed one of the same shapes): every segment runs ``steps`` tokens,
+so tokens/s is batch × steps ÷ seconds and RTF is seconds ÷ one segment's audio (what a listener waits per
+second of speech). Peak memory is torch's own count on the device (none on the CPU).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from bench.full_model import loaded_engine, model_spec
+
+
+@dataclass(frozen=True)
+class EngineCell:
+    """One precision at one batch size."""
+
+    precision: str
+    #: What the Llama ran in: a CPU without a half-precision matmul falls back to fp32.
+    llama_dtype: str
+    batch: int
+    steps: int
+    seconds: float
+    tokens_per_s: float
+    audio_s_per_s: float
+    rtf: float
+    peak_memory_mb: float | None
+
+    def record(self) -> dict[str, Any]:
+        """Return the cell as JSON values."""
+        return asdict(self)
+
+
+def pick_texts(pool: list[str], batch: int) -> list[str]:
+    """Return ``batch`` segments spread evenly over the pool's lengths (the whole pool, cycled, if it is smaller)."""
+    ordered = sorted(pool, key=len)
+    step = len(ordered) / batch
+    return [ordered[int(i * step) % len(ordered)] for i in range(batch)]
+
+
+def measure_precision(
+    model: str,
+    *,
+    precision: str,
+    device: str,
+    batches: list[int],
+    steps: int,
+    pool: list[str],
+    torch_threads: int = 0,
+    warm: bool | None = None,
+) -> list[EngineCell]:
+    """Load ``model`` in ``precision`` on ``device`` and time one call per batch size, each segment ``steps`` tokens.
+
+    ``warm`` (default: on a GPU) runs each cell's call once untimed first.
+    """
+    from workers.engines.base import SynthesisRequest
+    from workers.engines.chattts_device import on_cuda, peak_memory_mb, reset_peak_memory, synchronize
+
+    warm = on_cuda(device) if warm is None else warm
+
+    # A token budget of exactly ``steps`` for every text: more tokens per character than any text needs, capped.
+    spec = model_spec(model, precision=precision, tokens_per_char=float(10 * steps), max_tokens=steps,
+                      fixed_token_budget=True)  # fmt: skip
+    engine = loaded_engine(spec, device=device, torch_threads=torch_threads)
+    cells = []
+    try:
+        dtype = str(engine.llama_dtype).removeprefix("torch.")
+        for batch in batches:
+            requests = [SynthesisRequest(text=t, seed=i) for i, t in enumerate(pick_texts(pool, batch))]
+            tokens = sum(engine.token_budget(r.text) for r in requests)
+            if warm:
+                # The first call at new shapes pays one-off costs (the allocator's first blocks, kernel choice)
+                # that serving never pays again. On the CPU none showed (measured), and it would double the time.
+                engine.synthesize(requests)
+            synchronize(device)
+            reset_peak_memory(device)
+            started = time.perf_counter()
+            waves = engine.synthesize(requests)
+            synchronize(device)
+            seconds = time.perf_counter() - started
+            audio = sum(len(w) for w in waves) / engine.sample_rate
+            cell = EngineCell(
+                precision=precision,
+                llama_dtype=dtype,
+                batch=batch,
+                steps=tokens // batch,
+                seconds=seconds,
+                tokens_per_s=tokens / seconds,
+                audio_s_per_s=audio / seconds,
+                rtf=seconds / (audio / batch),
+                peak_memory_mb=peak_memory_mb(device),
+            )
+            cells.append(cell)
+            print(f"  {precision} batch {batch:>2}: {seconds:.2f}s, {tokens / seconds:.0f} tokens/s", flush=True)
+    finally:
+        engine.unload()
+    return cells

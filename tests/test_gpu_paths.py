@@ -1,0 +1,144 @@
+"""What the GPU check runs, first run on the CPU: the half-precision Llama, the device paths, the memory readers,
+the stage clock and the tables (bench/gpu_check*.py, bench/engine_real.py), on the tiny model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.engine_real import combine, document, run_batches, settings_to_try
+from bench.gpu_check import main as gpu_check_main
+from bench.gpu_check import parse_args, table
+from bench.gpu_check_engine import EngineCell, measure_precision, pick_texts
+from bench.gpu_check_service import level_summary, models_file
+from bench.loadgen import JobResult, LevelRun
+from workers.engines.base import SynthesisRequest
+from workers.engines.chattts import ChatTTSEngine
+from workers.engines.chattts_device import (
+    device_name,
+    memory_budget,
+    on_cuda,
+    peak_memory_mb,
+    reset_peak_memory,
+    synchronize,
+)
+from workers.engines.chattts_stages import STAGES, StageClock
+from workers.engines.sampling import PerItemSampler
+
+TEXTS = ["你好。", "今天天气很好。", "我们一起去公园散步吧。"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """Run torch on one thread, as the engine tests do: the tiny model's ops are too small to share."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def tiny_registry(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point the registry's chattts-tiny at the session's tiny model."""
+    monkeypatch.setenv("TTS_TINY_MODEL_DIR", str(tiny_model_dir))
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path) -> Iterator[ChatTTSEngine]:
+    """Return the tiny model loaded on the CPU, each segment exactly its token budget."""
+    loaded = ChatTTSEngine(weights_dir=tiny_model_dir, device="cpu", max_tokens=48, fixed_token_budget=True)
+    loaded.load()
+    yield loaded
+    loaded.unload()
+
+
+def test_the_device_readers_answer_without_cuda() -> None:
+    for device in ("cpu", "cuda:0") if not torch.cuda.is_available() else ("cpu",):
+        assert not on_cuda(device)
+        synchronize(device)
+        reset_peak_memory(device)
+        assert peak_memory_mb(device) is None
+        assert memory_budget(device) is None
+    assert device_name("cpu").startswith("CPU")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_each_precision_runs_the_gpu_checks_engine_cell_on_the_cpu(tiny_registry: None, precision: str) -> None:
+    cells = measure_precision(
+        "chattts-tiny", precision=precision, device="cpu", batches=[1, 3], steps=24, pool=TEXTS, warm=True
+    )
+    assert [c.batch for c in cells] == [1, 3]
+    wanted = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[precision]
+    for cell in cells:
+        # A CPU without that matmul runs fp32 (and says so in the log); the cell says what it ran.
+        assert cell.llama_dtype in (wanted, "float32")
+        assert cell.steps == 24 and cell.tokens_per_s > 0 and cell.rtf > 0 and cell.audio_s_per_s > 0
+        assert cell.peak_memory_mb is None
+
+
+def test_the_llama_is_cast_to_half_precision_on_the_cpu(tiny_model_dir: Path) -> None:
+    for precision, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        engine = ChatTTSEngine(weights_dir=tiny_model_dir, device="cpu", precision=precision)
+        engine.load()
+        assert engine.llama_dtype in (dtype, torch.float32)
+        assert next(engine.chat.decoder.parameters()).dtype == torch.float32, "the decoder stays fp32"
+        engine.unload()
+
+
+def test_the_stage_clock_times_every_stage_and_puts_chattts_back(engine: ChatTTSEngine) -> None:
+    chat = engine.chat
+    clock = StageClock()
+    with clock.installed(chat):
+        engine.synthesize([SynthesisRequest(text=t) for t in TEXTS])
+    assert all(clock.calls[stage] > 0 and clock.seconds[stage] > 0 for stage in STAGES)
+    assert clock.calls["decoder"] == clock.calls["vocoder"] == len(TEXTS), "each item is decoded alone"
+    shares = clock.shares(sum(clock.seconds.values()) * 1.25)
+    assert abs(sum(shares.values()) - 1) < 1e-9 and shares["other"] == pytest.approx(0.2)
+    for owner, name in ((chat.gpt.gpt, "forward"), (chat.decoder, "forward"), (chat, "_vocos_decode")):
+        assert name not in vars(owner)
+    assert PerItemSampler.sample.__name__ == "sample" and not hasattr(PerItemSampler.sample, "__wrapped__")
+
+
+def test_the_engine_table_runs_a_pool_in_length_sorted_batches(engine: ChatTTSEngine) -> None:
+    row = run_batches(engine, TEXTS * 2, batch=3, seconds=float("inf"), seed=1)
+    assert row["segments"] == 6 and row["tokens"] == sum(engine.token_budget(t) for t in TEXTS * 2)
+    combined = combine([row])
+    assert combined["chars_per_s"] > 0 and abs(sum(combined["shares"].values()) - 1) < 1e-9
+    args = {"pool": 6, "tokens_per_char": 6.0, "max_tokens": 48, "batch1_seconds": 1.0}
+    setting = {"threads": 1, "replicas": 1, "rows": [combined]}
+    markdown = document({"args": args, "settings": [setting], "settings_batches": [3], "pool_mean_chars": 7.0,
+                         "build_s": 0.0, "wall_s": 1.0, "best": {**combined, "threads": 1, "replicas": 1}})  # fmt: skip
+    assert "| 3 | 6 |" in markdown and "TTS_MODEL_REPLICAS=1" in markdown
+    assert settings_to_try(2) == [(2, 1), (1, 2)] and settings_to_try(1) == [(1, 1)]
+
+
+def test_the_rehearsal_is_the_gpu_check_on_the_cpu_with_a_small_step_count() -> None:
+    args = parse_args(["--rehearse"])
+    assert (args.device, args.steps, args.service_max_tokens, args.batches) == ("cpu", 24, 24, "1,4,16")
+    gpu = parse_args([])
+    assert (gpu.device, gpu.steps, gpu.batches, gpu.window) == ("cuda:0", 200, "1,16,64", 30)
+    assert gpu.service_precision is None, "on a GPU the service runs the registry's precision"
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="--rehearse"):
+            gpu_check_main([])
+
+
+def test_the_gpu_check_writes_one_table_of_engine_and_service_rows(tmp_path: Path) -> None:
+    cells: list[EngineCell] = []
+    results = [JobResult(chars=5, submitted=1.0, done=3.0, first_audio=1.5, segments=[(1.5, 0.2), (2.5, 1.0)])]
+    level = level_summary(LevelRun(callers=1, window_start=0.0, window_end=10.0, results=results, unfinished=0))
+    assert level.jobs_ok == 1 and level.first_audio_p95_s == pytest.approx(0.5)
+    assert level.stalled_share == 1.0 and level.stall_p95_s == pytest.approx(0.8)
+    lines = table(cells, [level])
+    assert len(lines) == 3 and lines[2].startswith("| service |")
+    registry = models_file(tmp_path, "chattts-random", {"max_tokens": 24})
+    assert '"max_tokens": 24' in registry.read_text(encoding="utf-8")
+
+
+def test_pick_texts_spreads_a_batch_over_the_lengths() -> None:
+    pool = ["a" * n for n in range(1, 11)]
+    assert [len(t) for t in pick_texts(pool, 5)] == [1, 3, 5, 7, 9]
+    assert len(pick_texts(pool, 64)) == 64
