@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cache.jobstore import JobStore
@@ -106,9 +106,9 @@ class Observers(SegmentObserver):
             self._guard(observer, observer.job_finished, job_id, lane)
 
     @staticmethod
-    def _guard(observer: SegmentObserver, hook: object, *args: object) -> None:
+    def _guard(observer: SegmentObserver, hook: Callable[..., None], *args: object) -> None:
         try:
-            hook(*args)  # type: ignore[operator]
+            hook(*args)
         except Exception:  # the segment is written: an observer's failure must not make it again
             log.exception("segment observer %s failed", type(observer).__name__)
 

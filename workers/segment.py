@@ -17,7 +17,7 @@ from collections.abc import Callable
 import redis
 
 from cache import keys
-from cache.jobstore import JobStore, SegmentStart, SegmentWrite, StartState, WriteResult
+from cache.jobstore import JobRecord, JobStore, SegmentStart, SegmentWrite, StartState, WriteResult
 from cache.schedule import ScheduleBook
 from cache.sentences import SentenceCache
 from cache.stats import Stats
@@ -150,7 +150,7 @@ class SegmentSynthesizer:
             return Outcome.SKIPPED
         self.observer.started(start, index)
         plan = self._timelines.of(job_id, start)
-        made = self._synthesize(job_id, index, start, plan)
+        made = self._synthesize(job_id, index, start.record, start.text, plan)
         self.observer.made(made)
         write = self._write(made, start.attempt)
         outcome = _OUTCOMES[write.result]
@@ -165,10 +165,9 @@ class SegmentSynthesizer:
             self._feed_next(job_id, write.next_index, plan, lane)
         return outcome
 
-    def _synthesize(self, job_id: str, index: int, start: SegmentStart, plan: Timeline) -> MadeSegment:
+    def _synthesize(self, job_id: str, index: int, record: JobRecord, text: str, plan: Timeline) -> MadeSegment:
         """Run the segment through the engine by its deadline, which moves with its listener meanwhile."""
-        assert start.record is not None and start.text is not None  # checked by the caller
-        request = start.record.request
+        request = record.request
         spec = self.registry.get(request.model)
 
         def due() -> float:  # moves with the job's listener as its earlier segments arrive
@@ -177,9 +176,7 @@ class SegmentSynthesizer:
         started = time.perf_counter()
         wave, rate = self.backend.synthesize(
             spec,
-            SynthesisRequest(
-                text=start.text, voice=request.voice, speed=request.speed, seed=request.seed, mode=request.mode
-            ),
+            SynthesisRequest(text=text, voice=request.voice, speed=request.speed, seed=request.seed, mode=request.mode),
             deadline=(plan.due0 if index == 0 else due) if self.policy.by_deadline else None,
             early=index > 0,
         )
@@ -187,7 +184,7 @@ class SegmentSynthesizer:
         return MadeSegment(
             job_id=job_id,
             index=index,
-            text=start.text,
+            text=text,
             spec=spec,
             request=request,
             audio=self.store.pack(to_pcm16(wave), rate),  # encoded once: the store and the cache keep these bytes
@@ -196,7 +193,7 @@ class SegmentSynthesizer:
             synth_s=synth_s,
             finished_at=time.time(),
             deadline=due(),
-            accepted_at=start.record.created_at,
+            accepted_at=record.created_at,
             worker=self.worker,
         )
 
