@@ -49,10 +49,10 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def models_file(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
-    """Return the project's registry plus a model whose weights are broken.
+    """Return the project's registry plus a model whose weights are broken, and a listening test's own espeak-en.
 
-    Its files are whole (so it is available, and accepted at submission) but its descriptor states the wrong
-    sizes: the model fails as it loads, in the worker, as weights of the wrong model do.
+    The broken model's files are whole (so it is available, and accepted at submission) but its descriptor states
+    the wrong sizes: the model fails as it loads, in the worker, as weights of the wrong model do.
     """
     from workers.engines.chattts_assets import DESCRIPTOR_NAME
 
@@ -66,6 +66,9 @@ def models_file(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) 
         **registry["models"]["chattts-tiny"],
         "weights": str(broken_dir),
     }
+    # eSpeak NG keeps its pitch-flutter phase in a C static across utterances, so a host's audio depends on what it
+    # spoke before; the listening test (test_speech_check) gets a host of its own, with no history but its job's.
+    registry["models"]["espeak-en-heard"] = dict(registry["models"]["espeak-en"])
     path = broken_dir.parent / "test-models.json"
     path.write_text(json.dumps(registry), encoding="utf-8")
     return path

@@ -38,7 +38,7 @@ def _resample_to_16k(samples: np.ndarray, rate: int) -> np.ndarray:
 def test_five_english_sentences_come_back_as_the_same_words(served: FlaskClient, whisper_dir: Path) -> None:
     from faster_whisper import WhisperModel
 
-    response = served.post("/v1/jobs", json={"text": TEXT, "model": "espeak-en", "format": "flac"})
+    response = served.post("/v1/jobs", json={"text": TEXT, "model": "espeak-en-heard", "format": "flac"})
     assert response.status_code == 202
     job = response.get_json()
     assert job["segments_total"] >= 3, "the text should span several segments"
@@ -51,7 +51,7 @@ def test_five_english_sentences_come_back_as_the_same_words(served: FlaskClient,
     samples, rate = sf.read(io.BytesIO(audio.data), dtype="float32")
 
     model = WhisperModel(str(whisper_dir), device="cpu", compute_type="int8", cpu_threads=2)
-    # temperature 0 only: no sampled fallback, so the same audio always gives the same transcript (a flake otherwise)
+    # Temperature 0 only: no sampled fallback, so the same audio always gives the same transcript.
     segments, _ = model.transcribe(_resample_to_16k(samples, rate), language="en", beam_size=1, temperature=0.0)
     transcript = " ".join(s.text for s in segments)
     wer = word_error_rate(TEXT, transcript)
