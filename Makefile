@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install install-dev install-bench constraints run worker test chaos lint tiny-model full-model bench-engine gpu-check bench bench-batch bench-cache bench-stream bench-schedule bench-held bench-text soak clean
+.PHONY: help install install-dev install-bench constraints run worker test chaos lint tiny-model full-model bench-engine bench-real gpu-check bench bench-batch bench-cache bench-stream bench-schedule bench-held bench-text soak clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -80,6 +80,10 @@ bench-held: install-bench  ## /healthz and POST /v1/jobs p50/p99 on `make run` w
 
 bench-engine: full-model install-bench  ## The real-size engine on this machine: batch 1-32, stage shares, best torch threads and replicas.
 	$(PY) -m bench.engine_real $(BENCH_ARGS)
+
+bench-real: full-model install-bench  ## The headline at real size (chattts-random, short texts, 120 s levels, ~30 min): 1/10/16/50 callers, baseline, batching off at 16.
+	scripts/ensure_redis_server.sh
+	$(PY) -m bench.headline --real-size $(BENCH_ARGS)
 
 gpu-check: full-model install-bench  ## On a GPU (sized for 8 min; BENCH_ARGS=--rehearse on a CPU): real-size engine in fp32/fp16/bf16, then the service on cuda:0 at 1/16/64 callers.
 	scripts/ensure_redis_server.sh

@@ -46,7 +46,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_stack_arguments(parser, levels="1,10,50")
     parser.add_argument("--skip-baseline", action="store_true")
     parser.add_argument("--skip-engine", action="store_true")
-    return resolve_stack_arguments(parser.parse_args(argv))
+    parser.add_argument(
+        "--baseline-levels", default=None, help="the levels the baseline also runs (default: all; real size: 1,10,50)"
+    )
+    parser.add_argument(
+        "--batching-off",
+        type=int,
+        default=None,
+        metavar="CALLERS",
+        help="after the levels, restart the service with TTS_BATCH_MAX_SIZE=1 and run this many callers "
+        "(real size: 16), for the batching gain against the same level with batching on",
+    )
+    args = resolve_stack_arguments(parser.parse_args(argv))
+    if args.real_size:
+        args.levels = args.levels if args.levels != "1,10,50" else "1,10,16,50"
+        args.baseline_levels = args.baseline_levels or "1,10,50"
+        args.batching_off = args.batching_off or 16
+    return args
 
 
 def drive_level(
@@ -60,7 +76,7 @@ def drive_level(
     callers: int,
     seed: int,
 ) -> dict[str, Any]:
-    """Run one level against the service, then against the baseline unless it is skipped."""
+    """Run one level against the service, then against the baseline if one is given."""
     level: dict[str, Any] = {"callers": callers}
     stack.wait_idle()
     after = level["after"] = run_level(served, texts, callers, plan, window_s=plan.window_s, seed=seed,
@@ -81,8 +97,9 @@ def drive_level(
 
 def drive(args: argparse.Namespace, plan: Plan, env: dict[str, str], out: Path) -> tuple[list[dict[str, Any]], Any]:
     """Start both servers and run every level against each; return the levels and the cache-on line."""
-    texts = corpus_texts(args.model)
+    texts = corpus_texts(args.model, max_chars=args.max_chars)
     levels = [int(x) for x in args.levels.split(",")]
+    with_baseline = set(levels if args.baseline_levels is None else map(int, args.baseline_levels.split(",")))
     stack = ServiceStack(env, out, api_processes=2)
     baseline = None
     if not args.skip_baseline:
@@ -98,8 +115,8 @@ def drive(args: argparse.Namespace, plan: Plan, env: dict[str, str], out: Path) 
         counter = BatchCounter(stack, HEARTBEAT_S)
         served = ServedClient(stack.api.url, model=args.model)
         for n, callers in enumerate(levels):
-            level = drive_level(stack, baseline, served=served, counter=counter, texts=texts, plan=plan,
-                                callers=callers, seed=n)  # fmt: skip
+            level = drive_level(stack, baseline if callers in with_baseline else None, served=served,
+                                counter=counter, texts=texts, plan=plan, callers=callers, seed=n)  # fmt: skip
             results.append(level)
         if plan.cache_window_s:
             stack.wait_idle()
@@ -112,6 +129,24 @@ def drive(args: argparse.Namespace, plan: Plan, env: dict[str, str], out: Path) 
         stack.stop()
         shutil.rmtree(out / "redis", ignore_errors=True)
     return results, cache_line
+
+
+def batching_off_level(args: argparse.Namespace, plan: Plan, env: dict[str, str], out: Path) -> dict[str, Any]:
+    """Restart the service with batching off (TTS_BATCH_MAX_SIZE=1) and run ``--batching-off`` callers."""
+    off = out / "batching-off"
+    off.mkdir(exist_ok=True)
+    stack = ServiceStack({**env, "TTS_BATCH_MAX_SIZE": "1"}, off, api_processes=2)
+    try:
+        stack.start()
+        served = ServedClient(stack.api.url, model=args.model)
+        texts = corpus_texts(args.model, max_chars=args.max_chars)
+        summary = run_level(served, texts, args.batching_off, plan, window_s=plan.window_s, seed=50,
+                            probe=stack.queued, counters=stack.worker_totals)  # fmt: skip
+        progress("off", summary)
+        return summary
+    finally:
+        stack.stop()
+        shutil.rmtree(off / "redis", ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         env["TTS_BATCH_MAX_SIZE"] = str(engine["service_batch"])
         print(f"service batch size: {engine['service_batch']} (the engine's best)")
     results, cache_line = drive(args, plan, env, out)
-    meta = {"args": args, "plan": plan, "elapsed": time.monotonic() - started}
+    batching_off = batching_off_level(args, plan, env, out) if args.batching_off else None
+    meta = {"args": args, "plan": plan, "elapsed": time.monotonic() - started, "batching_off": batching_off}
     document = write_results(out, meta, results, engine, cache_line)
     print()
     print(document)
@@ -148,20 +184,27 @@ def write_results(
 ) -> str:
     """Write results.json, headline.md and headline.png; return the markdown."""
     args, plan, elapsed = meta["args"], meta["plan"], meta["elapsed"]
+    batching_off = meta.get("batching_off")
     title = (
         f"{args.model} on {os.cpu_count()} CPUs, torch threads {args.torch_threads}, "
         f"{args.replicas} model host{'s' if args.replicas > 1 else ''} in the worker, "
         f"{plan.window_s:g}s per level, {time.strftime('%Y-%m-%d %H:%M')}"
+        + (f", corpus texts up to {args.max_chars} characters" if args.max_chars else "")
     )
-    rows = report.targets(results, engine)
+    if args.real_size:
+        rows = report.real_size_targets(results, engine, batching_off)
+    else:
+        rows = report.targets(results, engine)
     footer = f"Whole run: {elapsed:.0f}s. Files: {out}"
-    document = report.document(title, results, engine, cache_line, rows, window_s=plan.window_s, footer=footer)
+    document = report.document(title, results, engine, cache_line, rows, window_s=plan.window_s, footer=footer,
+                               batching_off=batching_off)  # fmt: skip
     record = {
         "args": {k: str(v) for k, v in vars(args).items()},
         "plan": asdict(plan),
         "levels": results,
         "engine": engine,
         "cache_line": cache_line,
+        "batching_off": batching_off,
         "targets": rows,
         "elapsed_s": elapsed,
     }

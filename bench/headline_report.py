@@ -166,6 +166,62 @@ def targets(levels: list[dict[str, Any]], engine: dict[str, Any] | None) -> list
     return found
 
 
+def real_size_targets(
+    levels: list[dict[str, Any]], engine: dict[str, Any] | None, batching_off: dict[str, Any] | None
+) -> list[tuple[str, str, bool | None]]:
+    """Return (target, measured, met) for issue 16's real-size CPU targets."""
+    found: list[tuple[str, str, bool | None]] = []
+
+    def check(name: str, value: float | None, limit: float | None, *, at_least: bool, unit: str = "") -> None:
+        if value is None or limit is None:
+            found.append((name, "not measured", None))
+            return
+        met = value >= limit if at_least else value <= limit
+        found.append((name, f"{value:.3g}{unit} vs {'≥' if at_least else '≤'} {limit:.3g}{unit}", met))
+
+    on16 = _level(levels, 16).get("after") or {}
+    off = (batching_off or {}).get("jobs_per_s")
+    gain = on16["jobs_per_s"] / off if on16 and off else None
+    check("16 callers: jobs/s with batching ÷ without ≥ 5×", gain, 5.0, at_least=True, unit="×")
+    a50 = _level(levels, 50).get("after") or {}
+    efficiency = a50["chars_per_s"] / engine["best_chars_per_s"] if a50 and engine else None
+    check("50 callers: engine efficiency (served ÷ in-process best) ≥ 0.85", efficiency, 0.85, at_least=True)
+    a1, b1 = _level(levels, 1).get("after") or {}, _level(levels, 1).get("before") or {}
+    check(
+        "1 caller: p99 to done ≤ 1.3× baseline",
+        a1.get("latency_p99"),
+        1.3 * b1["latency_p99"] if b1.get("latency_p99") else None,
+        at_least=False,
+        unit=" s",
+    )
+    a10 = _level(levels, 10).get("after") or {}
+    alone = a1.get("first_audio_p50")
+    check(
+        "10 callers: p99 first audio ≤ 2× a first segment made alone (1 caller's p50 first audio)",
+        a10.get("first_audio_p99"),
+        2 * alone if alone else None,
+        at_least=False,
+        unit=" s",
+    )
+    return found
+
+
+def batching_off_note(on: dict[str, Any] | None, off: dict[str, Any] | None) -> list[str]:
+    """Return the line comparing the level run with batching off against the same level with it on."""
+    if not off:
+        return []
+    line = (
+        f"Batching off (TTS_BATCH_MAX_SIZE=1), {off['callers']} callers: {off['jobs_per_s']:.3f} jobs/s, "
+        f"{off['chars_per_s']:.2f} chars/s, p50 first audio {_fmt(off.get('first_audio_p50'), '{:.1f}')} s"
+    )
+    if on:
+        line += (
+            f"; with batching on: {on['jobs_per_s']:.3f} jobs/s, {on['chars_per_s']:.2f} chars/s "
+            f"(gain {_ratio(on['jobs_per_s'], off['jobs_per_s'])} in jobs/s)"
+        )
+    return ["", line + "."]
+
+
 def targets_table(rows: list[tuple[str, str, bool | None]]) -> str:
     """Return the targets as a markdown table."""
     marks = {True: "met", False: "NOT met", None: "n/a"}
@@ -228,6 +284,7 @@ def document(
     *,
     window_s: float,
     footer: str,
+    batching_off: dict[str, Any] | None = None,
 ) -> str:
     """Return the whole headline markdown: the tables, the notes that apply, and ``footer``."""
     parts = [
@@ -239,6 +296,8 @@ def document(
         "",
         targets_table(rows),
     ]
+    on = _level(levels, batching_off["callers"]).get("after") if batching_off else None
+    parts += batching_off_note(on, batching_off)
     parts += cache_note(cache_line) + contention_note(levels) + short_run_note(levels, window_s)
     parts += ["", footer]
     return "\n".join(parts)

@@ -29,18 +29,27 @@ class Plan:
     cache_window_s: float
 
 
+#: The real-size model makes about 2 characters a second at batch 1 on 2 cores, 100 times slower than the tiny
+#: one: a level's window is long enough for a 50-caller queue to turn over twice, the drain lets the slow
+#: baseline's queue finish (or be abandoned), and the engine limit measures only batch 1 and the best batch.
+REAL_SIZE = Plan(120, 5, 200, "1,16", 32, 20, 0)
+#: Real-size runs draw only the corpus texts up to this many characters (122 of its 229: the short prompts,
+#: replies and announcements), so that 50 callers' jobs fit a window at 2 characters a second.
+REAL_SIZE_MAX_CHARS = 30
+
+
 def make_plan(args: argparse.Namespace) -> Plan:
-    """Return the durations for a full run (about 8 minutes on 2 cores) or a quick one (about 2)."""
+    """Return the durations for a full run (about 8 minutes on 2 cores), a quick one (about 2) or a real-size one."""
     quick = Plan(8, 2, 40, "1,8", 32, 5, 0)  # a smoke test: shorter drain, small engine check
     full = Plan(30, 4, 240, "1,8,16,32", 64, 15, 12)
-    plan = quick if args.quick else full
+    plan = quick if args.quick else REAL_SIZE if args.real_size else full
     if args.duration:
         plan = replace(plan, window_s=args.duration, cache_window_s=min(plan.cache_window_s, args.duration))
     return plan
 
 
 def prepare_model(model: str) -> dict[str, str]:
-    """Build the tiny model if it is the one asked for and missing; refuse a real model without weights."""
+    """Build a random-weight model if it is the one asked for and missing; refuse a real model without weights."""
     from core.settings import load_settings
 
     settings = load_settings()
@@ -52,6 +61,11 @@ def prepare_model(model: str) -> dict[str, str]:
             print(f"building the tiny ChatTTS in {tiny}")
             build_tiny_model(tiny)
         return {"TTS_TINY_MODEL_DIR": str(tiny)}
+    if model == "chattts-random":
+        from bench.full_model import ensure_full_model, model_spec
+
+        ensure_full_model(model_spec(model))  # nothing to do when it is already built
+        return {}
     if model == "chattts" and not settings.chattts_weights_dir.is_dir():
         from workers.engines.chattts import where_weights_go
 
@@ -65,6 +79,15 @@ def add_stack_arguments(parser: argparse.ArgumentParser, *, levels: str) -> None
     parser.add_argument("--levels", default=levels, help="concurrent callers per level")
     parser.add_argument("--duration", type=float, help="measured seconds per level (default 30, quick 8)")
     parser.add_argument("--quick", action="store_true", help="a ~2-minute smoke run")
+    parser.add_argument(
+        "--real-size",
+        action="store_true",
+        help=f"the real-size random-weight model (make full-model), texts up to {REAL_SIZE_MAX_CHARS} characters, "
+        f"{REAL_SIZE.window_s:g}s windows",
+    )
+    parser.add_argument(
+        "--max-chars", type=int, default=None, help="draw only the corpus texts up to this many characters"
+    )
     parser.add_argument(
         "--torch-threads", type=int, default=1, help="torch CPU threads, worker and baseline alike (see NOTES)"
     )
@@ -89,6 +112,9 @@ def add_stack_arguments(parser: argparse.ArgumentParser, *, levels: str) -> None
 
 def resolve_stack_arguments(args: argparse.Namespace) -> argparse.Namespace:
     """Fill the defaults that depend on other options: the device and the model hosts."""
+    if args.real_size:
+        args.model = "chattts-random" if args.model == "chattts-tiny" else args.model
+        args.max_chars = args.max_chars or REAL_SIZE_MAX_CHARS
     args.device = args.device or ("cpu" if args.model == "chattts-tiny" else "auto")
     if args.replicas is None:
         args.replicas = default_replicas(args.device, args.torch_threads)
@@ -120,10 +146,11 @@ def service_env(args: argparse.Namespace, out: Path) -> dict[str, str]:
     return env
 
 
-def corpus_texts(model: str) -> list[tuple[str, int]]:
-    """Return each corpus text with the characters the service will synthesise of it."""
+def corpus_texts(model: str, *, max_chars: int | None = None) -> list[tuple[str, int]]:
+    """Return each corpus text (up to ``max_chars`` long) with the characters the service will synthesise of it."""
     from core.registry import load_registry
     from core.settings import load_settings
 
     language = load_registry(load_settings()).get(model).language
-    return [(t, sum(map(len, service_segments(t, language=language)))) for t in read_corpus()]
+    texts = [t for t in read_corpus() if max_chars is None or len(t) <= max_chars]
+    return [(t, sum(map(len, service_segments(t, language=language)))) for t in texts]
