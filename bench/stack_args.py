@@ -115,10 +115,17 @@ def resolve_stack_arguments(args: argparse.Namespace) -> argparse.Namespace:
     if args.real_size:
         args.model = "chattts-random" if args.model == "chattts-tiny" else args.model
         args.max_chars = args.max_chars or REAL_SIZE_MAX_CHARS
-    args.device = args.device or ("cpu" if args.model == "chattts-tiny" else "auto")
+    args.device = args.device or ("cpu" if args.model == "chattts-tiny" or not has_cuda() else "auto")
     if args.replicas is None:
         args.replicas = default_replicas(args.device, args.torch_threads)
     return args
+
+
+def has_cuda() -> bool:
+    """Say whether torch sees a GPU (on a CPU-only machine "auto" is the CPU, with one model host per core)."""
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def default_replicas(device: str, torch_threads: int) -> int:
