@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install install-dev install-bench constraints run worker test chaos lint tiny-model full-model bench-engine bench-real gpu-check bench bench-batch bench-cache bench-stream bench-schedule bench-held bench-text soak clean
+.PHONY: help install install-dev install-bench constraints run worker test chaos lint tiny-model full-model bench-engine bench-real gpu-check bench bench-batch bench-cache bench-stream bench-schedule bench-goodput bench-held bench-text soak clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -73,6 +73,10 @@ bench-stream: install-bench  ## Time to first audio: one sentence vs a 3,000-cha
 bench-schedule: install-bench  ## FIFO vs deadline scheduling at 10 and 50 callers (first audio, stalls, jobs/s).
 	scripts/ensure_redis_server.sh
 	$(PY) -m bench.schedule $(BENCH_ARGS)
+
+bench-goodput: install-bench  ## Open-loop Poisson arrivals at 0.25-1.5x the measured capacity, FIFO and deadline: the rate at which no admitted listener stalls (~12 min).
+	scripts/ensure_redis_server.sh
+	$(PY) -m bench.goodput $(BENCH_ARGS)
 
 bench-held: install-bench  ## /healthz and POST /v1/jobs p50/p99 on `make run` while 1,000 event streams are held open.
 	scripts/ensure_redis_server.sh

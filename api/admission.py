@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 
 from cache.breaker import CircuitBreaker
 from cache.budget import StoreBudget
@@ -13,7 +14,16 @@ from cache.workers import WorkerRegistry
 from core.errors import ServiceUnavailable, StoreFull
 from core.metrics import ADMISSION_REJECTIONS
 from core.policy import SchedulingPolicy
+from core.schedule import admission_excess
 from core.settings import Settings
+
+#: The admitted segments a realtime admission weighs: due from this long ago (older ones are a stuck stream's,
+#: which the janitor ends) ...
+PAST_S = 60.0
+#: ... to this far ahead (later ones cannot make a job due now late) ...
+HORIZON_S = 120.0
+#: ... and at most this many (more is an overload whatever their deadlines).
+MOST_WEIGHED = 2000
 
 
 class Admission:
@@ -38,6 +48,13 @@ class Admission:
         self.policy = policy
         self.replicas = settings.model_replicas  # busy seconds overlap on a worker's replicas
         self.limits = {"realtime": settings.admission_realtime_wait_s, "batch": settings.admission_batch_wait_s}
+        self.lateness_s = settings.admission_lateness_s
+
+    def segment_s(self, *, workers_alive: int) -> float:
+        """Return the seconds the engines take per segment at their recent pace, all of them together (0: unknown)."""
+        recent = self.stats.window()
+        speed = recent.chars_per_busy_second * max(1, workers_alive) * self.replicas
+        return recent.chars_per_segment / speed if speed > 0 else 0.0
 
     def estimated_wait_s(self, due: float, *, workers_alive: int) -> float:
         """Return the seconds before a segment due at ``due`` would start, or 0 when nothing is known yet.
@@ -45,12 +62,39 @@ class Admission:
         Workers run the earliest deadline first, so only outstanding segments due no later than
         this one are ahead of it (with FIFO scheduling, every outstanding segment is).
         """
-        recent = self.stats.window()
-        speed = recent.chars_per_busy_second * max(1, workers_alive) * self.replicas
-        if speed <= 0:
+        return self.book.due_by(self.policy.ahead_until(due)) * self.segment_s(workers_alive=workers_alive)
+
+    def excess_s_if_admitted(self, deadlines: Sequence[float], *, workers_alive: int, now: float) -> float:
+        """Return by how long admitting a job with these deadlines would delay some listener past the allowance."""
+        segment_s = self.segment_s(workers_alive=workers_alive)
+        if segment_s <= 0 or not deadlines:
             return 0.0
-        ahead = self.book.due_by(self.policy.ahead_until(due))
-        return ahead * recent.chars_per_segment / speed
+        ahead, outstanding, overdue = self.book.window(now - PAST_S, now + HORIZON_S, limit=MOST_WEIGHED)
+        # Also ahead of everything weighed: the long-overdue, and under FIFO everything not weighed.
+        before = outstanding - len(ahead) if not self.policy.by_deadline else overdue
+        new = [d for d in deadlines if d <= now + HORIZON_S]
+        return admission_excess(now, ahead, new, segment_s=segment_s, allowance_s=self.lateness_s,
+                                by_deadline=self.policy.by_deadline, before=before)  # fmt: skip
+
+    def check_listeners(self, deadlines: Sequence[float], *, workers_alive: int) -> None:
+        """Raise ServiceUnavailable (503) when admitting a realtime job would make a listener wait: its first
+        audio past the allowance, or a segment of a stream already admitted (or playing) past its deadline.
+
+        Retry-After is how long the engines need, at their pace, to clear the excess work; no job that would
+        run before it is admitted meanwhile, so a retry then is likely to be let in.
+        """
+        if self.lateness_s <= 0:
+            return
+        excess = self.excess_s_if_admitted(deadlines, workers_alive=workers_alive, now=time.time())
+        if excess > 0:
+            ADMISSION_REJECTIONS.labels("deadlines").inc()
+            raise ServiceUnavailable(
+                f"the engines are at capacity: admitting this realtime job would delay a listener about "
+                f"{excess:.1f} s more than TTS_ADMISSION_LATENESS_S={self.lateness_s:g} allows; retry after "
+                "Retry-After, or submit with priority \"batch\"",
+                retry_after=max(1, math.ceil(excess)),
+                estimated_excess_s=round(excess, 2),
+            )
 
     def check_room(self) -> None:
         """Raise StoreFull (503, Retry-After) when the job store is past its budget's full mark: every job, even
@@ -64,19 +108,23 @@ class Admission:
                 retry_after=10,
             )
 
-    def admit(self, lane: str, due: float | None = None) -> float:
+    def admit(self, lane: str, deadlines: Sequence[float] = ()) -> float:
         """Raise ServiceUnavailable (503, Retry-After) unless a job on ``lane`` can start in time; return its wait.
 
-        ``due`` is the job's first deadline (now when not given). A realtime job is refused when
-        its first segment would wait longer than the lane's limit; a batch job only past the
-        batch limit, and otherwise accepted with the estimate stated.
+        ``deadlines`` are the playback deadlines of the job's segments still to make (the first one now when
+        none are given). A realtime job is refused when it or an admitted stream would miss a deadline
+        (``check_listeners``) or its first segment would wait longer than the lane's limit; a batch job,
+        which yields to realtime work, only past the batch limit, and otherwise accepted with the estimate stated.
         """
         alive = len(self.workers.alive())
         verdict = self.breaker.check(workers_alive=alive)
         if not verdict.allowed:
             ADMISSION_REJECTIONS.labels("breaker").inc()
             raise ServiceUnavailable(f"not accepting jobs: {verdict.reason}", retry_after=verdict.retry_after)
-        wait = self.estimated_wait_s(time.time() if due is None else due, workers_alive=alive)
+        due = deadlines[0] if deadlines else time.time()
+        if lane == "realtime":
+            self.check_listeners(deadlines or [due], workers_alive=alive)
+        wait = self.estimated_wait_s(due, workers_alive=alive)
         limit = self.limits[lane]
         if wait > limit:
             ADMISSION_REJECTIONS.labels("overload").inc()

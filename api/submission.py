@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +62,7 @@ class Admitted:
 class Submitter:
     """Submit jobs with one set of dependencies.
 
-    ``admit(lane, first deadline)`` raises ServiceUnavailable when the job cannot start in time, and otherwise
+    ``admit(lane, deadlines to make)`` raises ServiceUnavailable when the job cannot be made in time, and otherwise
     returns the estimated seconds until its first segment starts. ``check_room()`` raises StoreFull when the job
     store has no room for another job's audio.
     """
@@ -74,7 +74,7 @@ class Submitter:
     enqueue: Enqueue
     book: ScheduleBook
     policy: SchedulingPolicy
-    admit: Callable[[str, float], float] | None = None
+    admit: Callable[[str, Sequence[float]], float] | None = None
     check_room: Callable[[], None] | None = None
 
     def submit(self, job: JobBody, *, owner: str = "", cache_scope: str = "") -> str:
@@ -163,7 +163,8 @@ class Submitter:
             self.check_room()
         wait = 0.0
         if looked.misses and self.admit is not None:
-            wait = self.admit(planned.request.priority, deadlines[looked.misses[0]])
+            window = looked.misses[: self.policy.window(planned.request.priority)]  # what enters the queue now
+            wait = self.admit(planned.request.priority, [deadlines[i] for i in window])
         return Admitted(deadlines, pace, wait)
 
     def persist(self, planned: Planned, looked: Looked, admitted: Admitted, *, owner: str) -> tuple[str, list[int]]:

@@ -60,13 +60,23 @@ class ServedClient:
     """Submit to the service, follow the job's SSE stream and fetch each segment as it is announced."""
 
     def __init__(
-        self, base_url: str, *, model: str, cache: bool = False, fixed_seed: int | None = None, timeout_s: float = 300
+        self,
+        base_url: str,
+        *,
+        model: str,
+        cache: bool = False,
+        fixed_seed: int | None = None,
+        timeout_s: float = 300,
+        retry: bool = True,
+        priority: str | None = None,
     ) -> None:
         self.http = Http(base_url, timeout_s=timeout_s)
         self.model = model
         self.cache = cache
         self.fixed_seed = fixed_seed
         self.timeout_s = timeout_s
+        self.retry = retry  # False: a refusal ends the job, with its status and Retry-After recorded
+        self.priority = priority
         self._following: dict[int, str] = {}
         self._lock = threading.Lock()
 
@@ -91,7 +101,10 @@ class ServedClient:
     def _submit(self, text: str, seed: int, result: JobResult) -> dict[str, object] | None:
         if self.fixed_seed is not None:
             seed = self.fixed_seed  # the same seed for every job, so repeated texts can hit the cache
-        body = {"text": text, "model": self.model, "seed": seed, "cache": self.cache, "format": "wav"}
+        body: dict[str, object] = {"text": text, "model": self.model, "seed": seed, "cache": self.cache}
+        body["format"] = "wav"
+        if self.priority:
+            body["priority"] = self.priority
         payload = json.dumps(body, ensure_ascii=False).encode()
         deadline = result.submitted + self.timeout_s
         while True:
@@ -102,6 +115,11 @@ class ServedClient:
                 job: dict[str, object] = json.loads(data)
                 return job
             retry_after = headers.get("Retry-After")
+            if status in ADMISSION_STATUSES and not self.retry:
+                result.refused = status
+                result.retry_after = None if retry_after is None else float(retry_after)
+                result.error = f"POST {status}"
+                return None
             if status in ADMISSION_STATUSES and retry_after is not None and time.monotonic() < deadline:
                 result.admissions += 1
                 time.sleep(min(5.0, max(0.05, float(retry_after))))

@@ -29,6 +29,9 @@ class JobResult:
     error: str | None = None
     admissions: int = 0
     cached_segments: int = 0
+    #: A refusal at the door (admission control), when the client does not retry it itself: status, Retry-After.
+    refused: int | None = None
+    retry_after: float | None = None
 
     @property
     def ok(self) -> bool:

@@ -147,3 +147,40 @@ def playback_stalls(finished: Sequence[float], durations: Sequence[float]) -> tu
             clock = arrived
         clock += duration
     return stalls, stalled
+
+
+
+def admission_excess(
+    now: float,
+    ahead: Sequence[float],
+    new: Sequence[float],
+    *,
+    segment_s: float,
+    allowance_s: float,
+    by_deadline: bool,
+    before: int = 0,
+) -> float:
+    """Return by how many seconds admitting ``new`` would delay some listener past ``allowance_s``; 0 if it would not.
+
+    ``ahead`` are the deadlines of segments already admitted and ``new`` those of a job asking to be; ``before``
+    more admitted segments run ahead of all of them (overdue ones, or under FIFO those beyond the horizon). The
+    engines make one segment every ``segment_s`` seconds (their measured capacity), earliest deadline first, or
+    under FIFO the admitted ones first and the new job last: the scheduler's own order and deadlines.
+
+    A segment's delay is how late it is made with the new job admitted, less how late it would be made anyway
+    (without the new job for an admitted segment, on an idle service for the new job's own): so a model slower
+    than its listeners still serves one job at a time, and a stream that is already late closes the door only
+    to jobs that would run before it. The excess is the longest delay beyond ``allowance_s``: the seconds of
+    work the engines must clear before the job fits, an honest Retry-After.
+    """
+    tagged = sorted([(d, False) for d in ahead], key=lambda x: x[0])
+    mine = [(d, True) for d in new]
+    order = sorted(tagged + mine, key=lambda x: x[0]) if by_deadline else tagged + mine
+    worst = 0.0
+    ranks = {False: before, True: 0}  # each kind's own position: where it would run without the other kind
+    for position, (due, is_new) in enumerate(order, start=before + 1):
+        ranks[is_new] += 1
+        late = now + position * segment_s - due
+        anyway = now + ranks[is_new] * segment_s - due
+        worst = max(worst, late - max(0.0, anyway) - allowance_s)
+    return worst

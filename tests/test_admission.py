@@ -1,7 +1,8 @@
-"""Admission by estimated wait, and a circuit breaker shared through Redis."""
+"""Admission by the listeners' deadlines and by estimated wait, and a circuit breaker shared through Redis."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 
@@ -95,21 +96,62 @@ def _admission(client: redis.Redis, book: ScheduleBook, **settings: object) -> t
 def test_admission_counts_only_the_work_due_before_the_new_job_and_refuses_past_the_limit(
     queues: redis.Redis, book: ScheduleBook
 ) -> None:
-    admission, stats, alive = _admission(queues, book, admission_realtime_wait_s=10.0, admission_batch_wait_s=10_000)
+    admission, stats, alive = _admission(
+        queues, book, admission_realtime_wait_s=10.0, admission_batch_wait_s=10_000, admission_lateness_s=0
+    )
     now = time.time()
-    assert admission.admit("realtime", now) == 0.0, "nothing known yet: admit"
+    assert admission.admit("realtime", [now]) == 0.0, "nothing known yet: admit"
     stats.record(chars=200, busy_s=2.0, segments=10)  # 100 chars/s, 20 chars per segment
     book.add("old", {i: now - 1 for i in range(40 * alive)})  # 40 segments per worker due already: 8 s
     book.add("book", {i: now + 600 + i for i in range(500)})  # a book's later segments: not ahead of a due one
     assert admission.estimated_wait_s(now, workers_alive=alive) == pytest.approx(8.0)
-    admission.admit("realtime", now)
+    admission.admit("realtime", [now])
     book.add("newer", {i: now - 0.5 for i in range(20 * alive)})  # 20 more per worker: 12 s
     with pytest.raises(ServiceUnavailable) as refused:
-        admission.admit("realtime", now)
+        admission.admit("realtime", [now])
     assert refused.value.retry_after >= 1
     assert "realtime" in refused.value.message
-    estimate = admission.admit("batch", now + 3600)  # a batch job is accepted with its start estimate
+    estimate = admission.admit("batch", [now + 3600])  # a batch job is accepted with its start estimate
     assert estimate == pytest.approx((60 * alive + 500) * 20 / (100 * alive))
+    WorkerRegistry(queues, ttl_s=5).remove("w1")
+
+
+def test_a_realtime_job_that_would_make_an_admitted_stream_late_is_refused_with_an_honest_retry_after(
+    queues: redis.Redis, book: ScheduleBook
+) -> None:
+    admission, stats, alive = _admission(queues, book, admission_lateness_s=0.5)
+    stats.record(chars=200, busy_s=2.0, segments=10)
+    step = admission.segment_s(workers_alive=alive)
+    now = time.time()
+    # A playing stream whose 20 segments the engines can just make in time, one after another.
+    book.add("playing", {i: now + (i + 1) * step + 1.0 for i in range(20)})
+    admission.admit("realtime", [now])  # one more segment due now: the stream slips by one step, within 0.5 s
+    crowd = [now + i * step for i in range(int(2.0 / step))]  # 2 s of work due at once: it slips by 2 s
+    with pytest.raises(ServiceUnavailable) as refused:
+        admission.admit("realtime", crowd)
+    excess = refused.value.details["estimated_excess_s"]
+    assert excess == pytest.approx(2.0 - 1.0 - 0.5, abs=2 * step), "2 s of work, 1 s of slack, 0.5 s allowed"
+    assert refused.value.retry_after == max(1, math.ceil(excess)), "the time the engines need to catch up"
+    assert "TTS_ADMISSION_LATENESS_S" in refused.value.message
+    assert admission.admit("batch", crowd) >= 0, "the batch lane yields instead: refused only past its wait limit"
+    WorkerRegistry(queues, ttl_s=5).remove("w1")
+
+
+def test_a_stream_already_late_runs_first_and_closes_the_door_only_to_jobs_that_would_wait_behind_it(
+    queues: redis.Redis, book: ScheduleBook
+) -> None:
+    admission, stats, alive = _admission(queues, book, admission_lateness_s=1.0)
+    stats.record(chars=200, busy_s=2.0, segments=10)
+    step = admission.segment_s(workers_alive=alive)
+    now = time.time()
+    book.add("stalled", {i: now - 3.0 for i in range(int(3.0 / step))})  # 3 s of work its listener waits for
+    admission.admit("realtime", [now + 30])  # a job due later runs after it and delays nobody
+    with pytest.raises(ServiceUnavailable):
+        admission.admit("realtime", [now])  # a job due now would wait 3 s behind it
+    book.remove("stalled", range(int(3.0 / step)))
+    admission.admit("realtime", [now])
+    book.add("stuck", {0: now - 3600})  # a stuck stream's entry (the janitor ends it) is one segment of work
+    admission.admit("realtime", [now])
     WorkerRegistry(queues, ttl_s=5).remove("w1")
 
 
@@ -139,6 +181,34 @@ def test_with_no_worker_alive_the_api_answers_503_with_retry_after(settings_env:
     assert int(response.headers["Retry-After"]) >= 1
     assert app.test_client().get("/readyz").status_code == 503
     redis.Redis.from_url(isolated).flushdb()
+
+
+def test_an_overloaded_api_answers_a_realtime_job_503_with_retry_after_and_the_delay_it_would_cause(
+    settings_env: dict[str, str],
+) -> None:
+    isolated = settings_env["REDIS_URL"].rsplit("/", 1)[0] + "/3"  # no real worker: this one is written by hand
+    client = redis.Redis.from_url(isolated)
+    client.flushdb()
+    WorkerRegistry(client, ttl_s=30).beat("w1", {})
+    Stats(client).record(chars=200, busy_s=2.0, segments=10, ok=10)  # 100 characters a second
+    now = time.time()
+    ScheduleBook(client, default_seconds_per_char=0.2).add("behind", {i: now for i in range(50)})  # 10 s due now
+    app = create_app(
+        {
+            "redis_url": isolated,
+            "models_file": settings_env["TTS_MODELS_FILE"],
+            "tiny_model_dir": settings_env["TTS_TINY_MODEL_DIR"],
+            "default_model": "espeak-en",
+        }
+    )
+    response = app.test_client().post("/v1/jobs", json={"text": "Am I let in?"})
+    assert response.status_code == 503
+    error = response.get_json()["error"]
+    assert error["code"] == "unavailable" and error["estimated_excess_s"] > 8
+    assert int(response.headers["Retry-After"]) == math.ceil(error["estimated_excess_s"])
+    batch = app.test_client().post("/v1/jobs", json={"text": "Am I let in?", "priority": "batch"})
+    assert batch.status_code == 202, "the batch lane is not refused while its own wait limit holds"
+    client.flushdb()
 
 
 def test_the_stats_window_sums_every_bucket_in_it_and_none_before_since(redis_client: redis.Redis) -> None:

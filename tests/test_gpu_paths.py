@@ -16,7 +16,7 @@ from bench.gpu_check_engine import EngineCell, measure_precision, pick_texts
 from bench.gpu_check_service import level_summary, models_file
 from bench.loadgen import JobResult, LevelRun
 from workers.engines.base import SynthesisRequest
-from workers.engines.chattts import ChatTTSEngine
+from workers.engines.chattts import ChatTTSEngine, cpu_multiplies_natively
 from workers.engines.chattts_device import (
     device_name,
     memory_budget,
@@ -79,13 +79,30 @@ def test_each_precision_runs_the_gpu_checks_engine_cell_on_the_cpu(tiny_registry
         assert cell.peak_memory_mb is None
 
 
-def test_the_llama_is_cast_to_half_precision_on_the_cpu(tiny_model_dir: Path) -> None:
+def test_the_llama_is_cast_to_half_precision_when_asked_even_on_the_cpu(tiny_model_dir: Path) -> None:
     for precision, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
-        engine = ChatTTSEngine(weights_dir=tiny_model_dir, device="cpu", precision=precision)
+        engine = ChatTTSEngine(weights_dir=tiny_model_dir, device="cpu", precision=precision, half_on_cpu=True)
         engine.load()
-        assert engine.llama_dtype in (dtype, torch.float32)
+        assert engine.llama_dtype in (dtype, torch.float32), "fp32 only where the matmul is missing altogether"
         assert next(engine.chat.decoder.parameters()).dtype == torch.float32, "the decoder stays fp32"
+        engine.synthesize([SynthesisRequest(text=TEXTS[0])])
         engine.unload()
+
+
+def test_half_precision_runs_in_fp32_on_a_cpu_without_native_half_matmuls(tiny_model_dir: Path) -> None:
+    engine = ChatTTSEngine(weights_dir=tiny_model_dir, device="cpu", precision="fp16")
+    engine.load()
+    native = cpu_multiplies_natively(torch.float16)
+    assert engine.llama_dtype == (torch.float16 if native else torch.float32)
+    engine.unload()
+
+
+def test_native_half_matmuls_are_read_from_the_cpu_flags(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 f16c avx512_bf16\n", encoding="utf-8")
+    assert cpu_multiplies_natively(torch.bfloat16, cpuinfo)
+    assert not cpu_multiplies_natively(torch.float16, cpuinfo), "f16c converts; it does not multiply"
+    assert not cpu_multiplies_natively(torch.float16, tmp_path / "missing")
 
 
 def test_the_stage_clock_times_every_stage_and_puts_chattts_back(engine: ChatTTSEngine) -> None:

@@ -13,7 +13,7 @@ from cache import keys
 from cache.jobstore import JobRequest, JobStore, SegmentStart, StartState
 from cache.stats import Stats
 from core.policy import SchedulingPolicy
-from core.schedule import DeadlinePolicy, playback_stalls, priority_step, timeline
+from core.schedule import DeadlinePolicy, admission_excess, playback_stalls, priority_step, timeline
 from workers.segment import Outcome, SegmentSynthesizer
 
 POLICY = DeadlinePolicy(first_audio_s=1.0, batch_delay_s=60.0, batch_stretch=2.0)
@@ -163,3 +163,33 @@ def test_starting_a_segment_reads_its_job_counts_the_attempt_and_marks_the_job_r
     assert store.start_segment(job_id, 1).state is StartState.OVER
     assert store.attempts(job_id, 1) == 4, "an ended job's segments count no more attempts"
     assert store.start_segment("no-such-job", 0).state is StartState.GONE
+
+
+def test_admitting_a_job_costs_nothing_when_the_engines_can_make_every_segment_by_its_deadline() -> None:
+    assert admission_excess(100.0, [101.0, 102.0], [103.0], segment_s=1.0, allowance_s=0.0, by_deadline=True) == 0
+    assert admission_excess(100.0, [], [], segment_s=1.0, allowance_s=0.0, by_deadline=True) == 0
+
+
+def test_a_new_job_runs_in_deadline_order_and_its_cost_is_the_longest_delay_it_causes_past_the_allowance() -> None:
+    # The new segment (due now) runs first, so the admitted ones due at 101 and 102 are made 1 s late.
+    assert admission_excess(100.0, [101.0, 102.0], [100.0], segment_s=1.0, allowance_s=0.0, by_deadline=True) == 1
+    assert admission_excess(100.0, [101.0, 102.0], [100.0], segment_s=1.0, allowance_s=0.75, by_deadline=True) == 0.25
+
+
+def test_under_fifo_a_new_job_waits_behind_every_admitted_segment_whatever_their_deadlines() -> None:
+    # Admitted work due late runs first: the new segment due now waits 2 s for it.
+    assert admission_excess(100.0, [150.0, 160.0], [100.0], segment_s=1.0, allowance_s=0.0, by_deadline=False) == 2
+    assert admission_excess(100.0, [150.0, 160.0], [100.0], segment_s=1.0, allowance_s=0.0, by_deadline=True) == 0
+
+
+def test_a_job_late_on_an_idle_service_is_still_let_in_alone() -> None:
+    # A model slower than its listener: 2 s a segment, both due within a second. Alone, that is nobody's doing.
+    assert admission_excess(100.0, [], [100.0, 100.5], segment_s=2.0, allowance_s=0.5, by_deadline=True) == 0
+
+
+def test_a_stream_already_late_closes_the_door_only_to_jobs_that_would_wait_behind_it_too_long() -> None:
+    behind = [97.0, 97.0, 97.0]  # three segments its listener has waited 3 s for: they run first
+    assert admission_excess(100.0, behind, [130.0], segment_s=1.0, allowance_s=1.0, by_deadline=True) == 0
+    assert admission_excess(100.0, behind, [100.0], segment_s=1.0, allowance_s=1.0, by_deadline=True) == 2
+    # Segments outside the weighed window that run before everything count as work ahead.
+    assert admission_excess(100.0, [], [100.0], segment_s=1.0, allowance_s=0.5, by_deadline=True, before=3) == 2.5

@@ -1,0 +1,338 @@
+"""Goodput: the highest open-loop arrival rate at which no admitted listener stalls (``make bench-goodput``).
+
+``python -m bench.goodput [--rates 0.25,0.5,…] [--window S] [--seeds N] [--schedulers deadline,fifo]``
+
+1. Starts two stacks (Redis, one worker, the API) at the settings users get, differing only in ``TTS_SCHEDULER``.
+2. Measures the service's capacity first, on a stack of its own that refuses nothing at the door: completed
+   jobs/s of 50 closed-loop callers.
+3. At each rate (a multiple of that capacity) and seed, sends Poisson arrivals to each stack in turn for the
+   window: corpus texts on the realtime lane and a few long texts (story excerpts) on the batch lane. Every job
+   is followed as a listener; a refused one retries once after its Retry-After.
+4. Prints, per rate and scheduler: offered, admitted and refused jobs, first audio of admitted realtime jobs,
+   underruns (a playback gap over 100 ms after the first audio), end to end, audio s/s, and the goodput: the
+   highest rate at which admitted realtime jobs have no underrun and p95 first audio ≤ 1.5 s, in every seed.
+
+The only setting changed from the defaults is ``TTS_MAX_STREAMS_PER_CALLER``: every listener here is one caller
+(no API keys), where real listeners are many.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from bench.headline_levels import progress, run_level
+from bench.headline_stack import ServiceStack
+from bench.http_clients import ServedClient
+from bench.loadgen import Client, JobResult
+from bench.openloop import UNDERRUN_S, OpenRun, gaps, run_open_loop
+from bench.report import RESULTS, percentile, write_run
+from bench.stack_args import Plan, corpus_texts, default_replicas, service_env
+from bench.texts import STORY
+from core.text import split_sentences
+
+SCHEDULERS = ("deadline", "fifo")
+RATES = "0.25,0.5,0.75,0.85,1,1.25,1.5"
+#: Goodput's gate on first audio (p95 of admitted realtime jobs, seconds).
+FIRST_AUDIO_GATE_S = 1.5
+#: The share of arrivals that are long texts on the batch lane, and their length (characters).
+BATCH_SHARE = 0.02
+BATCH_CHARS = 600
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Read the command line."""
+    parser = argparse.ArgumentParser(prog="python -m bench.goodput", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--model", default="chattts-tiny")
+    parser.add_argument("--rates", default=RATES, help="arrival rates as multiples of the measured capacity")
+    parser.add_argument("--window", type=float, default=20.0, help="seconds of arrivals per rate")
+    parser.add_argument("--drain", type=float, default=60.0, help="seconds a rate's jobs may take after it")
+    parser.add_argument("--seeds", type=int, default=1, help="runs per rate and scheduler, each its own arrivals")
+    parser.add_argument("--schedulers", default=",".join(SCHEDULERS))
+    parser.add_argument("--capacity", type=float, default=None, help="jobs/s, instead of measuring it")
+    parser.add_argument("--service-env", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    args.device, args.torch_threads = "cpu" if args.model == "chattts-tiny" else "auto", 1
+    args.replicas = default_replicas(args.device, args.torch_threads)
+    args.service_env.append("TTS_MAX_STREAMS_PER_CALLER=5000")
+    return args
+
+
+def batch_texts() -> list[tuple[str, int]]:
+    """Return story excerpts of about BATCH_CHARS characters, whole sentences, with their lengths."""
+    sentences = split_sentences(STORY.read_text(encoding="utf-8"))
+    excerpts, current = [], ""
+    for sentence in sentences:
+        current += sentence
+        if len(current) >= BATCH_CHARS:
+            excerpts.append((current, len(current)))
+            current = ""
+    return excerpts
+
+
+def measure_capacity(env: dict[str, str], out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Return the closed loop's summary at 50 callers on a stack that refuses nothing at the door (deadline
+    scheduling, TTS_ADMISSION_LATENESS_S=0): its completed jobs/s is the service's capacity."""
+    plan = Plan(20, 4, 60, "", 0, 0, 0)
+    (out / "capacity").mkdir(exist_ok=True)
+    stack = ServiceStack({**env, "TTS_ADMISSION_LATENESS_S": "0"}, out / "capacity", api_processes=2)
+    try:
+        stack.start()
+        summary = run_level(ServedClient(stack.api.url, model=args.model), corpus_texts(args.model), 50, plan,
+                            window_s=plan.window_s, seed=7, probe=stack.queued,
+                            counters=stack.worker_totals)  # fmt: skip
+    finally:
+        stack.stop()
+        shutil.rmtree(out / "capacity" / "redis", ignore_errors=True)
+    progress("capacity", summary)
+    return summary
+
+
+def summarize(run: OpenRun) -> dict[str, Any]:
+    """Return one rate's figures: the door, the listeners and the throughput.
+
+    Rates are per second of the arrival window and count every admitted job, however long after the window it
+    ended (within the drain); first audio and end to end are from the POST that was admitted.
+    """
+    window = run.window_end - run.window_start
+    realtime = [a for a in run.arrivals if a.lane == "realtime"]
+    batch = [a for a in run.arrivals if a.lane == "batch"]
+    refusals: Counter[str] = Counter()
+    with_retry_after = 0
+    for arrival in run.arrivals:
+        for attempt in (arrival.first, arrival.retry):
+            if attempt is not None and attempt.refused is not None:
+                refusals[str(attempt.refused)] += 1
+                with_retry_after += attempt.retry_after is not None
+    admitted = [a.admitted for a in realtime if a.admitted is not None]
+    played = [r for r in admitted if r.ok]
+    first_audio = [r.first_audio - r.submitted for r in played if r.first_audio is not None]
+    job_gaps = [gaps(r) for r in played]
+    underran = sum(1 for g in job_gaps if any(x > UNDERRUN_S for x in g)) + len(admitted) - len(played)
+    retried = [a for a in run.arrivals if a.retry is not None]
+    served = [r for a in run.arrivals if (r := a.admitted) is not None and r.ok]
+    batch_done = [r for a in batch if (r := a.admitted) is not None and r.ok]
+    return {
+        "rate": run.rate,
+        "offered_per_s": len(run.arrivals) / window,
+        "offered": len(run.arrivals),
+        "realtime_offered": len(realtime),
+        "realtime_admitted": len(admitted),
+        "refused": dict(refusals),
+        "refusals_with_retry_after": with_retry_after,
+        "retried": len(retried),
+        "retried_admitted": sum(1 for a in retried if a.retry is not None and a.retry.refused is None),
+        "first_audio_p50": percentile(first_audio, 50),
+        "first_audio_p95": percentile(first_audio, 95),
+        "first_audio_p99": percentile(first_audio, 99),
+        # A job admitted but not played to its end counts as an underrun: its listener stopped hearing it.
+        "underrun_share": underran / len(admitted) if admitted else None,
+        "gap_p99_s": percentile([sum(g) for g in job_gaps], 99),
+        "done_p95": percentile([r.done - r.submitted for r in played if r.done is not None], 95),
+        "completed_per_s": len(played) / window,
+        "good_per_s": sum(1 for g in job_gaps if not any(x > UNDERRUN_S for x in g)) / window,
+        "audio_s_per_s": sum(sum(d for _, d in r.segments) for r in served) / window,
+        "admitted_failed": failures(admitted),
+        "batch_offered": len(batch),
+        "batch_admitted": sum(1 for a in batch if a.admitted is not None),
+        "batch_done_p95": percentile([r.done - r.submitted for r in batch_done if r.done is not None], 95),
+        "unfinished": run.unfinished + sum(1 for a in run.arrivals if a.first is None),
+    }
+
+
+def failures(results: list[JobResult]) -> dict[str, int]:
+    """Return the admitted jobs that did not finish, by what went wrong."""
+    return dict(Counter(r.error or "unfinished" for r in results if not r.ok))
+
+
+def good(summary: dict[str, Any]) -> bool:
+    """Say whether a rate is within goodput: every admitted realtime listener played to the end without an
+    underrun, p95 first audio in the gate, and no job left unfinished."""
+    p95 = summary["first_audio_p95"]
+    whole = summary["underrun_share"] == 0 and not summary.get("unfinished")
+    return whole and p95 is not None and p95 <= FIRST_AUDIO_GATE_S
+
+
+def _f(value: float | None, spec: str = ".2f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """Return one markdown row per rate, scheduler and seed."""
+    lines = [
+        "| rate (× capacity) | scheduler | seed | offered/s | realtime admitted / offered | refused (status: n) "
+        "| retried → admitted | p50 / p95 / p99 first audio (s) | admitted with a gap > 100 ms | p99 total gap (s) "
+        "| p95 end to end (s) | completed jobs/s | good jobs/s | audio s/s | batch admitted / offered, p95 done (s) "
+        "| failed |",
+        "|" + "---|" * 16,
+    ]
+    for row in rows:
+        s = row["summary"]
+        refused = ", ".join(f"{k}: {v}" for k, v in sorted(s["refused"].items())) or "0"
+        lines.append(
+            f"| {row['multiple']:g} | {row['scheduler']} | {row['seed']} | {s['offered_per_s']:.1f} | "
+            f"{s['realtime_admitted']} / {s['realtime_offered']} | {refused} | "
+            f"{s['retried_admitted']} / {s['retried']} | {_f(s['first_audio_p50'])} / {_f(s['first_audio_p95'])} / "
+            f"{_f(s['first_audio_p99'])} | {_f(s['underrun_share'], '.1%')} | {_f(s['gap_p99_s'])} | "
+            f"{_f(s['done_p95'])} | {s['completed_per_s']:.1f} | {s['good_per_s']:.1f} | {s['audio_s_per_s']:.1f} | "
+            f"{s['batch_admitted']} / {s['batch_offered']}, {_f(s['batch_done_p95'], '.1f')} | "
+            f"{sum(s['admitted_failed'].values()) + s['unfinished']} |"
+        )
+    return "\n".join(lines)
+
+
+def goodput(rows: list[dict[str, Any]], scheduler: str) -> float | None:
+    """Return the highest rate (jobs/s) that is good in every seed and below which every rate is too."""
+    best = None
+    for multiple in sorted({r["multiple"] for r in rows}):
+        runs = [r for r in rows if r["multiple"] == multiple and r["scheduler"] == scheduler]
+        if not runs:
+            continue
+        if not all(good(r["summary"]) for r in runs):
+            break
+        best = max(r["summary"]["rate"] for r in runs)
+    return best
+
+
+def verdicts(rows: list[dict[str, Any]], capacity: float, schedulers: list[str]) -> list[str]:
+    """Return issue 17's targets, per scheduler."""
+    out = []
+    for name in schedulers:
+        found = goodput(rows, name)
+        share = found / capacity if found else 0.0
+        out.append(f"- {name}: goodput {_f(found, '.1f')} jobs/s = {share:.2f}× capacity (target ≥ 0.85×): "
+                   f"{'met' if share >= 0.85 else 'NOT met'}")  # fmt: skip
+        served = max((r["summary"]["good_per_s"] for r in rows if r["scheduler"] == name), default=0.0)
+        out.append(f"  - most jobs played to the end without an underrun, at any rate: {served:.1f}/s "
+                   f"= {served / capacity:.2f}× capacity")  # fmt: skip
+        top = [
+            r["summary"] for r in rows if r["scheduler"] == name and r["multiple"] == max(x["multiple"] for x in rows)
+        ]
+        for s in top:
+            refusals = sum(s["refused"].values())
+            checks = [
+                ("no underrun among admitted realtime jobs", s["underrun_share"] == 0),
+                (
+                    f"p95 first audio {_f(s['first_audio_p95'])} s ≤ {FIRST_AUDIO_GATE_S:g} s",
+                    s["first_audio_p95"] is not None and s["first_audio_p95"] <= FIRST_AUDIO_GATE_S,
+                ),
+                (
+                    f"completed {s['completed_per_s']:.1f} jobs/s ≥ 0.9× capacity",
+                    s["completed_per_s"] >= 0.9 * capacity,
+                ),
+                (
+                    f"{s['refusals_with_retry_after']} of {refusals} refusals a 429/503 with Retry-After",
+                    s["refusals_with_retry_after"] == refusals,
+                ),
+            ]
+            for text, met in checks:
+                out.append(
+                    f"  - at {max(x['multiple'] for x in rows):g}× capacity: {text}: {'met' if met else 'NOT met'}"
+                )
+    return out
+
+
+def drive(stacks: dict[str, ServiceStack], args: argparse.Namespace, capacity: float) -> list[dict[str, Any]]:
+    """Run every rate and seed against each stack, alternating which goes first."""
+    realtime = corpus_texts(args.model)
+    texts = {"realtime": realtime, "batch": batch_texts()}
+    rows: list[dict[str, Any]] = []
+    multiples = [float(x) for x in args.rates.split(",")]
+    for n, multiple in enumerate(multiples):
+        for seed in range(args.seeds):
+            order = list(stacks) if (n + seed) % 2 == 0 else list(stacks)[::-1]
+            for name in order:
+                for stack in stacks.values():
+                    stack.wait_idle()
+                url = stacks[name].api.url
+                clients: dict[str, Client] = {
+                    lane: ServedClient(url, model=args.model, retry=False, priority=lane, timeout_s=120)
+                    for lane in ("realtime", "batch")
+                }
+                run = run_open_loop(clients, texts, rate=multiple * capacity, window_s=args.window,
+                                    drain_s=args.drain, seed=100 * n + seed, batch_share=BATCH_SHARE)  # fmt: skip
+                summary = summarize(run)
+                rows.append({"multiple": multiple, "scheduler": name, "seed": seed, "summary": summary})
+                print(f"  {multiple:g}× {name} seed {seed}: offered {summary['offered_per_s']:.1f}/s, admitted "
+                      f"{summary['realtime_admitted']}/{summary['realtime_offered']}, p95 first audio "
+                      f"{_f(summary['first_audio_p95'])} s, underruns {_f(summary['underrun_share'], '.1%')}, "
+                      f"completed {summary['completed_per_s']:.1f}/s", flush=True)  # fmt: skip
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start the stacks, measure the capacity, run every rate, print and write the table."""
+    args = parse_args(argv)
+    out = args.out / f"goodput-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    env = service_env(args, out)
+    schedulers = args.schedulers.split(",")
+    load = os.getloadavg()[0]
+    print(f"goodput benchmark: {args.model}, {os.cpu_count()} CPUs, load {load:.2f}, rates {args.rates}× capacity, "
+          f"{args.window:g}s each, {args.seeds} seed(s); results in {out}", flush=True)  # fmt: skip
+    started = time.monotonic()
+    closed = None
+    if args.capacity:
+        capacity = args.capacity
+    else:
+        closed = measure_capacity(env, out, args)
+        capacity = closed["jobs_per_s"]
+    if capacity <= 0:
+        sys.exit(f"the capacity run completed no job; see {out}/capacity")
+    stacks = {}
+    for name in schedulers:
+        (out / name).mkdir(exist_ok=True)
+        stacks[name] = ServiceStack({**env, "TTS_SCHEDULER": name}, out / name, api_processes=2)
+    try:
+        for stack in stacks.values():
+            stack.start()
+        rows = drive(stacks, args, capacity)
+    finally:
+        for stack in stacks.values():
+            stack.stop()
+        for name in schedulers:
+            shutil.rmtree(out / name / "redis", ignore_errors=True)
+    text = document(args, capacity, rows, schedulers,
+                    footer=f"Whole run: {time.monotonic() - started:.0f}s. Files: {out}")  # fmt: skip
+    write_run(out, "goodput", text, {"capacity": capacity, "closed_loop": closed, "rows": rows})
+    print()
+    print(text)
+    return 0
+
+
+def document(args: argparse.Namespace, capacity: float, rows: list[dict[str, Any]], schedulers: list[str],
+             *, footer: str) -> str:  # fmt: skip
+    """Return the markdown: what ran, the table, the goodput and targets, and ``footer``."""
+    return "\n".join(
+        [
+            f"## Goodput: {args.model}, {os.cpu_count()} CPUs, {args.replicas} model host(s), open-loop Poisson "
+            f"arrivals, {args.window:g}s per rate, {args.seeds} seed(s), {time.strftime('%Y-%m-%d %H:%M')}",
+            "",
+            f"Capacity (completed jobs/s of 50 closed-loop callers, deadline scheduling, nothing refused at the "
+            f"door): {capacity:.1f} jobs/s. Per-second figures count every admitted realtime job of the window, "
+            "finished within the drain; first audio and end to end run from the admitted POST; good jobs/s are "
+            "those played to the end without an underrun. "
+            f"Arrivals: corpus texts on the realtime lane, {BATCH_SHARE:.0%} story excerpts of about {BATCH_CHARS} "
+            "characters on the batch lane; a refused job retries once after its Retry-After. Service settings: the "
+            "defaults, and " + ", ".join(f"`{pair}`" for pair in args.service_env) + " (one caller plays every "
+            "listener). An underrun is a playback gap over 100 ms after the first audio.",
+            "",
+            table(rows),
+            "",
+            *verdicts(rows, capacity, schedulers),
+            "",
+            footer,
+        ]
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

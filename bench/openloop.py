@@ -1,0 +1,134 @@
+"""Open-loop callers: jobs arrive as a Poisson process whatever the service's state, each followed as a listener.
+
+A closed loop waits for a job before sending the next, so its load can never exceed capacity for long. Real
+traffic does not wait: here arrivals are planned up front, at exponential intervals, and each one is a thread that
+submits its job at its time and follows it to its end (or is refused at the door and, once, retries after the
+Retry-After it was given, as a well-behaved client does).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+from bench.loadgen import Client, JobResult
+
+#: A gap in playback longer than this is an underrun a listener hears (vLLM-Omni's continuity threshold).
+UNDERRUN_S = 0.1
+#: A refused job retries once after its Retry-After, unless that is longer than this.
+RETRY_AFTER_MAX_S = 10.0
+
+
+@dataclass
+class Arrival:
+    """One planned job: when it arrives, its lane, and what its listener saw (and its retry's)."""
+
+    at: float
+    lane: str
+    first: JobResult | None = None
+    retry: JobResult | None = None
+
+    @property
+    def admitted(self) -> JobResult | None:
+        """Return the attempt that was let in, if one was."""
+        for attempt in (self.first, self.retry):
+            if attempt is not None and attempt.refused is None:
+                return attempt
+        return None
+
+
+@dataclass
+class OpenRun:
+    """Every arrival of one rate's window, and the window (monotonic seconds)."""
+
+    rate: float
+    window_start: float
+    window_end: float
+    arrivals: list[Arrival] = field(default_factory=list)
+    unfinished: int = 0
+
+
+def arrival_times(rate: float, window_s: float, rng: random.Random) -> list[float]:
+    """Return the offsets (seconds from the window's start) of a Poisson process of ``rate`` per second."""
+    times: list[float] = []
+    clock = rng.expovariate(rate)
+    while clock < window_s:
+        times.append(clock)
+        clock += rng.expovariate(rate)
+    return times
+
+
+def gaps(result: JobResult) -> list[float]:
+    """Return every wait for a segment not there yet, for a listener who plays from the first audio on."""
+    if result.first_audio is None or not result.segments:
+        return []
+    clock = result.first_audio + result.segments[0][1]
+    found = []
+    for ready, duration in result.segments[1:]:
+        if ready > clock:
+            found.append(ready - clock)
+            clock = ready
+        clock += duration
+    return found
+
+
+def run_open_loop(
+    clients: dict[str, Client],
+    texts: dict[str, list[tuple[str, int]]],
+    *,
+    rate: float,
+    window_s: float,
+    drain_s: float,
+    seed: int,
+    batch_share: float,
+) -> OpenRun:
+    """Send Poisson arrivals at ``rate`` for ``window_s``; a ``batch_share`` of them are long texts on the batch lane.
+
+    ``clients`` and ``texts`` are keyed by lane ("realtime", "batch"). Returns once every job ended, or
+    ``drain_s`` after the window (the rest are abandoned and counted unfinished).
+    """
+    rng = random.Random(seed)
+    offsets = arrival_times(rate, window_s, rng)
+    start = time.monotonic() + 0.5
+    run = OpenRun(rate, start, start + window_s)
+
+    over = threading.Event()  # the drain is over: no more retries
+
+    def listen(arrival: Arrival, text: str, chars: int, job_seed: int) -> None:
+        client = clients[arrival.lane]
+        first = client.run_job(text, chars, job_seed)
+        wait = first.retry_after
+        if over.is_set():
+            return  # came back after the drain: counted unfinished, and kept out of the figures
+        arrival.first = first
+        if first.refused is not None and wait is not None and wait <= RETRY_AFTER_MAX_S and not over.wait(wait):
+            retry = client.run_job(text, chars, job_seed + 1)
+            if not over.is_set():
+                arrival.retry = retry
+
+    threads = []
+    for n, offset in enumerate(offsets):
+        lane = "batch" if rng.random() < batch_share else "realtime"
+        text, chars = rng.choice(texts[lane])
+        arrival = Arrival(start + offset, lane)
+        job_seed = seed * 1_000_000 + 2 * n + 1  # the retry takes the next one
+        run.arrivals.append(arrival)
+        delay = arrival.at - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        thread = threading.Thread(target=listen, args=(arrival, text, chars, job_seed), daemon=True)
+        thread.start()
+        threads.append(thread)
+    deadline = run.window_end + drain_s
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    over.set()
+    run.unfinished = sum(1 for t in threads if t.is_alive())
+    if run.unfinished:
+        for client in clients.values():
+            client.abandon_all()
+        for thread in threads:  # let the abandoned ones end before the next rate starts
+            thread.join(max(0.0, deadline + 30 - time.monotonic()))
+    return run

@@ -1,0 +1,48 @@
+"""The goodput benchmark's arithmetic: Poisson arrivals, playback gaps, and which rates count as good."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import statistics
+from typing import Any
+
+import pytest
+
+from bench.goodput import goodput
+from bench.loadgen import JobResult
+from bench.openloop import arrival_times, gaps
+
+
+def test_poisson_arrivals_come_at_the_asked_rate_with_exponential_gaps() -> None:
+    times = arrival_times(20.0, 500.0, random.Random(1))
+    assert len(times) / 500.0 == pytest.approx(20.0, rel=0.05)
+    intervals = [b - a for a, b in itertools.pairwise(times)]
+    assert statistics.mean(intervals) == pytest.approx(0.05, rel=0.05)
+    assert statistics.stdev(intervals) == pytest.approx(0.05, rel=0.1), "exponential: the spread equals the mean"
+    assert times == sorted(times) and times[0] >= 0 and times[-1] < 500.0
+
+
+def test_a_gap_is_a_wait_for_a_segment_after_playback_began_and_none_when_segments_come_in_time() -> None:
+    on_time = JobResult(chars=10, submitted=0.0, first_audio=1.0, segments=[(1.0, 2.0), (2.5, 2.0), (4.9, 1.0)])
+    assert gaps(on_time) == []
+    late = JobResult(chars=10, submitted=0.0, first_audio=1.0, segments=[(1.0, 2.0), (3.25, 1.0), (4.25, 1.0)])
+    assert gaps(late) == [0.25], "the second arrives 0.25 s after the first ends; the third is then on time"
+    assert gaps(JobResult(chars=1, submitted=0.0)) == []
+
+
+def _row(multiple: float, rate: float, *, underruns: float, p95: float, scheduler: str = "deadline") -> dict[str, Any]:
+    summary = {"rate": rate, "underrun_share": underruns, "first_audio_p95": p95}
+    return {"multiple": multiple, "scheduler": scheduler, "seed": 0, "summary": summary}
+
+
+def test_goodput_is_the_highest_rate_below_which_every_rate_has_no_underrun_and_first_audio_in_the_gate() -> None:
+    rows = [
+        _row(0.5, 10.0, underruns=0.0, p95=0.3),
+        _row(1.0, 20.0, underruns=0.0, p95=1.2),
+        _row(1.25, 25.0, underruns=0.01, p95=1.0),  # one listener stalled: not good
+        _row(1.5, 30.0, underruns=0.0, p95=1.4),  # good again, but above a bad rate: does not count
+    ]
+    assert goodput(rows, "deadline") == 20.0
+    assert goodput([*rows, _row(0.25, 5.0, underruns=0.0, p95=1.6)], "deadline") is None, "first audio too late"
+    assert goodput(rows, "fifo") is None
