@@ -50,11 +50,16 @@ class Admission:
         self.limits = {"realtime": settings.admission_realtime_wait_s, "batch": settings.admission_batch_wait_s}
         self.lateness_s = settings.admission_lateness_s
 
-    def segment_s(self, *, workers_alive: int) -> float:
-        """Return the seconds the engines take per segment at their recent pace, all of them together (0: unknown)."""
+    def pace(self, *, workers_alive: int) -> tuple[float, float]:
+        """Return the engines' recent pace: seconds per segment, all of them together, and seconds per engine
+        call (0, 0 when unknown)."""
         recent = self.stats.window()
         speed = recent.chars_per_busy_second * max(1, workers_alive) * self.replicas
-        return recent.chars_per_segment / speed if speed > 0 else 0.0
+        return (recent.chars_per_segment / speed if speed > 0 else 0.0), recent.seconds_per_call
+
+    def segment_s(self, *, workers_alive: int) -> float:
+        """Return the seconds the engines take per segment at their recent pace, all of them together (0: unknown)."""
+        return self.pace(workers_alive=workers_alive)[0]
 
     def estimated_wait_s(self, due: float, *, workers_alive: int) -> float:
         """Return the seconds before a segment due at ``due`` would start, or 0 when nothing is known yet.
@@ -66,7 +71,7 @@ class Admission:
 
     def excess_s_if_admitted(self, deadlines: Sequence[float], *, workers_alive: int, now: float) -> float:
         """Return by how long admitting a job with these deadlines would delay some listener past the allowance."""
-        segment_s = self.segment_s(workers_alive=workers_alive)
+        segment_s, call_s = self.pace(workers_alive=workers_alive)
         if segment_s <= 0 or not deadlines:
             return 0.0
         ahead, outstanding, overdue = self.book.window(now - PAST_S, now + HORIZON_S, limit=MOST_WEIGHED)
@@ -74,7 +79,7 @@ class Admission:
         before = outstanding - len(ahead) if not self.policy.by_deadline else overdue
         new = [d for d in deadlines if d <= now + HORIZON_S]
         return admission_excess(now, ahead, new, segment_s=segment_s, allowance_s=self.lateness_s,
-                                by_deadline=self.policy.by_deadline, before=before)  # fmt: skip
+                                by_deadline=self.policy.by_deadline, before=before, call_s=call_s)  # fmt: skip
 
     def check_listeners(self, deadlines: Sequence[float], *, workers_alive: int) -> None:
         """Raise ServiceUnavailable (503) when admitting a realtime job would make a listener wait: its first
@@ -91,7 +96,7 @@ class Admission:
             raise ServiceUnavailable(
                 f"the engines are at capacity: admitting this realtime job would delay a listener about "
                 f"{excess:.1f} s more than TTS_ADMISSION_LATENESS_S={self.lateness_s:g} allows; retry after "
-                "Retry-After, or submit with priority \"batch\"",
+                'Retry-After, or submit with priority "batch"',
                 retry_after=max(1, math.ceil(excess)),
                 estimated_excess_s=round(excess, 2),
             )

@@ -24,6 +24,7 @@ class Window:
     chars: float = 0.0
     busy_s: float = 0.0
     segments: float = 0.0
+    calls: float = 0.0
     ok: float = 0.0
     failed: float = 0.0
 
@@ -31,6 +32,11 @@ class Window:
     def chars_per_busy_second(self) -> float:
         """Return one worker's speed while busy, in characters per second (0 when unknown)."""
         return self.chars / self.busy_s if self.busy_s > 0 else 0.0
+
+    @property
+    def seconds_per_call(self) -> float:
+        """Return the mean duration of one engine call (0 when unknown): the least a segment takes to be made."""
+        return self.busy_s / self.calls if self.calls else 0.0
 
     @property
     def chars_per_segment(self) -> float:
@@ -51,12 +57,14 @@ class Stats:
         self.redis = client
         self._sum = client.register_script(scripts.SUM_BUCKETS)
 
-    def record(self, *, chars: int = 0, busy_s: float = 0.0, segments: int = 0, ok: int = 0, failed: int = 0) -> None:
+    def record(
+        self, *, chars: int = 0, busy_s: float = 0.0, segments: int = 0, calls: int = 0, ok: int = 0, failed: int = 0
+    ) -> None:
         """Add one engine call's work, or one segment's outcome, to the current bucket."""
         key = keys.stats(int(time.time()) // BUCKET_S)
         pipe = self.redis.pipeline(transaction=False)
-        for name, value in (("chars", chars), ("busy_s", busy_s), ("segments", segments), ("ok", ok),
-                            ("failed", failed)):  # fmt: skip
+        for name, value in (("chars", chars), ("busy_s", busy_s), ("segments", segments), ("calls", calls),
+                            ("ok", ok), ("failed", failed)):  # fmt: skip
             if value:
                 pipe.hincrbyfloat(key, name, value)
         pipe.expire(key, WINDOW_S * 3)

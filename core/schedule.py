@@ -149,7 +149,6 @@ def playback_stalls(finished: Sequence[float], durations: Sequence[float]) -> tu
     return stalls, stalled
 
 
-
 def admission_excess(
     now: float,
     ahead: Sequence[float],
@@ -159,19 +158,21 @@ def admission_excess(
     allowance_s: float,
     by_deadline: bool,
     before: int = 0,
+    call_s: float = 0.0,
 ) -> float:
     """Return by how many seconds admitting ``new`` would delay some listener past ``allowance_s``; 0 if it would not.
 
     ``ahead`` are the deadlines of segments already admitted and ``new`` those of a job asking to be; ``before``
     more admitted segments run ahead of all of them (overdue ones, or under FIFO those beyond the horizon). The
-    engines make one segment every ``segment_s`` seconds (their measured capacity), earliest deadline first, or
-    under FIFO the admitted ones first and the new job last: the scheduler's own order and deadlines.
+    engines make one segment every ``segment_s`` seconds (their measured capacity), each ready ``call_s`` (one
+    engine call, which makes a whole batch at once) after its turn comes, earliest deadline first, or under
+    FIFO the admitted ones first and the new job last: the scheduler's own order and deadlines.
 
-    A segment's delay is how late it is made with the new job admitted, less how late it would be made anyway
-    (without the new job for an admitted segment, on an idle service for the new job's own): so a model slower
-    than its listeners still serves one job at a time, and a stream that is already late closes the door only
-    to jobs that would run before it. The excess is the longest delay beyond ``allowance_s``: the seconds of
-    work the engines must clear before the job fits, an honest Retry-After.
+    A segment may be made up to ``allowance_s`` late, or, if it would be later than that anyway (without the
+    new job for an admitted segment, on an idle service for the new job's own: a model slower than its
+    listeners), no later than it would be anyway. So a stream that is already late closes the door only to
+    jobs that would run before it, and a job is always let in alone. The excess is the longest overrun: the
+    seconds of work the engines must clear before the job fits, an honest Retry-After.
     """
     tagged = sorted([(d, False) for d in ahead], key=lambda x: x[0])
     mine = [(d, True) for d in new]
@@ -180,7 +181,7 @@ def admission_excess(
     ranks = {False: before, True: 0}  # each kind's own position: where it would run without the other kind
     for position, (due, is_new) in enumerate(order, start=before + 1):
         ranks[is_new] += 1
-        late = now + position * segment_s - due
-        anyway = now + ranks[is_new] * segment_s - due
-        worst = max(worst, late - max(0.0, anyway) - allowance_s)
+        late = now + position * segment_s + call_s - due
+        anyway = now + ranks[is_new] * segment_s + call_s - due
+        worst = max(worst, late - max(allowance_s, anyway))
     return worst

@@ -190,6 +190,14 @@ def test_a_job_late_on_an_idle_service_is_still_let_in_alone() -> None:
 def test_a_stream_already_late_closes_the_door_only_to_jobs_that_would_wait_behind_it_too_long() -> None:
     behind = [97.0, 97.0, 97.0]  # three segments its listener has waited 3 s for: they run first
     assert admission_excess(100.0, behind, [130.0], segment_s=1.0, allowance_s=1.0, by_deadline=True) == 0
-    assert admission_excess(100.0, behind, [100.0], segment_s=1.0, allowance_s=1.0, by_deadline=True) == 2
+    assert admission_excess(100.0, behind, [100.0], segment_s=1.0, allowance_s=1.0, by_deadline=True) == 3
     # Segments outside the weighed window that run before everything count as work ahead.
-    assert admission_excess(100.0, [], [100.0], segment_s=1.0, allowance_s=0.5, by_deadline=True, before=3) == 2.5
+    assert admission_excess(100.0, [], [100.0], segment_s=1.0, allowance_s=0.5, by_deadline=True, before=3) == 3
+
+
+def test_a_segment_is_ready_one_engine_call_after_its_turn_comes() -> None:
+    alone = admission_excess(100.0, [], [100.0], segment_s=0.1, allowance_s=1.0, by_deadline=True, call_s=0.5)
+    assert alone == 0, "0.1 s of work and a 0.5 s call: within the second"
+    crowd = [100.0] * 10  # a second of work due now, ahead of the new job
+    late = admission_excess(100.0, crowd, [100.0], segment_s=0.1, allowance_s=1.0, by_deadline=True, call_s=0.5)
+    assert late == pytest.approx(0.6), "made 1.6 s after it was due: 0.6 s more than allowed"

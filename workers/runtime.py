@@ -158,7 +158,7 @@ def batch_observer(stats: Stats) -> BatchObserver:
         BATCH_SIZE.labels(model).observe(size)
         SYNTHESIS_SECONDS.labels(model).observe(seconds)
         with contextlib.suppress(redis.RedisError):
-            stats.record(chars=chars, busy_s=seconds, segments=size)
+            stats.record(chars=chars, busy_s=seconds, segments=size, calls=1)
 
     return observe
 
