@@ -168,11 +168,11 @@ def admission_excess(
     engine call, which makes a whole batch at once) after its turn comes, earliest deadline first, or under
     FIFO the admitted ones first and the new job last: the scheduler's own order and deadlines.
 
-    A segment may be made up to ``allowance_s`` late, or, if it would be later than that anyway (without the
-    new job for an admitted segment, on an idle service for the new job's own: a model slower than its
-    listeners), no later than it would be anyway. So a stream that is already late closes the door only to
-    jobs that would run before it, and a job is always let in alone. The excess is the longest overrun: the
-    seconds of work the engines must clear before the job fits, an honest Retry-After.
+    Admitting the job may delay none of the admitted segments past its deadline (or, if it is late anyway,
+    past when it would be made without the new job): a stream that is playing is never made to wait for a
+    newcomer, and one that is already late closes the door only to jobs that would run before it. The new
+    job's own segments may be made up to ``allowance_s`` later than on an idle service. The excess is the
+    longest overrun: the seconds of work the engines must clear before the job fits, an honest Retry-After.
     """
     tagged = sorted([(d, False) for d in ahead], key=lambda x: x[0])
     mine = [(d, True) for d in new]
@@ -183,5 +183,5 @@ def admission_excess(
         ranks[is_new] += 1
         late = now + position * segment_s + call_s - due
         anyway = now + ranks[is_new] * segment_s + call_s - due
-        worst = max(worst, late - max(allowance_s, anyway))
+        worst = max(worst, late - max(0.0, anyway) - (allowance_s if is_new else 0.0))
     return worst

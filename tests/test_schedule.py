@@ -170,10 +170,18 @@ def test_admitting_a_job_costs_nothing_when_the_engines_can_make_every_segment_b
     assert admission_excess(100.0, [], [], segment_s=1.0, allowance_s=0.0, by_deadline=True) == 0
 
 
-def test_a_new_job_runs_in_deadline_order_and_its_cost_is_the_longest_delay_it_causes_past_the_allowance() -> None:
+def test_a_new_job_runs_in_deadline_order_and_may_not_make_an_admitted_segment_late_whatever_the_allowance() -> None:
     # The new segment (due now) runs first, so the admitted ones due at 101 and 102 are made 1 s late.
     assert admission_excess(100.0, [101.0, 102.0], [100.0], segment_s=1.0, allowance_s=0.0, by_deadline=True) == 1
-    assert admission_excess(100.0, [101.0, 102.0], [100.0], segment_s=1.0, allowance_s=0.75, by_deadline=True) == 0.25
+    assert admission_excess(100.0, [101.0, 102.0], [100.0], segment_s=1.0, allowance_s=0.75, by_deadline=True) == 1
+    # Admitted work due later keeps its slack: the newcomer waits for nothing and delays nobody past a deadline.
+    assert admission_excess(100.0, [103.0, 104.0], [100.0], segment_s=1.0, allowance_s=0.0, by_deadline=True) == 0
+
+
+def test_the_allowance_is_how_much_later_than_alone_a_new_job_may_be_made() -> None:
+    ahead = [99.0, 99.5]  # two segments due already run first: the new one is made 2 s later than alone
+    assert admission_excess(100.0, ahead, [100.0], segment_s=1.0, allowance_s=0.5, by_deadline=True) == 1.5
+    assert admission_excess(100.0, ahead, [100.0], segment_s=1.0, allowance_s=2.0, by_deadline=True) == 0
 
 
 def test_under_fifo_a_new_job_waits_behind_every_admitted_segment_whatever_their_deadlines() -> None:
@@ -190,14 +198,13 @@ def test_a_job_late_on_an_idle_service_is_still_let_in_alone() -> None:
 def test_a_stream_already_late_closes_the_door_only_to_jobs_that_would_wait_behind_it_too_long() -> None:
     behind = [97.0, 97.0, 97.0]  # three segments its listener has waited 3 s for: they run first
     assert admission_excess(100.0, behind, [130.0], segment_s=1.0, allowance_s=1.0, by_deadline=True) == 0
-    assert admission_excess(100.0, behind, [100.0], segment_s=1.0, allowance_s=1.0, by_deadline=True) == 3
+    assert admission_excess(100.0, behind, [100.0], segment_s=1.0, allowance_s=1.0, by_deadline=True) == 2
     # Segments outside the weighed window that run before everything count as work ahead.
-    assert admission_excess(100.0, [], [100.0], segment_s=1.0, allowance_s=0.5, by_deadline=True, before=3) == 3
+    assert admission_excess(100.0, [], [100.0], segment_s=1.0, allowance_s=0.5, by_deadline=True, before=3) == 2.5
 
 
 def test_a_segment_is_ready_one_engine_call_after_its_turn_comes() -> None:
-    alone = admission_excess(100.0, [], [100.0], segment_s=0.1, allowance_s=1.0, by_deadline=True, call_s=0.5)
-    assert alone == 0, "0.1 s of work and a 0.5 s call: within the second"
-    crowd = [100.0] * 10  # a second of work due now, ahead of the new job
-    late = admission_excess(100.0, crowd, [100.0], segment_s=0.1, allowance_s=1.0, by_deadline=True, call_s=0.5)
-    assert late == pytest.approx(0.6), "made 1.6 s after it was due: 0.6 s more than allowed"
+    # An admitted segment due in 0.3 s is made at 0.1 + 0.5 s alone, and 0.1 s later behind the newcomer.
+    with_call = admission_excess(100.0, [100.3], [100.0], segment_s=0.1, allowance_s=1, by_deadline=True, call_s=0.5)
+    assert with_call == pytest.approx(0.1)
+    assert admission_excess(100.0, [100.3], [100.0], segment_s=0.1, allowance_s=1, by_deadline=True) == 0
