@@ -82,8 +82,8 @@ class Admission:
                                 by_deadline=self.policy.by_deadline, before=before, call_s=call_s)  # fmt: skip
 
     def check_listeners(self, deadlines: Sequence[float], *, workers_alive: int) -> None:
-        """Raise ServiceUnavailable (503) when admitting a realtime job would make a listener wait: its first
-        audio past the allowance, or a segment of a stream already admitted (or playing) past its deadline.
+        """Raise ServiceUnavailable (503) when admitting a realtime job would make a listener wait: a segment of a
+        stream already admitted (or playing) past its deadline, or its own audio past the allowance.
 
         Retry-After is how long the engines need, at their pace, to clear the excess work; no job that would
         run before it is admitted meanwhile, so a retry then is likely to be let in.
@@ -95,7 +95,8 @@ class Admission:
             ADMISSION_REJECTIONS.labels("deadlines").inc()
             raise ServiceUnavailable(
                 f"the engines are at capacity: admitting this realtime job would delay a listener about "
-                f"{excess:.1f} s more than TTS_ADMISSION_LATENESS_S={self.lateness_s:g} allows; retry after "
+                f"{excess:.1f} s more than allowed (streams already admitted: their deadlines; this job: "
+                f"TTS_ADMISSION_LATENESS_S={self.lateness_s:g} s); retry after "
                 'Retry-After, or submit with priority "batch"',
                 retry_after=max(1, math.ceil(excess)),
                 estimated_excess_s=round(excess, 2),

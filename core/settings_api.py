@@ -45,10 +45,10 @@ class ApiSettings(BaseSettings):
     admission_lateness_s: float = Field(
         1.0,
         ge=0,
-        description="Refuse realtime jobs (503) unless, at the engines' measured pace and in the scheduler's order, "
-        "the job and every stream already admitted would be made within this long of their playback deadlines. A "
-        "new job's first segment is due at once, so this is also the longest first audio admission accepts. Larger: "
-        "fewer refusals, later first audio, and stalls past capacity; 0 turns the check off (the wait limit only).",
+        description="Refuse realtime jobs (503) that, at the engines' measured pace and in the scheduler's order, "
+        "would delay a stream already admitted past a playback deadline, or be made more than this much later than "
+        "on an idle service themselves (their first audio's queueing). Larger: fewer refusals and later first "
+        "audio; 0 turns the check off (the wait limit only).",
     )
     admission_batch_wait_s: float = Field(
         3600.0, gt=0, description="Refuse batch jobs (503) when their estimated queue wait is longer."
