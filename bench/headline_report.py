@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 #: (label, summary key, format, higher is better)
@@ -118,6 +119,23 @@ def _why(after: dict[str, Any], engine: dict[str, Any]) -> str:
     return text + ")"
 
 
+def _check(
+    found: list[tuple[str, str, bool | None]],
+    name: str,
+    value: float | None,
+    limit: float | None,
+    *,
+    at_least: bool,
+    unit: str = "",
+) -> None:
+    """Append (target, measured, met) to ``found``: met is None when either side was not measured."""
+    if value is None or limit is None:
+        found.append((name, "not measured", None))
+        return
+    met = value >= limit if at_least else value <= limit
+    found.append((name, f"{value:.3g}{unit} vs {'≥' if at_least else '≤'} {limit:.3g}{unit}", met))
+
+
 def _level(levels: list[dict[str, Any]], callers: int) -> dict[str, Any]:
     return next((lv for lv in levels if lv["callers"] == callers), {})
 
@@ -125,13 +143,7 @@ def _level(levels: list[dict[str, Any]], callers: int) -> dict[str, Any]:
 def targets(levels: list[dict[str, Any]], engine: dict[str, Any] | None) -> list[tuple[str, str, bool | None]]:
     """Return (target, measured, met) for each of the issue's targets; met is None when not measurable."""
     found: list[tuple[str, str, bool | None]] = []
-
-    def check(name: str, after: float | None, limit: float | None, *, at_least: bool, unit: str = "") -> None:
-        if after is None or limit is None:
-            found.append((name, "not measured", None))
-            return
-        met = after >= limit if at_least else after <= limit
-        found.append((name, f"{after:.3g}{unit} vs {'≥' if at_least else '≤'} {limit:.3g}{unit}", met))
+    check = functools.partial(_check, found)
 
     l50, l10, l1 = _level(levels, 50), _level(levels, 10), _level(levels, 1)
     a50, b50 = l50.get("after") or {}, l50.get("before") or {}
@@ -171,13 +183,7 @@ def real_size_targets(
 ) -> list[tuple[str, str, bool | None]]:
     """Return (target, measured, met) for issue 16's real-size CPU targets."""
     found: list[tuple[str, str, bool | None]] = []
-
-    def check(name: str, value: float | None, limit: float | None, *, at_least: bool, unit: str = "") -> None:
-        if value is None or limit is None:
-            found.append((name, "not measured", None))
-            return
-        met = value >= limit if at_least else value <= limit
-        found.append((name, f"{value:.3g}{unit} vs {'≥' if at_least else '≤'} {limit:.3g}{unit}", met))
+    check = functools.partial(_check, found)
 
     on16 = _level(levels, 16).get("after") or {}
     off = (batching_off or {}).get("jobs_per_s")
