@@ -12,8 +12,9 @@
    underruns (a playback gap over 100 ms after the first audio), end to end, audio s/s, and the goodput: the
    highest rate at which admitted realtime jobs have no underrun and p95 first audio ≤ 1.5 s, in every seed.
 
-The only setting changed from the defaults is ``TTS_MAX_STREAMS_PER_CALLER``: every listener here is one caller
-(no API keys), where real listeners are many.
+Settings changed from the defaults: ``TTS_ADMISSION_LATENESS_S=1``, the admission policy under test (off by
+default), and ``TTS_MAX_STREAMS_PER_CALLER``: every listener here is one caller (no API keys), where real
+listeners are many.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.device, args.torch_threads = "cpu" if args.model == "chattts-tiny" else "auto", 1
     args.replicas = default_replicas(args.device, args.torch_threads)
     args.service_env.append("TTS_MAX_STREAMS_PER_CALLER=5000")
+    if not any(pair.startswith("TTS_ADMISSION_LATENESS_S=") for pair in args.service_env):
+        args.service_env.append("TTS_ADMISSION_LATENESS_S=1")  # the policy under test (off by default)
     return args
 
 

@@ -43,12 +43,13 @@ class ApiSettings(BaseSettings):
         30.0, gt=0, description="Refuse realtime jobs (503) when their estimated queue wait is longer."
     )
     admission_lateness_s: float = Field(
-        1.0,
+        0.0,
         ge=0,
-        description="Refuse realtime jobs (503) that, at the engines' measured pace and in the scheduler's order, "
-        "would delay a stream already admitted past a playback deadline, or be made more than this much later than "
-        "on an idle service themselves (their first audio's queueing). Larger: fewer refusals and later first "
-        "audio; 0 turns the check off (the wait limit only).",
+        description="When above 0 (1.0 is the measured setting), refuse realtime jobs (503) that, at the engines' "
+        "measured pace and in the scheduler's order, would delay a stream already admitted past a playback "
+        "deadline, or be made more than this much later than on an idle service themselves. Larger: fewer refusals "
+        "and later first audio. 0 (the default, until its pace estimate stops refusing work the engines could do) "
+        "leaves only the wait limit.",
     )
     admission_batch_wait_s: float = Field(
         3600.0, gt=0, description="Refuse batch jobs (503) when their estimated queue wait is longer."

@@ -200,6 +200,7 @@ def test_an_overloaded_api_answers_a_realtime_job_503_with_retry_after_and_the_d
             "models_file": settings_env["TTS_MODELS_FILE"],
             "tiny_model_dir": settings_env["TTS_TINY_MODEL_DIR"],
             "default_model": "espeak-en",
+            "admission_lateness_s": 1.0,
         }
     )
     response = app.test_client().post("/v1/jobs", json={"text": "Am I let in?"})
