@@ -57,10 +57,12 @@ class Custody:
         return {_text(member) for member in self.redis.smembers(keys.held(worker))}
 
     def hand_over(self, worker: str, now: float | None = None) -> int:
-        """Move a dead worker's segments to the outbox, due now, and forget the worker; return how many."""
+        """Move a dead worker's segments to the outbox, due now, count a failed attempt for each it had
+        started, and forget the worker; return how many it held."""
         now = time.time() if now is None else now
         script_keys = [keys.held(worker), keys.OUTBOX, keys.WORKERS, keys.HOLDERS, keys.worker(worker)]
-        return int(self._hand_over(keys=script_keys, args=[worker, f"{now:.6f}"]))
+        head, tail = keys.attempts("\0").split("\0")
+        return int(self._hand_over(keys=script_keys, args=[worker, f"{now:.6f}", head, tail]))
 
     def release_stale(self, worker: str, members: Iterable[str], now: float | None = None) -> int:
         """Move segments a live worker holds in Redis but no longer works on to the outbox; return how many."""

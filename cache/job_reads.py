@@ -78,6 +78,10 @@ class JobReads:
         """Return how many synthesis attempts a segment has had."""
         return int(self.redis.hget(keys.attempts(job_id), str(index)) or 0)
 
+    def failures(self, job_id: str, index: int) -> int:
+        """Return how many attempts of a segment failed (its engine raised, or its worker died holding it)."""
+        return int(self.redis.hget(keys.attempts(job_id), keys.failed_field(index)) or 0)
+
     def segment(self, job_id: str, index: int) -> bytes | None:
         """Return a finished segment's PCM bytes, or None when not ready (or no longer kept)."""
         packed = self.packed_segment(job_id, index)

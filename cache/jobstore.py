@@ -165,12 +165,13 @@ class JobStore(JobReads):
         state = StartState(int(reply[0]))
         if state is not StartState.GO:
             return SegmentStart(state)
-        _, record, attempt, text, meta, redelivered = reply
+        _, record, attempt, text, meta, redelivered, failed = reply
         return SegmentStart(
             state,
             record=record_of(pairs(record)),  # None for a stray partial hash: the segment is skipped
             attempt=int(attempt),
             redelivered=bool(int(redelivered)),
+            failed=int(failed),
             text=as_text(text) if text else None,
             meta={int(k): json.loads(v) for k, v in pairs(meta).items()},
         )
@@ -237,6 +238,12 @@ class JobStore(JobReads):
         pipe.sadd(keys.held(worker), keys.segment_member(job_id, index))
         pipe.sadd(keys.HOLDERS, worker)
         pipe.execute()
+
+    def count_failure(self, job_id: str, index: int) -> int:
+        """Count one failed attempt of a segment (its engine raised); return how many it has had."""
+        if not self.redis.exists(keys.job(job_id)):
+            return 0  # gone: nothing to count on, and no key to create without a TTL
+        return int(self.redis.hincrby(keys.attempts(job_id), keys.failed_field(index), 1))
 
     def release(self, worker: str, job_id: str, index: int) -> None:
         """Say that ``worker`` stopped working on a segment without writing it (its task failed or retries)."""

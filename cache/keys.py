@@ -34,8 +34,14 @@ def segment_meta(job_id: str) -> str:
 
 
 def attempts(job_id: str) -> str:
-    """Return the key counting synthesis attempts per segment (a hash: index → int)."""
+    """Return the key counting synthesis attempts per segment (a hash: index → attempts started, and
+    ``failed_field(index)`` → those of them that failed)."""
     return f"{PREFIX}:job:{{{job_id}}}:attempts"
+
+
+def failed_field(index: int) -> str:
+    """Return the field of the attempts hash that counts a segment's failed attempts (START_SEGMENT reads it)."""
+    return f"{index}:failed"
 
 
 def events(job_id: str) -> str:

@@ -167,6 +167,8 @@ class SegmentStart:
 
     Only when ``state`` is GO is the segment held by the worker, the attempt known and the rest filled in.
     ``redelivered`` says the delivery's token already held the segment: the same attempt, not a new one.
+    ``failed`` counts the segment's attempts that failed (the engine raised, or the worker died holding it):
+    only failures count against the attempt cap, never redeliveries, duplicates or Redis faults.
     ``text`` is this segment's text (None past the job's end). A start that said it knows the job carries a
     partial record and the metadata of the segments just before this one; otherwise the whole record (with
     ``segment_chars``) and all metadata.
@@ -176,6 +178,7 @@ class SegmentStart:
     record: JobRecord | None = None
     attempt: int = 0
     redelivered: bool = False
+    failed: int = 0
     text: str | None = None
     meta: dict[int, dict[str, Any]] = field(default_factory=dict)
 

@@ -91,10 +91,11 @@ return $EndResult_ENDED
 # it is over, {2} when the segment is already written. Otherwise it records the segment as held by this worker
 # (so its death hands the segment on), counts an attempt unless this delivery's token already holds the claim
 # (a redelivery of the same attempt), moves a queued job to running, and returns
-# {3, record, attempt, text, segment metadata, 1 if a redelivery else 0}. Its cost does not grow with the job:
-# it reads this segment's text only, and a worker that knows the job gets a few record fields and the metadata
-# of segment 0 and of the 32 segments just before this one; only a worker new to the job gets the whole record
-# (with every segment's length) and all metadata, once.
+# {3, record, attempt, text, segment metadata, 1 if a redelivery else 0, failed attempts so far} (the count
+# under field '<index>:failed', which only a failure raises: the engine's, or its worker's death while holding
+# it). Its cost does not grow with the job: it reads this segment's text only, and a worker that knows the job
+# gets a few record fields and the metadata of segment 0 and of the 32 segments just before this one; only a
+# worker new to the job gets the whole record (with every segment's length) and all metadata, once.
 START_SEGMENT = _lua("""
 if redis.call('EXISTS', KEYS[1]) == 0 then return {$StartState_GONE} end
 local status = redis.call('HGET', KEYS[1], 'status')
@@ -138,15 +139,26 @@ end
 if status == $QUEUED then
   redis.call('HSET', KEYS[1], 'status', $RUNNING, 'started_at', ARGV[2], 'updated_at', ARGV[2])
 end
-return {$StartState_GO, record, attempt, text or false, meta, redelivered}
+local failed = tonumber(redis.call('HGET', KEYS[3], ARGV[1] .. ':failed') or '0')
+return {$StartState_GO, record, attempt, text or false, meta, redelivered, failed}
 """)
 
 # KEYS: a dead worker's held set, the outbox, the heartbeat index, the holders index, its heartbeat key.
-# ARGV: worker name, now. Moves every segment the worker held to the outbox, due now, and forgets the worker;
-# returns how many segments it held.
+# ARGV: worker name, now, and the attempts key of a job split around its id. Moves every segment the worker held
+# to the outbox, due now, and forgets the worker; returns how many segments it held. A segment it had started
+# (the attempts hash counts a start) gets one failed attempt: a worker that dies on some input each time stops
+# at the attempt cap. (The attempts keys are built here, not passed: the service does not run on a cluster. A
+# key that has expired is not created again.)
 HAND_OVER = """
 local held = redis.call('SMEMBERS', KEYS[1])
-for _, member in ipairs(held) do redis.call('ZADD', KEYS[2], ARGV[2], member) end
+for _, member in ipairs(held) do
+  redis.call('ZADD', KEYS[2], ARGV[2], member)
+  local job, index = string.match(member, '^(.*):(%d+)$')
+  if job then
+    local attempts = ARGV[3] .. job .. ARGV[4]
+    if redis.call('HEXISTS', attempts, index) == 1 then redis.call('HINCRBY', attempts, index .. ':failed', 1) end
+  end
+end
 redis.call('DEL', KEYS[1], KEYS[5])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('SREM', KEYS[4], ARGV[1])

@@ -85,7 +85,12 @@ class JobSettings(BaseSettings):
         lt=1,
         description="Past this share of the budget (live jobs alone fill it), new jobs get 503 with Retry-After.",
     )
-    segment_max_attempts: int = Field(3, ge=1, description="Attempts per segment before its job fails.")
+    segment_max_attempts: int = Field(
+        3,
+        ge=1,
+        description="Failed attempts per segment (its engine raised, or its worker died making it) before its job "
+        "fails; redeliveries, duplicates and Redis faults never count.",
+    )
     task_time_limit_s: int = Field(300, ge=10, description="Hard limit for one segment's synthesis.")
     visibility_timeout_s: int = Field(
         3600,

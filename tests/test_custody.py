@@ -51,6 +51,39 @@ def test_a_redelivery_of_the_same_attempt_is_not_counted_again(app: Flask) -> No
     store.cancel(job_id)
 
 
+def test_only_failures_count_against_the_attempt_cap_never_copies_of_a_delivery(app: Flask) -> None:
+    store, custody = _store(app), Custody(app.extensions["tts"].redis)
+    job_id = store.create(REQUEST, TEXTS)
+    # What one dropped connection can leave: kombu's restore, the task's own retry and the janitor's copies of a
+    # segment whose reply was lost, each a new token. They are attempts started, and none of them a failure.
+    starts = [store.start_segment(job_id, 0, worker="w-copies", token=f"copy-{n}:0") for n in range(5)]
+    assert [(s.state, s.attempt, s.failed) for s in starts] == [(StartState.GO, n + 1, 0) for n in range(5)]
+    assert store.count_failure(job_id, 0) == 1, "the engine raised: one failure"
+    assert store.start_segment(job_id, 0, worker="w-copies", token="copy-5:0").failed == 1
+    store.hold("w-copies", job_id, 1)  # delivered, never started: its worker's death is no failure of it
+    assert custody.hand_over("w-copies") == 2
+    assert (store.failures(job_id, 0), store.failures(job_id, 1)) == (2, 0), "the death counts once, where started"
+    store.cancel(job_id)
+    assert store.count_failure("no-such-job", 0) == 0
+    assert not app.extensions["tts"].redis.exists(keys.attempts("no-such-job")), "no counter without a job"
+
+
+def test_a_segment_whose_worker_died_on_it_max_attempts_times_fails_its_job_with_the_reason(
+    app: Flask, served: FlaskClient
+) -> None:
+    services = app.extensions["tts"]
+    store = _store(app)
+    job_id = store.create(REQUEST, TEXTS[:1])
+    for death in range(3):  # TTS_SEGMENT_MAX_ATTEMPTS: three workers SIGKILLed on this segment, say by a poison
+        assert store.start_segment(job_id, 0, worker=f"w-dies-{death}", token=f"poison-{death}:0").failed == death
+        Custody(services.redis).hand_over(f"w-dies-{death}", now=time.time() + 3600)  # due later: ours to send
+    services.redis.zrem(keys.OUTBOX, keys.segment_member(job_id, 0))
+    services.enqueue(job_id, [0], "realtime")  # the live worker gets it a fourth time: it gives up at once
+    job = wait_done(served, job_id)
+    assert job["status"] == "failed"
+    assert "segment 0 failed 3 times" in job["error"], job
+
+
 def test_a_started_segment_is_held_by_its_worker_until_it_is_written(app: Flask) -> None:
     store, custody = _store(app), Custody(app.extensions["tts"].redis)
     job_id = store.create(REQUEST, TEXTS)

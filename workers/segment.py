@@ -140,10 +140,12 @@ class SegmentSynthesizer:
 
     def _make(self, job_id: str, index: int, start: SegmentStart) -> Outcome:
         """Synthesise a started segment, write it in the step that advances its job, then tell the observers."""
-        if start.attempt > self.max_attempts:
-            # A redelivery after crashes (the worker died each time): stop the loop.
+        if start.failed >= self.max_attempts:
+            # A delivery after its worker died on it each time (a crash the worker could not report): stop the
+            # loop. Only failures count: redeliveries, duplicate publishes and Redis faults never fail a job.
             self.store.release(self.worker, job_id, index)
-            self.store.fail(job_id, f"segment {index} was attempted {self.max_attempts} times without finishing")
+            reason = f"segment {index} failed {start.failed} times (its engine raised or its worker died making it)"
+            self.store.fail(job_id, reason)
             return Outcome.GAVE_UP
         if start.record is None or start.text is None:
             self.store.release(self.worker, job_id, index)

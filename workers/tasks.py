@@ -61,7 +61,7 @@ def _synthesize(task: Task, runtime: WorkerRuntime, job_id: str, index: int, *, 
     except Exception as e:
         reason = f"segment {index}: {type(e).__name__}: {e}"
         runtime.synthesizer.stats.record(failed=1)
-        if runtime.store.attempts(job_id, index) >= runtime.settings.segment_max_attempts:
+        if runtime.store.count_failure(job_id, index) >= runtime.settings.segment_max_attempts:
             log.error("giving up on job %s: %s", job_id, reason)
             SEGMENT_FAILURES.inc()
             runtime.store.fail(job_id, reason)

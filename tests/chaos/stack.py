@@ -165,10 +165,10 @@ class Stack:
         pipe = self.redis.pipeline(transaction=False)
         for job_id in job_ids:
             pipe.hlen(keys.audio(job_id))
-            pipe.hvals(keys.attempts(job_id))
+            pipe.hgetall(keys.attempts(job_id))
         replies = pipe.execute()
         written = sum(int(n) for n in replies[0::2])
-        attempted = sum(int(v) for values in replies[1::2] for v in values)
+        attempted = sum(int(v) for counts in replies[1::2] for k, v in counts.items() if k.isdigit())
         return written, attempted
 
     def record(self, job_id: str) -> dict[str, str]:
@@ -178,8 +178,8 @@ class Stack:
         return {k.decode(): v.decode() for k, v in raw.items()}
 
     def attempts(self, job_id: str) -> dict[int, int]:
-        """Return the attempts each segment of a job has had."""
-        return {int(k): int(v) for k, v in self.redis.hgetall(keys.attempts(job_id)).items()}
+        """Return the attempts each segment of a job has started (``store.failures`` counts those that failed)."""
+        return {int(k): int(v) for k, v in self.redis.hgetall(keys.attempts(job_id)).items() if k.isdigit()}
 
     @contextlib.contextmanager
     def models_paused(self, worker: WorkerProcess, model: str = "espeak-en") -> Iterator[None]:

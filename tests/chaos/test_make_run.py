@@ -242,4 +242,5 @@ def test_make_run_serves_through_the_fault_and_loses_nothing(
     )
     audit.record()
     assert not audit.problems, "\n".join(audit.problems) + "\n" + served.run.text[-3000:]
-    assert audit.done == audit.accepted, f"{audit.failures}"
+    about = [line for line in served.run.text.splitlines() if any(j in line for j in audit.failures)]
+    assert audit.done == audit.accepted, f"{audit.failures}\n" + "\n".join(about[-60:])
