@@ -32,8 +32,9 @@ _STRICT = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
 def _speakable(value: str, info: ValidationInfo) -> str:
-    """Refuse blank text, and text longer than the app's limit (passed as validation context)."""
-    if not value.strip():
+    """Refuse blank text (a text stream may open with none), and text longer than the app's limit (passed as
+    validation context)."""
+    if not value.strip() and not info.data.get("text_stream"):
         raise ValueError("must not be empty")
     limit = (info.context or {}).get("max_text_chars")
     if limit is not None and len(value) > limit:
@@ -46,7 +47,12 @@ class JobBody(BaseModel):
 
     model_config = _STRICT
 
-    text: str = Field(min_length=1, description="What to say; split into segments that play as they finish.")
+    text_stream: bool = Field(
+        False,
+        description="Open a job whose text arrives in pieces (POST /v1/jobs/{id}/text); text may then be empty or "
+        "its first piece.",
+    )
+    text: str = Field("", description="What to say; split into segments that play as they finish.")
     model: Name | None = Field(None, description="A model id from /v1/models; the default when absent.")
     voice: Name | None = Field(None, description="A voice of that model; its default when absent.")
     speed: Speed = 1.0
@@ -79,6 +85,41 @@ class SpeechBody(BaseModel):
         if value == "aac":
             raise ValueError("aac is not available here; use mp3, opus, flac, wav or pcm")
         return value
+
+
+class TextPieceBody(BaseModel):
+    """POST /v1/jobs/{id}/text: one piece of a text stream's text, in ``seq`` order (0, 1, 2, …)."""
+
+    model_config = _STRICT
+
+    seq: int = Field(ge=0, le=10**9, description="The piece's place in the stream; a retry sends the same seq.")
+    text: str = Field("", description="The piece, as short as one token; only the final piece may be empty.")
+    final: bool = Field(False, description="The last piece: the job ends once everything before it is spoken.")
+
+    @field_validator("text")
+    @classmethod
+    def _bounded(cls, value: str, info: ValidationInfo) -> str:
+        limit = (info.context or {}).get("max_text_chars")
+        if limit is not None and len(value) > limit:
+            raise ValueError(f"is {len(value)} characters; the limit is {limit} (TTS_MAX_TEXT_CHARS)")
+        return value
+
+
+class TextStreamView(BaseModel):
+    """Where a text stream stands: open for more pieces, or closed (and why)."""
+
+    open: bool
+    next_seq: int = Field(ge=0, description="The next piece the stream expects.")
+    end_reason: str | None = Field(None, description='"final", or the idle time after which it ended.')
+
+
+class PieceView(BaseModel):
+    """The answer to one piece: whether it was new or a retry, and the job's segments so far."""
+
+    seq: int
+    duplicate: bool = Field(description="The same seq and text arrived before: answered again, spoken once.")
+    segments_total: int = Field(ge=0, description="Segments planned so far; final once the stream is closed.")
+    text_stream: TextStreamView
 
 
 class JobUrls(BaseModel):
@@ -120,6 +161,9 @@ class JobView(BaseModel):
         description="When the memory budget removed a finished job's audio early (epoch seconds)."
     )
     error: str | None = Field(None, description="Why the job failed or was canceled.")
+    text_stream: TextStreamView | None = Field(
+        None, description="For a job whose text arrives in pieces; segments_total grows until it closes."
+    )
     urls: JobUrls
 
 
@@ -165,7 +209,9 @@ class ModelsView(BaseModel):
 SCHEMAS: list[tuple[type[BaseModel], Literal["validation", "serialization"]]] = [
     (JobBody, "validation"),
     (SpeechBody, "validation"),
+    (TextPieceBody, "validation"),
     (JobView, "serialization"),
+    (PieceView, "serialization"),
     (ErrorBody, "serialization"),
     (ModelsView, "serialization"),
 ]

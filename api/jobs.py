@@ -7,15 +7,16 @@ from typing import Any
 
 from flask import Blueprint, Response, g, request
 
-from api.contract import JobBody, as_json
+from api.contract import JobBody, PieceView, TextPieceBody, as_json
 from api.downloads import FILE_CACHE_MAX_BYTES, download, kept
 from api.holds import Hold, held_response
 from api.services import services
 from api.streaming import STREAMABLE, audio_stream, sse_events
+from api.text_pieces import refuse_piece
 from api.validation import parse_wait, read_body
-from api.views import gone_message, job_view
+from api.views import gone_message, job_view, text_stream_view
 from cache.idempotency import IdempotencyKeys, body_digest
-from cache.records import JobRecord, JobStatus
+from cache.records import JobRecord, JobStatus, PieceResult
 from cache.sentences import file_key, segment_keys
 from core.audio import encode, media_type, pcm16_duration
 from core.errors import Gone, JobFailed, NotFound, NotReady, ServiceUnavailable, ValidationFailed
@@ -88,6 +89,27 @@ def submit_input(job_input: JobBody) -> str:
     """Submit a checked request for the caller with the app's services; return the job id."""
     svc = services()
     return svc.submitter.submit(job_input, owner=g.owner, cache_scope=g.caller if svc.settings.cache_per_caller else "")
+
+
+@bp.post("/<job_id>/text")
+def append_text(job_id: str) -> dict[str, Any]:
+    """Take one piece of a text stream's text (in seq order; a retry is answered again and spoken once)."""
+    svc = services()
+    _record(job_id)
+    piece = read_body(
+        request, TextPieceBody, max_bytes=svc.settings.max_body_bytes,
+        context={"max_text_chars": svc.settings.max_text_chars},
+    )  # fmt: skip
+    if not piece.text and not piece.final:
+        raise ValidationFailed("text", "must not be empty (only the final piece may be)")
+    answer = svc.text_streams.take(job_id, seq=piece.seq, text=piece.text, final=piece.final)
+    refuse_piece(answer, job_id)
+    record = _record(job_id)
+    stream = text_stream_view(record)
+    assert stream is not None  # take() answered TAKEN or DUPLICATE: the job is a text stream
+    view = PieceView(seq=piece.seq, duplicate=answer.result is PieceResult.DUPLICATE,
+                     segments_total=record.segments_total, text_stream=stream)  # fmt: skip
+    return as_json(view)
 
 
 @bp.get("/<job_id>")

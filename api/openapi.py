@@ -43,6 +43,7 @@ def _components(settings: Settings) -> dict[str, Any]:
     # The text limit is a setting, checked with the model's validation context: state this app's value.
     schemas["JobBody"]["properties"]["text"]["maxLength"] = settings.max_text_chars
     schemas["SpeechBody"]["properties"]["input"]["maxLength"] = settings.max_text_chars
+    schemas["TextPieceBody"]["properties"]["text"]["maxLength"] = settings.max_text_chars
     return schemas
 
 
@@ -69,6 +70,15 @@ def _job_paths(settings: Settings) -> dict[str, Any]:
                     "responses": {"200": job, **_errors(*auth)}},
             "delete": {"summary": "Cancel.", "parameters": [job_id],
                        "responses": {"200": job, **_errors(*auth)}},
+        },
+        "/v1/jobs/{job_id}/text": {
+            "post": {
+                "summary": "Append one piece to a text stream (a job opened with text_stream: true), in seq order.",
+                "parameters": [job_id],
+                "requestBody": _body("TextPieceBody"),
+                "responses": {"200": _json("PieceView", "taken, or a retry answered again"),
+                              **_errors(400, *auth, 409, 413, 415, 422, 503)},
+            }
         },
         "/v1/jobs/{job_id}/segments/{index}": {
             "get": {

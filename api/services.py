@@ -19,6 +19,7 @@ from cache.schedule import ScheduleBook
 from cache.sentences import SentenceCache, build_cache
 from cache.stats import Stats
 from cache.streams import CallerStreams
+from cache.text_streams import TextStreams, build_text_streams
 from cache.workers import WorkerRegistry
 from core.apikeys import KeyRing
 from core.policy import SchedulingPolicy, scheduling_policy
@@ -49,6 +50,7 @@ class Services:
     keys: KeyRing
     policy: SchedulingPolicy
     submitter: Submitter
+    text_streams: TextStreams
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:
@@ -121,6 +123,10 @@ def build_services(settings: Settings) -> Services:
     store = store_of(client, settings, waiter=hub)
     cache = build_cache(settings)
     enqueue = celery_enqueue(celery)
+    text_streams = build_text_streams(
+        settings, store=store, book=book, policy=policy, enqueue=enqueue,
+        language_of=lambda model: registry.get(model).language,
+    )  # fmt: skip
     submitter = Submitter(
         settings=settings,
         registry=registry,
@@ -131,6 +137,7 @@ def build_services(settings: Settings) -> Services:
         policy=policy,
         admit=admission.admit,
         check_room=admission.check_room,
+        text_streams=text_streams,
     )
     return Services(
         settings=settings,
@@ -148,6 +155,7 @@ def build_services(settings: Settings) -> Services:
         keys=settings.key_ring,
         policy=policy,
         submitter=submitter,
+        text_streams=text_streams,
         closers=[pool.disconnect, hub.close, cache.redis.connection_pool.disconnect, celery.close],
     )
 

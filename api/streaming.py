@@ -18,9 +18,10 @@ KEEPALIVE_S = 15.0
 
 @dataclass(frozen=True)
 class Ready:
-    """Segment ``index`` is ready."""
+    """Segment ``index`` is ready (of ``total``, None while the job's text stream may add more)."""
 
     index: int
+    total: int | None = None
 
 
 @dataclass(frozen=True)
@@ -48,10 +49,11 @@ def follow(
             yield Ended("expired", "the job expired or was removed")
             return
         total = record.segments_total
+        known = None if record.text_open else total
         while index < total and store.has_segment(job_id, index):
-            yield Ready(index)
+            yield Ready(index, known)
             index += 1
-        if index >= total:
+        if index >= total and not record.text_open:  # an open text stream may still grow
             yield Ended("done", None)
             return
         if record.status.terminal:
@@ -75,6 +77,8 @@ def sse_events(
                 "index": event.index,
                 "duration_s": meta.get("duration_s"),
                 "url": segment_url.format(index=event.index),
+                # null while a text stream is open: more segments may come
+                "segments_total": event.total,
             }
             yield f"id: {event.index}\nevent: segment\ndata: {json.dumps(data)}\n\n"
         else:

@@ -15,6 +15,7 @@ from api.contract import JobBody
 from cache.jobstore import JobRequest, JobStore
 from cache.schedule import ScheduleBook
 from cache.sentences import SentenceCache, segment_keys
+from cache.text_streams import TextStreams
 from core.audio import PackedAudio
 from core.errors import ServiceUnavailable, ValidationFailed
 from core.metrics import CACHE_LOOKUPS, JOBS_SUBMITTED
@@ -38,6 +39,9 @@ class Planned:
     spec: ModelSpec
     request: JobRequest
     texts: list[str]
+    #: A text stream's opening text not yet speakable (None: the job took its whole text at once).
+    tail: str | None = None
+    text_chars: int = 0
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,7 @@ class Submitter:
     policy: SchedulingPolicy
     admit: Callable[[str, Sequence[float]], float] | None = None
     check_room: Callable[[], None] | None = None
+    text_streams: TextStreams | None = None
 
     def submit(self, job: JobBody, *, owner: str = "", cache_scope: str = "") -> str:
         """Plan the text, fill what the cache has, write the job and enqueue only the misses; return the id.
@@ -104,15 +109,19 @@ class Submitter:
         """Resolve model and voice, and cut the text into segments (TextOverLimit, 413, before anything is written)."""
         spec = self.registry.get(job.model)
         settings = self.settings
-        texts = plan_segments(
-            job.text,
-            max_chars=settings.segment_max_chars,
-            first_max_chars=settings.first_segment_max_chars,
-            language=spec.language,
-            max_total_chars=settings.max_text_chars,
-            max_segments=settings.max_segments,
-        )
-        if not texts:
+        tail = None
+        if job.text_stream and self.text_streams is not None:
+            texts, tail = self.text_streams.first_plan(job.text, spec.language)
+        else:
+            texts = plan_segments(
+                job.text,
+                max_chars=settings.segment_max_chars,
+                first_max_chars=settings.first_segment_max_chars,
+                language=spec.language,
+                max_total_chars=settings.max_text_chars,
+                max_segments=settings.max_segments,
+            )
+        if not texts and tail is None:
             raise ValidationFailed("text", "has nothing a voice can speak (only symbols or emoji?)")
         request = JobRequest(
             model=spec.name,
@@ -125,7 +134,7 @@ class Submitter:
             cache=job.cache,
             cache_scope=cache_scope,
         )
-        return Planned(spec, request, texts)
+        return Planned(spec, request, texts, tail, len(job.text))
 
     def look_up(self, planned: Planned) -> Looked:
         """Return the segments the sentence cache has, stamped as arriving now, and those to make."""
@@ -162,7 +171,7 @@ class Submitter:
         if self.check_room is not None:
             self.check_room()
         wait = 0.0
-        if looked.misses and self.admit is not None:
+        if (looked.misses or planned.tail is not None) and self.admit is not None:
             window = looked.misses[: self.policy.window(planned.request.priority)]  # what enters the queue now
             wait = self.admit(planned.request.priority, [deadlines[i] for i in window])
         return Admitted(deadlines, pace, wait)
@@ -179,10 +188,13 @@ class Submitter:
         fields = {
             "created_at": f"{looked.accepted_at:.6f}",
             "seconds_per_char": f"{admitted.pace:.5f}",
-            "first_due_at": f"{admitted.deadlines[0]:.3f}",
+            "first_due_at": f"{admitted.deadlines[0] if admitted.deadlines else looked.accepted_at:.3f}",
             "start_estimate_s": f"{admitted.start_estimate_s:.1f}",
             "owner": owner,
         }
+        if planned.tail is not None:  # a text stream: open for pieces, the opening text's tail kept back
+            fields.update(text_open="1", text_next_seq="0", text_tail=planned.tail,
+                          text_chars=str(planned.text_chars), text_last_at=fields["created_at"])  # fmt: skip
         store = self.store
         job_id = store.create(
             planned.request, planned.texts, cached=len(looked.hits), pending=later, publish=first, fields=fields

@@ -6,7 +6,7 @@ import time
 
 from flask import url_for
 
-from api.contract import JobUrls, JobView
+from api.contract import JobUrls, JobView, TextStreamView
 from cache.records import JobRecord
 
 
@@ -29,7 +29,7 @@ def job_view(record: JobRecord) -> JobView:
         segments_total=total,
         segments_done=done,
         cached_segments=record.cached_segments,
-        progress=round(done / total, 4) if total else 1.0,
+        progress=round(done / total, 4) if total else (0.0 if record.text_open else 1.0),
         model=req.model,
         voice=req.voice,
         format=req.format,  # type: ignore[arg-type]  # checked against the contract at submission
@@ -47,8 +47,17 @@ def job_view(record: JobRecord) -> JobView:
         audio_expires_at=record.audio_expires_at,
         audio_removed_at=record.audio_removed_at,
         error=record.error,
+        text_stream=text_stream_view(record),
         urls=job_urls(record.id),
     )
+
+
+def text_stream_view(record: JobRecord) -> TextStreamView | None:
+    """Render a text stream's state (None for a job that took its whole text at once)."""
+    if record.text_open is None:
+        return None
+    is_open = record.text_open and not record.status.terminal
+    return TextStreamView(open=is_open, next_seq=record.text_next_seq, end_reason=record.text_end_reason)
 
 
 def gone_message(record: JobRecord, *, job_ttl_s: int) -> str:

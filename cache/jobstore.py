@@ -86,7 +86,8 @@ class JobStore(JobReads):
         ``publish`` are the segments the caller enqueues next (they wait in the outbox until ``published``
         says so), ``pending`` the ones fed in later as others finish.
         """
-        if not texts:
+        streaming = (fields or {}).get("text_open") == "1"  # a text stream may open before a sentence is complete
+        if not texts and not streaming:
             raise ValueError("a job needs at least one segment")
         job_id = job_id or uuid.uuid4().hex
         now = str((fields or {}).get("created_at") or f"{time.time():.6f}")
@@ -105,7 +106,10 @@ class JobStore(JobReads):
         }
         record.update((fields or {}).items())
         pipe.hset(keys.job(job_id), mapping=record)
-        pipe.rpush(keys.texts(job_id), *texts)
+        if texts:
+            pipe.rpush(keys.texts(job_id), *texts)
+        if streaming:
+            pipe.zadd(keys.TEXT_STREAMS, {job_id: float(now)})
         if pending:
             pipe.rpush(keys.pending(job_id), *pending)
         outbox = {keys.segment_member(job_id, i): time.time() + self.outbox_grace_s for i in publish}

@@ -59,6 +59,16 @@ def claims(job_id: str) -> str:
     return f"{PREFIX}:job:{{{job_id}}}:claims"
 
 
+def text_pieces(job_id: str) -> str:
+    """Return the key of a text stream's pieces as they arrived (a hash: seq → text; retries are checked on it)."""
+    return f"{PREFIX}:job:{{{job_id}}}:pieces"
+
+
+def text_lock(job_id: str) -> str:
+    """Return the key of the short lock that lets one piece of a text stream at a time be planned."""
+    return f"{PREFIX}:job:{{{job_id}}}:textlock"
+
+
 def all_job_keys(job_id: str) -> list[str]:
     """Return every key a job owns except its encoded files, in the order cache/scripts.py expects."""
     return [
@@ -81,6 +91,8 @@ def parse_segment_member(member: str | bytes) -> tuple[str, int]:
 
 #: A sorted set of jobs not yet finished, scored by creation time, for the reconciler.
 LIVE_JOBS = f"{PREFIX}:jobs:live"
+#: Open text streams (a sorted set: job id → when its last piece arrived), for the idle cut-off and idle end.
+TEXT_STREAMS = f"{PREFIX}:jobs:textstreams"
 #: A sorted set of segments queued or running ("<job id>:<index>"), scored by their playback deadline.
 DUE = f"{PREFIX}:sched:due"
 #: A hash: model name → measured seconds of audio per character (a moving average).

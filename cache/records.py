@@ -90,6 +90,11 @@ class JobRecord:
     audio_removed_at: float | None = None
     #: Why the audio went before its time ("memory": the store's budget trimmed it).
     audio_removed_for: str | None = None
+    #: A text stream's state (None: the job took its whole text at once): open for more pieces, or closed.
+    text_open: bool | None = None
+    #: The next piece a text stream expects, and why it closed ("final", or the idle time it waited).
+    text_next_seq: int = 0
+    text_end_reason: str | None = None
 
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> JobRecord | None:
@@ -123,6 +128,9 @@ class JobRecord:
             audio_expires_at=_float(raw.get("audio_expires_at")),
             audio_removed_at=_float(raw.get("audio_removed_at")),
             audio_removed_for=raw.get("audio_removed_for"),
+            text_open=None if raw.get("text_open") is None else raw["text_open"] == "1",
+            text_next_seq=int(raw.get("text_next_seq") or 0),
+            text_end_reason=raw.get("text_end_reason"),
         )
 
 
@@ -143,6 +151,21 @@ class WriteResult(enum.IntEnum):
     DUPLICATE = 0  # already there: a redelivered or repeated task
     GONE = -1  # no such job (expired, or never was)
     OVER = -2  # the job failed or was canceled meanwhile
+
+
+class PieceResult(enum.IntEnum):
+    """What TAKE_PIECE did with one piece of a text stream."""
+
+    TAKEN = 1
+    DUPLICATE = 2  # the same seq and text again: a retry, answered as before
+    CONFLICT = 3  # the same seq with other text
+    AFTER_FINAL = 4  # past the final piece, or a second final
+    CLOSED = 5  # the stream ended (its final piece, or idle)
+    OVER = 6  # the job failed or was canceled
+    TOO_LONG = 7  # the stream would carry more characters than one job may
+    TOO_FAR = 8  # the seq is too far ahead of the next one expected
+    NOT_A_STREAM = 9
+    GONE = 0
 
 
 class EndResult(enum.IntEnum):

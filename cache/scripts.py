@@ -4,15 +4,31 @@ from __future__ import annotations
 
 from string import Template
 
-from cache.records import EndResult, JobStatus, StartState, WriteResult
+from cache.records import EndResult, JobStatus, PieceResult, StartState, WriteResult
 
 
 def _lua(source: str) -> str:
     """Spell the statuses and result codes from their Python enums, so Lua and Python cannot disagree."""
     names = {f"{s.name}": f"'{s.value}'" for s in JobStatus}
-    codes = {f"{r.__class__.__name__}_{r.name}": str(r.value) for e in (StartState, WriteResult, EndResult) for r in e}
+    enums = (StartState, WriteResult, EndResult, PieceResult)
+    codes = {f"{r.__class__.__name__}_{r.name}": str(r.value) for e in enums for r in e}
     return Template(source).substitute(names, **codes)
 
+
+# What makes a job done, shared by the scripts whose KEYS start with the job's own (keys.all_job_keys), then
+# KEYS[11] the live-job index and KEYS[13] the kept-audio index, and whose ARGV[4] is now, ARGV[5] the record's
+# TTL, ARGV[8] the job id, ARGV[11] the audio's TTL and ARGV[12] when the audio expires.
+FINISH_DONE = """
+local function finish_done()
+  redis.call('HSET', KEYS[1], 'status', $DONE, 'finished_at', ARGV[4], 'audio_expires_at', ARGV[12])
+  redis.call('XADD', KEYS[4], '*', 'type', 'status', 'status', $DONE)
+  redis.call('DEL', KEYS[7])
+  for i = 1, 8 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
+  redis.call('EXPIRE', KEYS[2], ARGV[11])
+  redis.call('ZREM', KEYS[11], ARGV[8])
+  redis.call('ZADD', KEYS[13], ARGV[4], ARGV[8])
+end
+"""
 
 # KEYS: record, audio, segmeta, events, texts, attempts, pending, claims (the job's own, as keys.all_job_keys),
 #       then the writer's held set, the outbox, the live-job index, the deadline books, the kept-audio index.
@@ -25,7 +41,9 @@ def _lua(source: str) -> str:
 # {result, next index or -1}, result being 1 written, 2 written and it finished the job, 0 already there (a
 # redelivery), -1 job gone, -2 job over. The first command that can grow memory is HSETNX: a store at its
 # maxmemory refuses the script there, before it changed anything (the writer keeps its hold and retries).
-WRITE_SEGMENT = _lua("""
+WRITE_SEGMENT = _lua(
+    FINISH_DONE
+    + """
 local function let_go()
   redis.call('SREM', KEYS[9], ARGV[7])
   redis.call('ZREM', KEYS[12], ARGV[7])
@@ -47,14 +65,8 @@ if status == $QUEUED then
   redis.call('HSET', KEYS[1], 'status', $RUNNING, 'started_at', ARGV[4])
 end
 redis.call('XADD', KEYS[4], '*', 'type', 'segment', 'index', ARGV[1])
-if done >= total then
-  redis.call('HSET', KEYS[1], 'status', $DONE, 'finished_at', ARGV[4], 'audio_expires_at', ARGV[12])
-  redis.call('XADD', KEYS[4], '*', 'type', 'status', 'status', $DONE)
-  redis.call('DEL', KEYS[7])
-  for i = 1, 8 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
-  redis.call('EXPIRE', KEYS[2], ARGV[11])
-  redis.call('ZREM', KEYS[11], ARGV[8])
-  redis.call('ZADD', KEYS[13], ARGV[4], ARGV[8])
+if done >= total and redis.call('HGET', KEYS[1], 'text_open') ~= '1' then
+  finish_done()
   return {$WriteResult_FINISHED, -1}
 end
 if ARGV[10] == '1' then
@@ -65,7 +77,8 @@ if ARGV[10] == '1' then
   end
 end
 return {$WriteResult_WRITTEN, -1}
-""")
+"""
+)
 
 # KEYS: the job's own (keys.all_job_keys), then the kept-audio index.
 # ARGV: new_status ('failed' or 'canceled'), reason, now, ttl, audio ttl, when the audio expires, job id.
@@ -198,3 +211,101 @@ for name, value in pairs(totals) do
 end
 return out
 """
+
+
+# KEYS: record, the stream's pieces. ARGV: seq, text, '1' if final, the text's length in characters, the most
+# characters a stream may carry, the pieces' TTL, now, how far past the next expected seq a piece may be.
+# Takes one piece of a text stream, checking its seq: the same seq with the same text again is a retry
+# (answered as before, spoken once); with other text, a conflict; past the final piece, or after the stream
+# closed, refused. Returns {code, detail}: the code a PieceResult, the detail the seq or count it concerns.
+TAKE_PIECE = _lua("""
+if redis.call('EXISTS', KEYS[1]) == 0 then return {$PieceResult_GONE, 0} end
+local open = redis.call('HGET', KEYS[1], 'text_open')
+if not open then return {$PieceResult_NOT_A_STREAM, 0} end
+local seq = tonumber(ARGV[1])
+local earlier = redis.call('HGET', KEYS[2], ARGV[1])
+if earlier then
+  if earlier == ARGV[2] then return {$PieceResult_DUPLICATE, seq} end
+  return {$PieceResult_CONFLICT, seq}
+end
+local final_seq = redis.call('HGET', KEYS[1], 'text_final_seq')
+if final_seq and (seq > tonumber(final_seq) or ARGV[3] == '1') then
+  return {$PieceResult_AFTER_FINAL, tonumber(final_seq)}
+end
+local status = redis.call('HGET', KEYS[1], 'status')
+if status == $DONE or status == $FAILED or status == $CANCELED then return {$PieceResult_OVER, 0} end
+if open ~= '1' then return {$PieceResult_CLOSED, 0} end
+local next_seq = tonumber(redis.call('HGET', KEYS[1], 'text_next_seq') or '0')
+if seq > next_seq + tonumber(ARGV[8]) then return {$PieceResult_TOO_FAR, next_seq} end
+local chars = tonumber(redis.call('HGET', KEYS[1], 'text_chars') or '0') + tonumber(ARGV[4])
+if chars > tonumber(ARGV[5]) then return {$PieceResult_TOO_LONG, chars} end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[6])
+redis.call('HSET', KEYS[1], 'text_chars', chars, 'text_last_at', ARGV[7])
+if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'text_final_seq', seq) end
+return {$PieceResult_TAKEN, seq}
+""")
+
+# KEYS: the job's own (keys.all_job_keys), its pieces, the outbox, the live-job index, the open-stream index,
+#       the kept-audio index.
+# ARGV: the next seq to take, the text kept for later, the new segments' lengths ("12,30"), now, the record's
+#       TTL, '1' to close the stream, why it closed, the job id, when the outbox entries fall due, the window,
+#       the audio's TTL, when the audio expires, then the new segments' texts.
+# Appends a text stream's newly planned segments in one step, so a worker's write can never see the job half
+# grown: the first of them enter the outbox while the job has room in its window (the caller publishes them),
+# the rest wait on its pending list behind those already there. Closing the stream with every segment written
+# finishes the job. Returns {1, first new index, the indexes to publish...}, {2} when it finished the job,
+# {-1} when the job is gone, {-2} when it is over.
+APPEND_SEGMENTS = _lua(
+    FINISH_DONE
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {-1} end
+local status = redis.call('HGET', KEYS[1], 'status')
+if status == $DONE or status == $FAILED or status == $CANCELED then return {-2} end
+local total = tonumber(redis.call('HGET', KEYS[1], 'segments_total') or '0')
+local done = tonumber(redis.call('HGET', KEYS[1], 'segments_done') or '0')
+local waiting = redis.call('LLEN', KEYS[7])
+local added = #ARGV - 12
+local published = {}
+if added > 0 then
+  local room = 0
+  if waiting == 0 then room = tonumber(ARGV[10]) - (total - done) end
+  local chars = 0
+  for i = 1, added do
+    local index = total + i - 1
+    redis.call('RPUSH', KEYS[5], ARGV[12 + i])
+    if i <= room then
+      redis.call('ZADD', KEYS[10], ARGV[9], ARGV[8] .. ':' .. index)
+      published[#published + 1] = index
+    else
+      redis.call('RPUSH', KEYS[7], index)
+    end
+  end
+  for n in string.gmatch(ARGV[3], '%d+') do chars = chars + tonumber(n) end
+  local lengths = redis.call('HGET', KEYS[1], 'segment_chars') or ''
+  if lengths ~= '' then lengths = lengths .. ',' end
+  redis.call('HSET', KEYS[1], 'segments_total', total + added, 'segment_chars', lengths .. ARGV[3])
+  redis.call('HINCRBY', KEYS[1], 'chars_total', chars)
+end
+redis.call('HSET', KEYS[1], 'text_next_seq', ARGV[1], 'text_tail', ARGV[2], 'updated_at', ARGV[4])
+if ARGV[6] == '1' then
+  redis.call('HSET', KEYS[1], 'text_open', '0', 'text_end_reason', ARGV[7])
+  redis.call('ZREM', KEYS[12], ARGV[8])
+  redis.call('EXPIRE', KEYS[9], ARGV[5])
+else
+  redis.call('ZADD', KEYS[12], ARGV[4], ARGV[8])
+end
+if added > 0 or ARGV[6] == '1' then  -- followers learn the new total, and whether more may come
+  local open = '1'
+  if ARGV[6] == '1' then open = '0' end
+  redis.call('XADD', KEYS[4], '*', 'type', 'text', 'segments_total', total + added, 'open', open)
+end
+if ARGV[6] == '1' and done >= total + added then
+  finish_done()
+  return {2}
+end
+local reply = {1, total}
+for _, index in ipairs(published) do reply[#reply + 1] = index end
+return reply
+"""
+)

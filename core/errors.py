@@ -109,6 +109,13 @@ class JobFailed(ServiceError):
     code = "job_failed"
 
 
+class Conflict(ServiceError):
+    """Raised when a request contradicts what the service already took (a text stream's piece out of turn)."""
+
+    status = 409
+    code = "conflict"
+
+
 class TooManyRequests(ServiceError):
     """Raised when a caller is over its own quota."""
 

@@ -86,8 +86,12 @@ class Timeline:
             now = time.time() if now is None else now
             start = min(max(self.start_estimate, now), self.start_estimate + UNSTARTED_LIMIT_S)
         playing = start  # when the listener starts segment j
+        durations = self.durations
+        if index > len(durations):  # a text stream's segment this view has no length of yet: like the others
+            typical = sum(durations) / len(durations) if durations else 0.0
+            durations = [*durations, *[typical] * (index - len(durations))]
         for j in range(1, index + 1):
-            need = playing + self.durations[j - 1]
+            need = playing + durations[j - 1]
             if j == index:
                 return need
             arrived = self.arrivals.get(j)

@@ -52,6 +52,15 @@ class JobSettings(BaseSettings):
         "2x the task time limit, or a slow segment is counted twice against its attempts.",
     )
     job_deadline_s: float = Field(6 * 3600.0, gt=0, description="A job not done this long after submission fails.")
+    text_stream_flush_s: float = Field(
+        1.5,
+        gt=0,
+        description="A text stream's unfinished sentence is spoken anyway once no piece arrived for this long "
+        "(the idle cut-off).",
+    )
+    text_stream_idle_s: float = Field(
+        30.0, gt=0, description="A text stream with no piece for this long ends with what it has; its record says why."
+    )
 
     job_ttl_s: int = Field(
         24 * 3600, ge=60, description="How long a finished job's record (status, progress, error) stays in Redis."

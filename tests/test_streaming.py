@@ -85,7 +85,7 @@ def test_segments_that_finish_out_of_order_are_delivered_in_order(redis_client: 
 
     threading.Thread(target=finish_backwards).start()
     seen = [e for e in follow(store, job_id, keepalive_s=1) if not isinstance(e, Ready) or True]
-    assert seen == [Ready(0), Ready(1), Ready(2), Ended("done", None)]
+    assert seen == [Ready(0, 3), Ready(1, 3), Ready(2, 3), Ended("done", None)]
 
 
 def test_a_canceled_job_ends_its_event_stream_with_canceled(app: Flask, client: FlaskClient) -> None:

@@ -18,6 +18,7 @@ from cache.jobstore import JobStore, store_of
 from cache.schedule import ScheduleBook
 from cache.sentences import build_cache
 from cache.stats import Stats
+from cache.text_streams import TextStreams, build_text_streams
 from cache.workers import WorkerRegistry
 from celery_config import QUEUES, SYNTHESIZE_TASK, queue_keys
 from core.metrics import BATCH_SIZE, GPU_MEMORY, MODEL_MEMORY, MODELS_RESIDENT, SYNTHESIS_SECONDS
@@ -52,6 +53,7 @@ class WorkerRuntime:
     synthesizer: SegmentSynthesizer
     reconciler: Reconciler
     janitor: Janitor
+    text_streams: TextStreams  # swept each pass: idle tails planned, idle streams ended
     _stop: threading.Event = field(default_factory=threading.Event)
     _loading: list[str] = field(default_factory=list)
     _loader: threading.Thread | None = None
@@ -93,6 +95,7 @@ class WorkerRuntime:
                 release_free_memory()
             try:
                 self.janitor.run_once()
+                self.text_streams.sweep()
                 if time.monotonic() - last_reconcile >= self.settings.reconcile_interval_s:
                     last_reconcile = time.monotonic()
                     self.reconciler.run_once(holder=self.hostname, interval_s=self.settings.reconcile_interval_s)
@@ -274,6 +277,14 @@ def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> Wor
         reconciler=reconciler,
         synthesizer=synthesizer,
         janitor=_janitor(settings, shared, hostname=hostname, enqueue=enqueue, synthesizer=synthesizer),
+        text_streams=build_text_streams(
+            settings,
+            store=shared.store,
+            book=shared.book,
+            policy=shared.policy,
+            enqueue=enqueue,
+            language_of=lambda model: registry.get(model).language,
+        ),
     )
 
 

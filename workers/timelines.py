@@ -37,15 +37,18 @@ class Timelines:
         arrivals = {i: float(m["finished_at"]) for i, m in start.meta.items() if "finished_at" in m}
         with self._lock:
             found = self._timelines.get(job_id)
-        if found is not None:
+        if found is not None and len(found.durations) >= start.record.segments_total:
             found.learn(arrivals, durations)
             return found
-        # Only a start that said it knew the job lacks the lengths: the job was forgotten here meanwhile.
+        # Only a start that said it knew the job lacks the lengths: the job was forgotten here meanwhile, or it is
+        # a text stream that grew since (rebuilt with every segment's length, keeping what this view knew).
         record = start.record if start.record.segment_chars is not None else self.store.get(job_id) or start.record
         fresh = self._build(record, len(start.text or ""), start.meta)
         with self._lock:
             found = self._timelines.get(job_id)
-            if found is None:
+            if found is None or len(found.durations) < len(fresh.durations):
+                if found is not None:
+                    fresh.merge(found)
                 found = self._timelines[job_id] = fresh
                 while len(self._timelines) > self._limit:
                     self._timelines.popitem(last=False)

@@ -1,0 +1,266 @@
+"""Jobs whose text arrives in pieces: take each piece in seq order, plan what became speakable, enqueue it.
+
+A text stream is a job whose record says ``text_open``. Its pieces are kept by seq (so a retry is recognised
+and spoken once); the text not planned yet waits in the record's ``text_tail``. Each piece, taken under a short
+per-job lock, joins the tail with every piece that now follows without a gap; the tail is planned up to its
+last safe cut (core/text/stream.py: a complete sentence, or past the length cut-off a clause or word boundary
+that splits no number), and the new segments are appended in one step (APPEND_SEGMENTS) with their playback
+deadlines, the first of them enqueued while the job's window has room. ``sweep`` runs in every worker: a tail
+idle past ``flush_s`` is planned whole (the idle cut-off), and a stream idle past ``idle_s`` ends with what it
+has, its record saying why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import redis
+from redis.exceptions import LockError
+
+from cache import keys, scripts
+from cache.job_reads import as_bytes
+from cache.jobstore import JobStore
+from cache.records import JobRecord, PieceResult
+from cache.schedule import ScheduleBook
+from core.errors import ServiceUnavailable, TextOverLimit
+from core.policy import SchedulingPolicy
+from core.schedule import timeline
+from core.settings import Settings
+from core.text import plan_segments, ready_cut
+
+log = logging.getLogger(__name__)
+
+#: A piece may run this far ahead of the next seq expected (later ones wait for the gap to fill).
+MAX_AHEAD = 256
+#: How long one piece may wait for another piece of its stream to be planned.
+LOCK_WAIT_S = 5.0
+
+#: Put segment tasks on a lane's queue (workers/celery_app.Enqueue): job id, indexes, lane, broker deadlines.
+Enqueue = Callable[[str, list[int], str, Sequence[float] | None], None]
+
+
+@dataclass(frozen=True)
+class Caps:
+    """The planning limits a stream shares with a whole job (core settings)."""
+
+    segment_max_chars: int = 120
+    first_segment_max_chars: int = 40
+    max_text_chars: int = 10_000
+    max_segments: int = 2_000
+
+
+@dataclass(frozen=True)
+class PieceAnswer:
+    """What became of one piece, and where its stream stands."""
+
+    result: PieceResult
+    seq: int
+    detail: int = 0  # the final seq (AFTER_FINAL), the next expected (TOO_FAR) or the characters (TOO_LONG)
+    segments_total: int = 0
+    open: bool = True
+
+
+@dataclass
+class TextStreams:
+    """Take text-stream pieces and plan them into a job's segments; end idle streams."""
+
+    store: JobStore
+    book: ScheduleBook
+    policy: SchedulingPolicy
+    enqueue: Enqueue
+    language_of: Callable[[str], str]  # a model's language, for normalisation
+    caps: Caps = field(default_factory=Caps)
+    flush_s: float = 1.5
+    idle_s: float = 30.0
+    pieces_ttl_s: int = 6 * 3600 + 86400
+
+    def __post_init__(self) -> None:
+        client = self.store.redis
+        self._take = client.register_script(scripts.TAKE_PIECE)
+        self._append = client.register_script(scripts.APPEND_SEGMENTS)
+
+    @property
+    def redis(self) -> redis.Redis:
+        return self.store.redis
+
+    def first_plan(self, text: str, language: str) -> tuple[list[str], str]:
+        """Plan what of a stream's opening text is speakable now; return its segments and the tail kept back."""
+        cut = ready_cut(text, final=False, max_chars=self.caps.first_segment_max_chars)
+        return self._plan(text[:cut], language, planned_chars=0, segments=0), text[cut:]
+
+    def take(self, job_id: str, *, seq: int, text: str, final: bool) -> PieceAnswer:
+        """Take one piece; plan and enqueue what it made speakable. Raise TextOverLimit (413) when the stream's
+        text, once normalised, would be more than one job may carry (the job fails with the reason)."""
+        with self._locked(job_id):
+            code, detail = self._take(
+                keys=[keys.job(job_id), keys.text_pieces(job_id)],
+                args=[seq, text, "1" if final else "0", len(text), self.caps.max_text_chars, self.pieces_ttl_s,
+                      f"{time.time():.6f}", MAX_AHEAD],
+            )  # fmt: skip
+            result = PieceResult(int(code))
+            if result is PieceResult.TAKEN:
+                self._advance(job_id, flush=False, reason=None)
+        record = self.store.get(job_id)
+        total = record.segments_total if record else 0
+        is_open = bool(record and record.text_open and not record.status.terminal)
+        return PieceAnswer(result, seq, int(detail), total, is_open)
+
+    def sweep(self, now: float | None = None) -> dict[str, int]:
+        """Plan the tails of streams idle past ``flush_s``; end those idle past ``idle_s``; return the counts."""
+        now = time.time() if now is None else now
+        counts = {"flushed": 0, "ended": 0}
+        for raw in self.redis.zrangebyscore(keys.TEXT_STREAMS, "-inf", now - self.flush_s, start=0, num=200):
+            job_id = _text(raw)
+            record = self.store.get(job_id)
+            if record is None or record.status.terminal or not record.text_open:
+                self.redis.zrem(keys.TEXT_STREAMS, job_id)
+                continue
+            last = float(self.redis.hget(keys.job(job_id), "text_last_at") or record.created_at)
+            idle = now - last >= self.idle_s
+            try:
+                with self._locked(job_id):
+                    reason = f"idle: no text for {self.idle_s:g} s (TTS_TEXT_STREAM_IDLE_S)" if idle else None
+                    if self._advance(job_id, flush=True, reason=reason):
+                        counts["ended" if idle else "flushed"] += 1
+            except (ServiceUnavailable, TextOverLimit) as e:
+                log.warning("text stream %s: %s", job_id, e)
+        return counts
+
+    @contextlib.contextmanager
+    def _locked(self, job_id: str) -> Iterator[None]:
+        """Hold the stream's lock: one piece at a time is joined and planned, in any API process or worker."""
+        lock = self.redis.lock(keys.text_lock(job_id), timeout=30, blocking_timeout=LOCK_WAIT_S)
+        if not lock.acquire():
+            raise ServiceUnavailable("another piece of this text stream is still being planned; retry", retry_after=1)
+        try:
+            yield
+        finally:
+            try:
+                lock.release()
+            except LockError:
+                log.warning("text stream %s: its lock lapsed before its piece was planned", job_id)
+
+    def _advance(self, job_id: str, *, flush: bool, reason: str | None) -> bool:
+        """Join the tail with the pieces that follow it, plan what is ready, append it; say whether it did
+        anything (planned a segment, or closed the stream)."""
+        fields = ["text_tail", "text_next_seq", "text_final_seq", "segments_total", "chars_total", "request"]
+        tail_raw, next_raw, final_raw, total_raw, chars_raw, request_raw = self.redis.hmget(keys.job(job_id), fields)
+        if request_raw is None:
+            return False
+        kept, taken = _text(tail_raw or b""), int(next_raw or 0)
+        tail, next_seq = kept, taken
+        following = self.redis.hmget(keys.text_pieces(job_id), [str(taken + i) for i in range(MAX_AHEAD + 1)])
+        for piece in following:
+            if piece is None:
+                break
+            tail += _text(piece)
+            next_seq += 1
+        close = (final_raw is not None and next_seq > int(final_raw)) or reason is not None
+        if not close and not flush and next_seq == taken:
+            return False  # a piece ahead of a gap: it waits for the gap to fill
+        total, chars = int(total_raw or 0), int(chars_raw or 0)
+        cap = self.caps.first_segment_max_chars if total == 0 else self.caps.segment_max_chars
+        cut = len(tail) if close or flush else ready_cut(tail, final=False, max_chars=cap)
+        request = JobRecord.from_hash({"id": job_id, "request": _text(request_raw)}).request
+        try:
+            texts = self._plan(tail[:cut], self.language_of(request.model), planned_chars=chars, segments=total)
+        except TextOverLimit as e:
+            self.store.fail(job_id, f"the text stream went over the limit: {e.message}")
+            raise
+        if not texts and not close and (tail, next_seq) == (kept, taken):
+            return False  # nothing new: a flush of an empty tail
+        published = self._write(job_id, texts, next_seq, tail[cut:], close=close, reason=reason or "final")
+        if published:
+            self._enqueue(job_id, published)
+        return bool(texts) or close
+
+    def _plan(self, text: str, language: str, *, planned_chars: int, segments: int) -> list[str]:
+        caps = self.caps
+        return plan_segments(
+            text,
+            max_chars=caps.segment_max_chars,
+            first_max_chars=caps.first_segment_max_chars,
+            language=language,
+            max_total_chars=max(0, caps.max_text_chars - planned_chars),
+            max_segments=max(0, caps.max_segments - segments),
+            planned_chars=planned_chars,
+        )
+
+    def _write(
+        self, job_id: str, texts: Sequence[str], next_seq: int, tail: str, *, close: bool, reason: str
+    ) -> list[int]:
+        """Append the planned segments in one step; return the indexes to enqueue now."""
+        record = self.store.get(job_id)
+        lane = record.request.priority if record else "realtime"
+        now = time.time()
+        store = self.store
+        reply = self._append(
+            keys=[*keys.all_job_keys(job_id), keys.text_pieces(job_id), keys.OUTBOX, keys.LIVE_JOBS, keys.TEXT_STREAMS,
+                  keys.AUDIO_KEPT],
+            args=[next_seq, tail, ",".join(str(len(t)) for t in texts), f"{now:.6f}", store.ttl, "1" if close else "0",
+                  reason, job_id, f"{now + store.outbox_grace_s:.6f}", self.policy.window(lane), store.audio_ttl,
+                  f"{now + store.audio_ttl:.3f}", *texts],
+        )  # fmt: skip
+        if int(reply[0]) == 2:
+            store.forget_live(job_id)
+        return [int(i) for i in reply[2:]] if int(reply[0]) == 1 else []
+
+    def _enqueue(self, job_id: str, indexes: list[int]) -> None:
+        """Publish new segments at their playback deadlines (the listener's timeline, from the first audio)."""
+        record, meta = self.store.get_with_meta(job_id)
+        if record is None:
+            return
+        lane = record.request.priority
+        deadlines = timeline(
+            lane=lane,
+            accepted_at=record.created_at,
+            chars=list(record.segment_chars or ()),
+            seconds_per_char=record.seconds_per_char or self.book.default_seconds_per_char,
+            policy=self.policy.deadlines,
+            durations={i: float(m["duration_s"]) for i, m in meta.items() if "duration_s" in m},
+            arrivals={i: float(m["finished_at"]) for i, m in meta.items() if "finished_at" in m},
+        ).deadlines()
+        due = {i: deadlines[i] if i < len(deadlines) else time.time() for i in indexes}
+        try:
+            self.book.add(job_id, due)
+            self.enqueue(job_id, indexes, lane, self.policy.broker_order(list(due.values())))
+            self.store.published(job_id, indexes)
+        except Exception as e:  # they wait in the outbox, which a worker's janitor publishes after its grace
+            log.warning("text stream %s: could not enqueue segments %s (%s); the outbox will", job_id, indexes, e)
+
+
+def _text(value: object) -> str:
+    return as_bytes(value).decode()
+
+
+def build_text_streams(
+    settings: Settings,
+    *,
+    store: JobStore,
+    book: ScheduleBook,
+    policy: SchedulingPolicy,
+    enqueue: Enqueue,
+    language_of: Callable[[str], str],
+) -> TextStreams:
+    """Return the text streams of one process (the API's, or a worker's sweep) from the settings."""
+    caps = Caps(
+        segment_max_chars=settings.segment_max_chars,
+        first_segment_max_chars=settings.first_segment_max_chars,
+        max_text_chars=settings.max_text_chars,
+        max_segments=settings.max_segments,
+    )
+    return TextStreams(
+        store=store,
+        book=book,
+        policy=policy,
+        enqueue=enqueue,
+        language_of=language_of,
+        caps=caps,
+        flush_s=settings.text_stream_flush_s,
+        idle_s=settings.text_stream_idle_s,
+        pieces_ttl_s=int(settings.job_deadline_s) + settings.job_ttl_s,
+    )
