@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install install-dev install-bench constraints run worker test chaos lint tiny-model full-model bench-engine bench-real gpu-check bench bench-batch bench-cache bench-stream bench-schedule bench-goodput bench-held bench-text soak clean
+.PHONY: help install install-dev install-bench constraints run worker test chaos lint tiny-model full-model bench-engine bench-real gpu-check bench bench-batch bench-cache bench-stream bench-schedule bench-goodput bench-held bench-text bench-textstream soak clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -92,6 +92,9 @@ bench-real: full-model install-bench  ## The headline at real size (chattts-rand
 gpu-check: full-model install-bench  ## On a GPU (sized for 8 min; BENCH_ARGS=--rehearse on a CPU): real-size engine in fp32/fp16/bf16, then the service on cuda:0 at 1/16/64 callers.
 	scripts/ensure_redis_server.sh
 	$(PY) -m bench.gpu_check $(BENCH_ARGS)
+
+bench-textstream: install-bench  ## Text streams fed at 30 tokens/s vs whole jobs of the same sentences, at 1 and 10 callers (~3 min).
+	$(PY) -m bench.text_stream $(BENCH_ARGS)
 
 bench-text: install-bench  ## Adversarial texts at the length limit through validation and planning (each under 50 ms).
 	$(PY) -m bench.text_adversarial $(BENCH_ARGS)

@@ -8,7 +8,7 @@ from typing import Any
 
 from flask import Flask
 
-from api import access, errors, health, jobs, metrics, openapi, speech, web
+from api import access, errors, health, jobs, metrics, openapi, speech, voice_socket, web
 from api.services import Services, build_services, init_app
 from core.logs import setup_logging
 from core.settings import load_settings
@@ -30,6 +30,7 @@ def create_app(test_config: Mapping[str, Any] | None = None, *, services: Servic
     app.register_blueprint(jobs.bp)
     app.register_blueprint(health.bp)
     app.register_blueprint(speech.bp)
+    voice_socket.init_app(app)
     openapi.init_app(app, app.extensions["tts"].settings)
     app.register_blueprint(web.bp)
     registry = app.extensions["tts"].registry

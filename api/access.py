@@ -16,7 +16,7 @@ OPEN_ENDPOINTS = frozenset(
     {"health.healthz", "health.readyz", "metrics.metrics", "openapi.openapi", "web.index", "web.static"}
 )
 #: Routes that start work, and so spend quota.
-SUBMITTING_ENDPOINTS = frozenset({"jobs.create_job", "speech.speech"})
+SUBMITTING_ENDPOINTS = frozenset({"jobs.create_job", "speech.speech", "voice.voice_socket"})
 
 
 def _presented_key() -> str | None:

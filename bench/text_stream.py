@@ -1,0 +1,251 @@
+"""Speak while the text is still being written: text streams fed at an LLM's pace, against whole jobs.
+
+Run with ``python -m bench.text_stream`` (``make bench-textstream``); the table goes to
+``bench/results/text-stream.md``. One stack (Redis, one worker with the tiny ChatTTS on the CPU, the API).
+At 1 and then 10 concurrent callers, each caller in turn:
+
+- **streams**: opens a text stream and sends a text from the corpus one character per piece (one character
+  per token, Chinese) at ``TOKENS_PER_S``, then the final piece, while a follower long-polls every segment;
+- **whole jobs**: submits each sentence of the same texts as a job of its own and long-polls its segment 0.
+
+A segment is ready to be planned at the piece after which the job's ``segments_total`` counts it; its latency
+runs from just before that piece was sent to the moment its bytes were in hand. The reference is a whole job's
+first audio for the same sentence, at the same concurrency. A listener starts at the stream's first audio and
+plays each segment for its duration; a stall is a gap over 100 ms while the segment's text was already sent.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import requests
+
+from bench.http_stack import Stack, first_segment_latency, running_stack
+from bench.report import median, percentile, write_result
+from bench.threads import in_threads
+from bench.tiny_model import TORCH_THREADS
+from cache import keys
+from devstack.local import ROOT
+
+TOKENS_PER_S = 30.0
+LEVELS = (1, 10)
+SECONDS_PER_LEVEL = 30.0
+SENTENCES_PER_TEXT = 4
+STALL_S = 0.1
+CORPUS = ROOT / "bench" / "corpus_zh.txt"
+
+
+@dataclass
+class StreamRun:
+    """What one text stream measured."""
+
+    planned_at: dict[int, float] = field(default_factory=dict)  # segment → just before the piece that planned it
+    arrived_at: dict[int, float] = field(default_factory=dict)  # segment → its bytes in hand
+    final_at: float = 0.0
+    durations: dict[int, float] = field(default_factory=dict)
+    synth_s: dict[int, float] = field(default_factory=dict)
+    status: str = ""
+
+    def latencies(self) -> list[float]:
+        return [self.arrived_at[i] - self.planned_at[i] for i in sorted(self.arrived_at) if i in self.planned_at]
+
+    def stalls(self) -> tuple[int, float]:
+        """Return the listener's stalls the service caused (their text was there), and their seconds."""
+        order = sorted(self.arrived_at)
+        if not order:
+            return 0, 0.0
+        clock, count, total = self.arrived_at[order[0]], 0, 0.0
+        for previous, index in itertools.pairwise(order):
+            clock += self.durations.get(previous, 0.0)
+            arrived = self.arrived_at[index]
+            if arrived > clock + STALL_S and self.planned_at.get(index, clock) <= clock:
+                count += 1
+                total += arrived - clock
+            clock = max(clock, arrived)
+        return count, total
+
+
+def _texts() -> list[str]:
+    lines = [line.strip() for line in CORPUS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return ["".join(lines[i : i + SENTENCES_PER_TEXT]) for i in range(0, len(lines), SENTENCES_PER_TEXT)]
+
+
+def _follow(stack: Stack, job_id: str, run: StreamRun, done: threading.Event) -> None:
+    """Long-poll each segment in order until the job is over and every segment is in hand."""
+    with requests.Session() as session:
+        index = 0
+        while True:
+            job = stack.job(session, job_id)
+            total, over = job["segments_total"], job["status"] in ("done", "failed", "canceled")
+            if index >= total:
+                if over:
+                    run.status = job["status"]
+                    done.set()
+                    return
+                time.sleep(0.02)  # nothing planned yet: the next piece will plan more
+                continue
+            answer = session.get(f"{stack.url}/v1/jobs/{job_id}/segments/{index}", params={"wait": 30}, timeout=60)
+            if answer.status_code == 200:
+                run.arrived_at[index] = time.perf_counter()
+                run.durations[index] = float(answer.headers.get("X-Segment-Duration", 0))
+                index += 1
+            elif over:
+                run.status = job["status"]
+                done.set()
+                return
+
+
+def one_stream(stack: Stack, text: str, seed: int) -> StreamRun:
+    """Feed one text at TOKENS_PER_S, a character a piece, then the final piece; follow its segments."""
+    run, done = StreamRun(), threading.Event()
+    with requests.Session() as session:
+        job = stack.submit(session, text="", text_stream=True, seed=seed, cache=False, format="wav")
+        job_id, planned = job["id"], 0
+        follower = threading.Thread(target=_follow, args=(stack, job_id, run, done), daemon=True)
+        follower.start()
+        start = time.perf_counter()
+        pieces = [*text, ""]
+        for seq, piece in enumerate(pieces):
+            time.sleep(max(0.0, start + seq / TOKENS_PER_S - time.perf_counter()))  # the writer's own pace
+            sent = time.perf_counter()
+            final = seq == len(pieces) - 1
+            if final:
+                run.final_at = sent
+            answer = session.post(f"{stack.url}/v1/jobs/{job_id}/text",
+                                  json={"seq": seq, "text": piece, "final": final}, timeout=30)  # fmt: skip
+            answer.raise_for_status()
+            total = answer.json()["segments_total"]
+            for index in range(planned, total):
+                run.planned_at[index] = sent
+            planned = total
+        if not done.wait(120):
+            raise RuntimeError(f"text stream {job_id} did not end within 120 s of its final piece")
+    for index in run.arrived_at:
+        raw = stack.redis.hget(keys.segment_meta(job_id), str(index))
+        if raw:
+            run.synth_s[index] = float(json.loads(raw).get("synth_s", 0.0))
+    return run
+
+
+def streams_at(stack: Stack, callers: int) -> list[StreamRun]:
+    """Run ``callers`` closed-loop stream writers for SECONDS_PER_LEVEL; return every stream they ran."""
+    texts, runs, lock = _texts(), [], threading.Lock()
+    until = time.perf_counter() + SECONDS_PER_LEVEL
+
+    def caller(number: int) -> None:
+        turn = 0
+        while time.perf_counter() < until:
+            run = one_stream(stack, texts[(number * 7 + turn) % len(texts)], seed=1000 * number + turn)
+            turn += 1
+            with lock:
+                runs.append(run)
+
+    in_threads(callers, caller)
+    stack.wait_idle()
+    return runs
+
+
+def whole_jobs_at(stack: Stack, callers: int) -> list[float]:
+    """Run ``callers`` closed-loop callers of one-sentence whole jobs; return their first-audio seconds."""
+    sentences = [line.strip() for line in CORPUS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    found, lock = [], threading.Lock()
+    until = time.perf_counter() + SECONDS_PER_LEVEL
+
+    def caller(number: int) -> None:
+        turn = 0
+        while time.perf_counter() < until:
+            sentence = sentences[(number * 13 + turn) % len(sentences)]
+            seconds, _ = first_segment_latency(stack, {"text": sentence, "seed": 5000 + 100 * number + turn,
+                                                       "cache": False, "format": "wav"})  # fmt: skip
+            turn += 1
+            with lock:
+                found.append(seconds)
+
+    in_threads(callers, caller)
+    stack.wait_idle()
+    return found
+
+
+def _fmt(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+def table(rows: list[dict[str, object]], started: float) -> str:
+    """Return the bench's markdown."""
+    lines = [
+        "## bench-textstream: speaking while the text is written (tiny ChatTTS, CPU, one worker)",
+        "",
+        f"{os.cpu_count()} CPU cores, torch threads per model host {TORCH_THREADS}; ran "
+        f"{time.perf_counter() - started:.0f} s; {SECONDS_PER_LEVEL:g} s per level and kind. Text arrives at "
+        f"{TOKENS_PER_S:g} tokens/s, one character per token, {SENTENCES_PER_TEXT} corpus sentences per stream. "
+        "Service settings: the defaults (the bench stack's heartbeat is 1 s, which only the idle cut-off uses).",
+        "",
+        "| streams | streams run | segments | end of text → audio, first segment p50 / p95 (s) | every segment "
+        "p50 / p95 (s) | whole job's first audio p50 / p95 (s) | first-segment p95 ÷ whole p95 | final → last audio "
+        "p50 (s) | last segment's synthesis p50 (s) | stalls (text there, gap > 100 ms) | failed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['callers']} | {row['streams']} | {row['segments']} | {_fmt(row['first_p50'])} / "  # type: ignore[arg-type]
+            f"{_fmt(row['first_p95'])} | {_fmt(row['all_p50'])} / {_fmt(row['all_p95'])} | "  # type: ignore[arg-type]
+            f"{_fmt(row['whole_p50'])} / {_fmt(row['whole_p95'])} | {_fmt(row['ratio'])}× | "  # type: ignore[arg-type]
+            f"{_fmt(row['final_p50'])} | {_fmt(row['synth_last_p50'])} | {row['stalls']} | {row['failed']} |"  # type: ignore[arg-type]
+        )
+    lines += [
+        "",
+        "Targets: end of a sentence's text → its first audio ≤ 1.2× a whole job's first audio for the same sentence "
+        "(p50 and p95); the last audio at most one segment's synthesis after the final piece; no stalls at 10 "
+        "streams. Later segments of a stream are due only when its listener reaches them, so the deadline scheduler "
+        "makes them later on purpose: the first segment is the one a listener waits for.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def summarize(callers: int, runs: list[StreamRun], whole: list[float]) -> dict[str, object]:
+    """Return one row of the table."""
+    firsts = [r.arrived_at[0] - r.planned_at[0] for r in runs if 0 in r.arrived_at and 0 in r.planned_at]
+    every = [s for r in runs for s in r.latencies()]
+    finals = [r.arrived_at[max(r.arrived_at)] - r.final_at for r in runs if r.arrived_at]
+    synth_last = [r.synth_s.get(max(r.arrived_at), 0.0) for r in runs if r.arrived_at]
+    first_p95, whole_p95 = percentile(firsts, 95), percentile(whole, 95)
+    return {
+        "callers": callers,
+        "streams": len(runs),
+        "segments": sum(len(r.arrived_at) for r in runs),
+        "first_p50": percentile(firsts, 50),
+        "first_p95": first_p95,
+        "all_p50": percentile(every, 50),
+        "all_p95": percentile(every, 95),
+        "whole_p50": percentile(whole, 50),
+        "whole_p95": whole_p95,
+        "ratio": None if not first_p95 or not whole_p95 else first_p95 / whole_p95,
+        "final_p50": percentile(finals, 50),
+        "synth_last_p50": median(synth_last) if synth_last else None,
+        "stalls": sum(r.stalls()[0] for r in runs),
+        "failed": sum(r.status != "done" for r in runs),
+    }
+
+
+def main() -> None:
+    """Run both kinds at each level and write the table."""
+    started = time.perf_counter()
+    rows = []
+    with running_stack("text-stream") as stack:
+        one_stream(stack, _texts()[0], seed=1)  # warm-up, not counted
+        for callers in LEVELS:
+            runs = streams_at(stack, callers)
+            whole = whole_jobs_at(stack, callers)
+            rows.append(summarize(callers, runs, whole))
+            print(rows[-1], flush=True)
+    write_result("text-stream", table(rows, started))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""The voice agents' WebSocket: text pieces in, each segment's audio out, on one connection, under the real
+gunicorn (gevent worker) with a real worker."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from typing import Any
+
+import soundfile as sf
+from simple_websocket import Client, ConnectionClosed
+
+from devstack.api import ApiProcess
+from devstack.worker import WorkerProcess
+
+
+def _connect(api: ApiProcess) -> Client:
+    return Client.connect(api.url.replace("http://", "ws://") + "/v1/jobs/stream")
+
+
+def _receive_until_end(ws: Client, timeout: float = 60) -> tuple[list[dict[str, Any]], list[bytes]]:
+    events: list[dict[str, Any]] = []
+    frames: list[bytes] = []
+    while True:
+        message = ws.receive(timeout=timeout)
+        assert message is not None, f"nothing for {timeout} s; so far {events}"
+        if isinstance(message, bytes):
+            frames.append(message)
+            continue
+        event = json.loads(message)
+        events.append(event)
+        if event["type"] in ("done", "failed", "canceled", "error"):
+            return events, frames
+
+
+def test_a_voice_socket_takes_text_pieces_and_sends_each_segments_audio_then_done(
+    gunicorn_api: ApiProcess, worker: WorkerProcess
+) -> None:
+    ws = _connect(gunicorn_api)
+    try:
+        ws.send(json.dumps({"model": "espeak-en", "format": "wav", "cache": False}))
+        opened = json.loads(ws.receive(timeout=30))
+        assert opened["type"] == "job" and opened["id"]
+        for piece in ["Hello the", "re. How are", " you today?"]:
+            ws.send(json.dumps({"text": piece}))
+        ws.send("And goodbye.")  # bare text is a piece too
+        ws.send(json.dumps({"final": True}))
+        events, frames = _receive_until_end(ws)
+    finally:
+        with contextlib.suppress(ConnectionClosed):  # the server may have closed it first, after its last event
+            ws.close()
+    segments = [e for e in events if e["type"] == "segment"]
+    assert [e["index"] for e in segments] == [0, 1, 2], events
+    assert events[-1] == {"type": "done"}
+    assert [len(f) for f in frames] == [e["bytes"] for e in segments]
+    for frame, event in zip(frames, segments, strict=True):
+        samples, rate = sf.read(io.BytesIO(frame), dtype="int16")
+        assert rate == 22050
+        assert abs(len(samples) / rate - event["duration_s"]) < 1e-3
+
+
+def test_a_voice_socket_answers_a_bad_opening_message_with_the_http_error_body(
+    gunicorn_api: ApiProcess, worker: WorkerProcess
+) -> None:
+    ws = _connect(gunicorn_api)
+    try:
+        ws.send(json.dumps({"model": "espeak-en", "speed": 9}))
+        events, _ = _receive_until_end(ws, timeout=30)
+    finally:
+        with contextlib.suppress(ConnectionClosed):  # the server may have closed it first, after its last event
+            ws.close()
+    assert events[-1]["type"] == "error" and events[-1]["status"] == 422
+    assert events[-1]["error"]["field"] == "speed", events
