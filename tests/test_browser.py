@@ -227,3 +227,30 @@ def test_with_a_key_typed_in_the_page_plays_against_a_keyed_service_and_keeps_th
         assert browser.find_element(By.ID, "api-key").get_attribute("value") == KEY
     finally:
         browser.execute_script("localStorage.clear()")
+
+
+def test_speak_as_i_type_plays_each_sentence_while_the_rest_is_typed_and_play_ends_the_text(
+    browser: Any, page_url: str, worker: object, redis_client: redis.Redis
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.get(page_url)
+    _wait_for(browser, "return document.getElementById('model').value === 'espeak-en'", timeout=30)
+    browser.find_element(By.ID, "live").click()
+    text = browser.find_element(By.ID, "text")
+    text.send_keys("Hello there. ")  # one piece per key: the first sentence is planned once its space arrives
+    first = _wait_for(browser, "const p = window.ttsPlayback; return p && (p.error || p.fetched.length >= 1) && p",
+                      timeout=30)  # fmt: skip
+    assert first["error"] is None and first["fetched"] == [0], "the first sentence plays before the text is done"
+    text.send_keys("This is typed later. And the end.")
+    browser.find_element(By.ID, "play").click()  # ends the text: the last sentence is spoken too
+    playback = _wait_for(
+        browser,
+        "const p = window.ttsPlayback; return (p.error || (p.ended && p.events.includes('done'))) && p",
+        timeout=60,
+    )
+    assert playback["error"] is None
+    assert playback["played"] == playback["fetched"] == [0, 1, 2]
+    job_id = playback["jobId"]
+    texts = [t.decode() for t in redis_client.lrange(f"tts:job:{{{job_id}}}:texts", 0, -1)]
+    assert texts == ["Hello there.", "This is typed later.", "And the end."]

@@ -151,9 +151,11 @@ function fillVoices() {
 }
 
 class Playback {
+  // A text stream's job (live typing) grows: its total is known once the stream closes (events say so).
   constructor(job, context) {
     this.job = job;
-    this.total = job.segments_total;
+    this.open = Boolean(job.text_stream?.open);
+    this.total = this.open ? Infinity : job.segments_total;
     this.context = context;
     this.abort = new AbortController();
     this.stopped = false;
@@ -163,7 +165,7 @@ class Playback {
     this.waiters = [];
     this.state = { fetched: [], played: [], log: [], events: [], ended: false, jobId: job.id, error: null };
     window.ttsPlayback = this.state;
-    $("made").max = $("heard").max = this.total;
+    $("made").max = $("heard").max = this.open ? 1 : this.total;
     this.follow();
   }
 
@@ -212,10 +214,18 @@ class Playback {
     })();
     if (name === "segment") {
       this.made = payload.index + 1;
+      if (this.open && payload.segments_total != null) this.total = payload.segments_total;
       this.show();
+      this.waiters = this.waiters.filter((waiter) => !waiter());
       return false;
     }
     if (!["done", "failed", "canceled", "expired"].includes(name)) return false;
+    if (this.open) {
+      this.open = false;
+      this.total = this.made;
+      this.waiters = this.waiters.filter((waiter) => !waiter());
+      if (this.state.played.length >= this.total) this.finish();
+    }
     if (name === "done") {
       $("download").href = this.job.urls.audio;
       $("download").hidden = false;
@@ -229,7 +239,8 @@ class Playback {
     try {
       for (let index = 0; index < this.total && !this.stopped; index++) {
         await this.untilPlayed(index - LOOKAHEAD);
-        if (this.stopped) return;
+        if (this.open) await this.untilMade(index); // a live text: wait until the segment is planned and made
+        if (this.stopped || index >= this.total) return;
         const data = await this.fetchSegment(index);
         this.state.fetched.push(index);
         this.state.log.push(`fetched ${index}`);
@@ -276,6 +287,13 @@ class Playback {
     this.audioSeconds += buffer.duration;
   }
 
+  untilMade(index) {
+    return new Promise((resolve) => {
+      const check = () => (this.stopped || this.made > index || !this.open ? (resolve(), true) : false);
+      if (!check()) this.waiters.push(check);
+    });
+  }
+
   untilPlayed(count) {
     return new Promise((resolve) => {
       const check = () => (this.stopped || this.state.played.length >= count ? (resolve(), true) : false);
@@ -284,12 +302,13 @@ class Playback {
   }
 
   show() {
+    if (this.total !== Infinity) $("made").max = $("heard").max = this.total;
     $("made").value = this.made;
     $("heard").value = this.state.played.length;
     if (this.state.error || this.stopped) return;
     const verb = this.state.ended ? "Finished" : "Playing";
     setStatus(
-      `${verb}: made ${this.made}/${this.total} · fetched ${this.state.fetched.length} · ` +
+      `${verb}: made ${this.made}/${this.total === Infinity ? "…" : this.total} · fetched ${this.state.fetched.length} · ` +
         `played ${this.state.played.length} · ${this.audioSeconds.toFixed(1)} s of audio`,
     );
   }
@@ -344,11 +363,89 @@ async function play() {
   }
 }
 
+// Speak as I type: the text box feeds a text stream (POST v1/jobs/{id}/text), a piece per change that only
+// adds at the end; Play, or unticking the box, sends the final piece. Edits before the end are not spoken.
+const live = { job: null, sent: "", seq: 0, queue: Promise.resolve(), opening: null };
+
+function sendPiece(text, final = false) {
+  const seq = live.seq++;
+  const job = live.job;
+  live.queue = live.queue
+    .then(() =>
+      api(`v1/jobs/${job.id}/text`, {
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ seq, text, final }),
+      }),
+    )
+    .catch((error) => setStatus(`Could not send the text: ${explain(error)}`, true));
+  return live.queue;
+}
+
+async function openLive() {
+  current?.stop();
+  const context = new AudioContext();
+  context.resume();
+  const speed = Number($("speed").value);
+  const body = { text: "", text_stream: true, model: $("model").value, voice: $("voice").value || undefined, speed };
+  const job = await api("v1/jobs", {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ ...body, format: "wav" }),
+  });
+  Object.assign(live, { job, sent: "", seq: 0, queue: Promise.resolve() });
+  current = new Playback(job, context);
+  $("stop").disabled = false;
+  current.show();
+  current.run();
+}
+
+async function typed() {
+  if (!$("live").checked) return;
+  const text = $("text").value;
+  try {
+    if (!live.job) {
+      live.opening ??= openLive();
+      await live.opening;
+    }
+  } catch (error) {
+    live.opening = null;
+    setStatus(`Could not start: ${explain(error)}`, true);
+    return;
+  }
+  if (!text.startsWith(live.sent)) {
+    setStatus("Only text added at the end is spoken while typing live.");
+    return;
+  }
+  const piece = text.slice(live.sent.length);
+  if (!piece) return;
+  live.sent = text;
+  sendPiece(piece);
+}
+
+function endLive() {
+  if (!live.job) return false;
+  sendPiece("", true);
+  Object.assign(live, { job: null, opening: null });
+  return true;
+}
+
+$("text").addEventListener("input", typed);
+$("live").addEventListener("change", () => {
+  if ($("live").checked) {
+    $("text").value = "";
+    $("text").focus();
+  } else {
+    endLive();
+  }
+});
 $("model").addEventListener("change", fillVoices);
 $("speed").addEventListener("input", () => {
   $("speed-value").value = `${Number($("speed").value).toFixed(2)}×`;
 });
-$("play").addEventListener("click", play);
+$("play").addEventListener("click", () => {
+  if (!endLive()) play();
+});
 $("stop").addEventListener("click", () => {
   if (!current) return;
   current.stop();
