@@ -134,7 +134,8 @@ def get_segment(job_id: str, index: int) -> Response:
     svc = services()
     record = _record(job_id)
     total = record.segments_total
-    if not 0 <= index < total:
+    growing = bool(record.text_open) and not record.status.terminal and index < svc.settings.max_segments
+    if not 0 <= index < total and not (growing and index >= 0):  # an open text stream's next ones may come
         raise NotFound(f"job {job_id!r} has segments 0..{total - 1}, not {index}")
     wait = parse_wait(request.args.get("wait"), limit=svc.settings.max_wait_s)
     pcm = svc.store.segment(job_id, index)
@@ -144,6 +145,8 @@ def get_segment(job_id: str, index: int) -> Response:
     if pcm is None:
         record = _record(job_id)
         _raise_if_over(record)
+        if index >= record.segments_total and not record.text_open:  # the stream closed with fewer
+            raise NotFound(f"job {job_id!r} has segments 0..{record.segments_total - 1}, not {index}")
         raise NotReady(
             f"segment {index} is not ready yet; retry, or long-poll with ?wait=<seconds up to "
             f"{svc.settings.max_wait_s:g}>",

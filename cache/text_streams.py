@@ -173,6 +173,11 @@ class TextStreams:
             raise
         if not texts and not close and (tail, next_seq) == (kept, taken):
             return False  # nothing new: a flush of an empty tail
+        if close and not texts and total == 0:  # as a whole job with nothing to say is refused (422)
+            why = "final" if reason is None else reason
+            self.store.fail(job_id, f"the text stream ended ({why}) with nothing a voice can speak")
+            self.redis.zrem(keys.TEXT_STREAMS, job_id)
+            return True
         published = self._write(job_id, texts, next_seq, tail[cut:], close=close, reason=reason or "final")
         if published:
             self._enqueue(job_id, published)

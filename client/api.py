@@ -1,10 +1,12 @@
-"""A small HTTP client of the TTS service: submit, follow, fetch segments, download."""
+"""A small HTTP client of the TTS service: submit, follow, fetch segments, download, stream text in pieces."""
 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -17,24 +19,67 @@ TERMINAL = frozenset({"done", "failed", "canceled"})
 LONG_POLL_S = 30.0
 #: How many times ``events`` reconnects in a row without receiving anything new.
 SSE_RECONNECTS = 5
+#: How many times a text piece is sent in all when the service is briefly busy (503) or cannot be reached.
+PIECE_ATTEMPTS = 6
+#: The longest pause between two tries of a piece, whatever Retry-After says.
+PIECE_RETRY_MAX_S = 5.0
 
 
 class TTSClientError(Exception):
-    """Raised when the service answers with an error, cannot be reached, or a job fails."""
+    """Raised when the service answers with an error, cannot be reached, or a job fails.
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    ``details`` holds the error body's other keys (a text piece's 409 says its ``reason``: conflict, after_final,
+    closed, over, too_far); ``retry_after`` is the Retry-After header's seconds, when the answer had one.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        details: dict[str, Any] | None = None,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(f"{status} {code}: {message}")
         self.status = status
         self.code = code
         self.message = message
+        self.details = details or {}
+        self.retry_after = retry_after
+
+    @property
+    def reason(self) -> str | None:
+        """The error body's ``reason`` (why a text piece was refused), if it has one."""
+        reason = self.details.get("reason")
+        return None if reason is None else str(reason)
 
 
 def _error_from(response: requests.Response) -> TTSClientError:
     try:
+        retry_after: float | None = float(response.headers["Retry-After"])
+    except (KeyError, ValueError):
+        retry_after = None
+    try:
         body = response.json()["error"]
-        return TTSClientError(response.status_code, str(body["code"]), str(body.get("message", "")))
-    except (ValueError, KeyError, TypeError):
-        return TTSClientError(response.status_code, "http_error", response.text[:200] or response.reason)
+        details = {k: v for k, v in body.items() if k not in ("code", "message")}
+        return TTSClientError(
+            response.status_code,
+            str(body["code"]),
+            str(body.get("message", "")),
+            details=details,
+            retry_after=retry_after,
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return TTSClientError(
+            response.status_code, "http_error", response.text[:200] or response.reason, retry_after=retry_after
+        )
+
+
+def is_open_stream(job: dict[str, Any]) -> bool:
+    """Say whether ``job`` (a job view) is a text stream that may still take pieces, so more segments may come."""
+    stream = job.get("text_stream")
+    return bool(stream and stream.get("open"))
 
 
 class TTSClient:
@@ -102,6 +147,31 @@ class TTSClient:
         job: dict[str, Any] = self._request("POST", "/v1/jobs", json=body).json()
         return job
 
+    def open_stream(self, text: str = "", **options: Any) -> TextStream:
+        """Open a job whose text arrives in pieces (``text``: nothing yet, or the first piece); the options are
+        ``submit``'s. Send the rest with the returned stream's ``send`` and end it with ``finish``."""
+        return TextStream(self, self.submit(text, text_stream=True, **options))
+
+    def send_text(
+        self, job_id: str, seq: int, text: str, *, final: bool = False, attempts: int = PIECE_ATTEMPTS
+    ) -> dict[str, Any]:
+        """Send piece ``seq`` of a text stream and return the answer ({"seq", "duplicate", "segments_total",
+        "text_stream"}). A 503 or a failed connection is tried again with the same seq, up to ``attempts`` in
+        all: the service takes a piece once, so a retry of one it took is answered ``duplicate`` and not spoken
+        twice."""
+        body = {"seq": seq, "text": text, "final": final}
+        attempt = 1
+        while True:
+            try:
+                answer: dict[str, Any] = self._request("POST", f"/v1/jobs/{job_id}/text", json=body).json()
+                return answer
+            except TTSClientError as e:
+                if e.status not in (0, 503) or attempt >= attempts:
+                    raise
+                pause = e.retry_after if e.retry_after is not None else 0.2 * 2 ** (attempt - 1)
+                time.sleep(min(max(pause, 0.0), PIECE_RETRY_MAX_S))
+            attempt += 1
+
     def status(self, job_id: str) -> dict[str, Any]:
         """Return the job's status and progress."""
         job: dict[str, Any] = self._request("GET", f"/v1/jobs/{job_id}").json()
@@ -144,11 +214,41 @@ class TTSClient:
             return response.content, duration, int(response.headers.get("X-Sample-Rate", "0"))
 
     def segments(self, job_id: str, *, start: int = 0) -> Iterator[tuple[int, bytes, float]]:
-        """Yield (index, audio, duration) for each segment from ``start`` on, in order, as soon as each exists."""
-        total = int(self.status(job_id)["segments_total"])
-        for index in range(start, total):
+        """Yield (index, audio, duration) for each segment from ``start`` on, in order, as soon as each exists.
+
+        A text stream still open has no final ``segments_total``: its segments are followed by the job's events
+        until the stream closes and the last one is made (raising if the job fails or is canceled on the way).
+        """
+        job = self.status(job_id)
+        if is_open_stream(job):
+            yield from self._followed_segments(job_id, start)
+            return
+        for index in range(start, int(job["segments_total"])):
             audio, duration, _ = self.segment(job_id, index)
             yield index, audio, duration
+
+    def _followed_segments(self, job_id: str, start: int) -> Iterator[tuple[int, bytes, float]]:
+        following = start
+        try:
+            for event in self.events(job_id, last_event_id=start - 1 if start > 0 else None):
+                if event["event"] == "segment":
+                    index = int(event["data"]["index"])
+                    if index >= start:
+                        audio, duration, _ = self.segment(job_id, index)
+                        following = index + 1
+                        yield index, audio, duration
+                elif event["event"] in TERMINAL or event["event"] == "expired":
+                    if event["event"] != "done":
+                        raise TTSClientError(409, "job_failed", f"job {event['event']}: {event['data']}")
+                    return
+        except TTSClientError as e:
+            # A stream that ended with no segment left to fetch (none at all: only blanks or symbols were sent)
+            # has no audio, which the service's events answer as 410 gone: there is nothing more to yield.
+            if e.status != 410:
+                raise
+            job = self.status(job_id)
+            if job["status"] != "done" or int(job["segments_total"]) > following:
+                raise
 
     def events(self, job_id: str, *, last_event_id: str | int | None = None) -> Iterator[dict[str, Any]]:
         """Yield the job's server-sent events ({"event", "id", "data"}), reconnecting after drops, until it ends."""
@@ -218,6 +318,85 @@ class TTSClient:
                 raise TTSClientError(0, "unreachable", f"download of job {job_id} broke off: {e}") from e
         partial.replace(target)
         return target
+
+
+class TextStream:
+    """A job whose text is sent piece by piece (an LLM's tokens as they come); made by ``TTSClient.open_stream``.
+
+    ``send`` numbers the pieces itself (0, 1, 2, …) and retries a busy or unreachable service with the same seq;
+    ``finish`` sends the final piece. Sentences are spoken as soon as they are complete, so ``segments`` can be
+    iterated (in another thread) while pieces are still being sent; it ends once the final piece is spoken.
+    Used as a context manager, the stream is finished on leaving the block. ``send`` may be called from several
+    threads: pieces go one at a time, in the order the calls got in.
+    """
+
+    def __init__(self, client: TTSClient, job: dict[str, Any]) -> None:
+        self.client = client
+        #: The job view the service answered when the stream was opened.
+        self.job = job
+        self.job_id: str = str(job["id"])
+        stream = job.get("text_stream") or {}
+        #: The seq the next piece gets.
+        self.next_seq: int = int(stream.get("next_seq", 0))
+        #: Segments planned so far, as of the last answer (final once the stream is closed).
+        self.segments_total: int = int(job.get("segments_total", 0))
+        #: Whether the service said, in its last answer, that the stream takes more pieces.
+        self.open: bool = bool(stream.get("open", True))
+        self.finished = False
+        self._lock = threading.Lock()
+
+    def send(self, text: str, *, final: bool = False) -> dict[str, Any]:
+        """Send ``text`` as the next piece (the final one if ``final``) and return the service's answer.
+
+        Raise ``TTSClientError`` when the service refuses it (409 with a ``reason`` when the stream is closed or
+        over, 413 when the stream's text would be too long) or stays unreachable or busy; the piece may then have
+        arrived or not, and the same ``send`` may be tried again: it keeps its seq, and is spoken at most once.
+        """
+        if not text and not final:
+            raise ValueError("only the final piece may be empty")
+        with self._lock:
+            if self.finished:
+                raise TTSClientError(
+                    409, "conflict", "the stream's final piece was sent already", details={"reason": "after_final"}
+                )
+            answer = self.client.send_text(self.job_id, self.next_seq, text, final=final)
+            self.next_seq += 1
+            self.finished = final
+            self.segments_total = int(answer.get("segments_total", self.segments_total))
+            self.open = bool((answer.get("text_stream") or {}).get("open", not final))
+            return answer
+
+    def finish(self, text: str = "") -> dict[str, Any]:
+        """Send the final piece (``text``, or nothing): the job ends once everything sent is spoken."""
+        return self.send(text, final=True)
+
+    def close(self) -> None:
+        """Finish the stream unless its final piece was sent already."""
+        if not self.finished:
+            self.finish()
+
+    def segments(self, *, start: int = 0) -> Iterator[tuple[int, bytes, float]]:
+        """Yield (index, audio, duration) for each segment as it is made, until the stream ends and all are made."""
+        return self.client.segments(self.job_id, start=start)
+
+    def wait(self, *, poll_s: float = 0.5) -> dict[str, Any]:
+        """Wait until the job is done (the stream finished and every segment made) and return it."""
+        return self.client.wait(self.job_id, poll_s=poll_s)
+
+    def cancel(self) -> dict[str, Any]:
+        """Cancel the job: no more pieces are taken and segments not yet made are skipped."""
+        self.finished = True
+        return self.client.cancel(self.job_id)
+
+    def __enter__(self) -> TextStream:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        with contextlib.suppress(TTSClientError):  # what was sent is still spoken; the error that left is the one
+            self.close()
 
 
 def parse_sse(chunks: Iterable[bytes]) -> Iterator[dict[str, Any]]:

@@ -186,3 +186,20 @@ def test_a_long_run_without_a_sentence_end_is_cut_at_a_boundary_that_splits_no_n
     chinese = "今天是2024年5月1日天气很好我们去"
     cut = ready_cut(chinese, final=False, max_chars=10)
     assert not chinese[cut - 1 : cut].isdigit() and not chinese[cut : cut + 1].isdigit()
+
+
+def test_a_segment_not_planned_yet_can_be_long_polled_and_one_past_the_end_of_a_closed_stream_is_a_404(
+    served: FlaskClient,
+) -> None:
+    job = _open(served, model="espeak-en")
+    assert served.get(f"/v1/jobs/{job['id']}/segments/0").status_code == 409, "open: not ready, not missing"
+    _piece(served, job["id"], 0, "Only this.", final=True)
+    assert served.get(f"/v1/jobs/{job['id']}/segments/0?wait=30").status_code == 200
+    assert served.get(f"/v1/jobs/{job['id']}/segments/1?wait=1").status_code == 404
+
+
+def test_a_stream_that_ends_with_nothing_a_voice_can_speak_fails_with_the_reason(served: FlaskClient) -> None:
+    job = _open(served, "...", model="espeak-en")
+    _piece(served, job["id"], 0, "", final=True)
+    ended = served.get(f"/v1/jobs/{job['id']}").get_json()
+    assert ended["status"] == "failed" and "nothing a voice can speak" in ended["error"]
