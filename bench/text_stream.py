@@ -21,7 +21,9 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import requests
 
@@ -38,6 +40,7 @@ SECONDS_PER_LEVEL = 30.0
 SENTENCES_PER_TEXT = 4
 STALL_S = 0.1
 CORPUS = ROOT / "bench" / "corpus_zh.txt"
+T = TypeVar("T")
 
 
 @dataclass
@@ -132,43 +135,42 @@ def one_stream(stack: Stack, text: str, seed: int) -> StreamRun:
     return run
 
 
-def streams_at(stack: Stack, callers: int) -> list[StreamRun]:
-    """Run ``callers`` closed-loop stream writers for SECONDS_PER_LEVEL; return every stream they ran."""
-    texts, runs, lock = _texts(), [], threading.Lock()
+def closed_loop(stack: Stack, callers: int, work: Callable[[int, int], T]) -> list[T]:
+    """Run ``callers`` closed-loop callers of ``work(caller, turn)`` for SECONDS_PER_LEVEL; return every result."""
+    found: list[T] = []
+    lock = threading.Lock()
     until = time.perf_counter() + SECONDS_PER_LEVEL
 
     def caller(number: int) -> None:
         turn = 0
         while time.perf_counter() < until:
-            run = one_stream(stack, texts[(number * 7 + turn) % len(texts)], seed=1000 * number + turn)
+            result = work(number, turn)
             turn += 1
             with lock:
-                runs.append(run)
-
-    in_threads(callers, caller)
-    stack.wait_idle()
-    return runs
-
-
-def whole_jobs_at(stack: Stack, callers: int) -> list[float]:
-    """Run ``callers`` closed-loop callers of one-sentence whole jobs; return their first-audio seconds."""
-    sentences = [line.strip() for line in CORPUS.read_text(encoding="utf-8").splitlines() if line.strip()]
-    found, lock = [], threading.Lock()
-    until = time.perf_counter() + SECONDS_PER_LEVEL
-
-    def caller(number: int) -> None:
-        turn = 0
-        while time.perf_counter() < until:
-            sentence = sentences[(number * 13 + turn) % len(sentences)]
-            seconds, _ = first_segment_latency(stack, {"text": sentence, "seed": 5000 + 100 * number + turn,
-                                                       "cache": False, "format": "wav"})  # fmt: skip
-            turn += 1
-            with lock:
-                found.append(seconds)
+                found.append(result)
 
     in_threads(callers, caller)
     stack.wait_idle()
     return found
+
+
+def streams_at(stack: Stack, callers: int) -> list[StreamRun]:
+    """Closed-loop stream writers, each text of the corpus in turn; return every stream they ran."""
+    texts = _texts()
+    return closed_loop(stack, callers, lambda n, turn: one_stream(stack, texts[(n * 7 + turn) % len(texts)],
+                                                                  seed=1000 * n + turn))  # fmt: skip
+
+
+def whole_jobs_at(stack: Stack, callers: int) -> list[float]:
+    """Closed-loop callers of one-sentence whole jobs; return their first-audio seconds."""
+    sentences = [line.strip() for line in CORPUS.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+    def whole(n: int, turn: int) -> float:
+        body = {"text": sentences[(n * 13 + turn) % len(sentences)], "seed": 5000 + 100 * n + turn,
+                "cache": False, "format": "wav"}  # fmt: skip
+        return first_segment_latency(stack, body)[0]
+
+    return closed_loop(stack, callers, whole)
 
 
 def _fmt(value: float | None) -> str:

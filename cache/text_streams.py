@@ -128,6 +128,10 @@ class TextStreams:
                         counts["ended" if idle else "flushed"] += 1
             except (ServiceUnavailable, TextOverLimit) as e:
                 log.warning("text stream %s: %s", job_id, e)
+            except redis.RedisError:
+                raise  # the pass fails as a whole; the next one tries again
+            except Exception:  # one stream's fault (its model left the registry, say) must not stop the sweep
+                log.exception("text stream %s: its idle pass failed", job_id)
         return counts
 
     @contextlib.contextmanager

@@ -15,6 +15,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from api import create_app
+from client.api import TTSClient
+from tests.support.http import serving
 from tests.support.servers import ROOT, ApiProcess, RedisServer, WorkerProcess, free_port
 
 IN_CI = os.environ.get("CI") == "true"
@@ -157,6 +159,20 @@ def served(app: Flask, worker: WorkerProcess) -> FlaskClient:
 #: The real server's stream limits and keep-alive, small so that tests reach them quickly.
 GUNICORN_STREAMS_PER_CALLER = 20
 GUNICORN_KEEPALIVE_S = 1.0
+
+
+@pytest.fixture
+def base_url(app: Flask, worker: WorkerProcess) -> Iterator[str]:
+    """Serve the API over real HTTP, with a real worker behind it."""
+    with serving(app) as url:
+        yield url
+
+
+@pytest.fixture
+def tts(base_url: str) -> Iterator[TTSClient]:
+    """Return a client of the served API."""
+    with TTSClient(base_url) as client:
+        yield client
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -14,12 +13,10 @@ import pytest
 import redis
 import requests
 import soundfile as sf
-from flask import Flask
 
 from client import TTSClient, TTSClientError
 from client.api import _parse_sse
 from client.cli import main
-from tests.support.http import serving
 
 CHAPTER = (
     "The old lighthouse stood alone on the cliff. Every night its beam swept across the dark water, "
@@ -27,20 +24,6 @@ CHAPTER = (
     "One winter a storm broke the great lamp, and the keeper worked all night by candlelight to mend it. "
     "By morning the light was burning again, and the fishing boats came home safely."
 )
-
-
-@pytest.fixture
-def base_url(app: Flask, worker: object) -> Iterator[str]:
-    """Serve the API over real HTTP, with a real worker behind it."""
-    with serving(app) as url:
-        yield url
-
-
-@pytest.fixture
-def tts(base_url: str) -> Iterator[TTSClient]:
-    """Return a client of the served API."""
-    with TTSClient(base_url) as client:
-        yield client
 
 
 class RecordingSession(requests.Session):

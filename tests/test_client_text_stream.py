@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,26 +22,11 @@ from flask import Flask
 from client import TTSClient
 from client.api import TextStream
 from client.cli import main
-from tests.support.http import serving
 from tests.support.servers import ROOT
 
 #: How long any one condition is waited for: generous, for 2 shared cores.
 TIMEOUT_S = 60.0
 SENTENCES = ["The first one is here.", "And the second one ends.", "A third is the last."]
-
-
-@pytest.fixture
-def base_url(app: Flask, worker: object) -> Iterator[str]:
-    """Serve the API over real HTTP, with a real worker behind it."""
-    with serving(app) as url:
-        yield url
-
-
-@pytest.fixture
-def tts(base_url: str) -> Iterator[TTSClient]:
-    """Return a client of the served API."""
-    with TTSClient(base_url) as client:
-        yield client
 
 
 def _texts(app: Flask, job_id: str) -> list[str]:
