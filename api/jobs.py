@@ -7,15 +7,17 @@ from typing import Any
 
 from flask import Blueprint, Response, g, request
 
-from api.contract import JobBody, PieceView, TextPieceBody, as_json
+from api.contract import JobBody, PieceView, TextPieceBody, TextStreamView, as_json
 from api.downloads import FILE_CACHE_MAX_BYTES, download, kept
 from api.holds import Hold, held_response
 from api.services import services
 from api.streaming import STREAMABLE, audio_stream, sse_events
 from api.text_pieces import refuse_piece
 from api.validation import parse_wait, read_body
-from api.views import gone_message, job_view, text_stream_view
+from api.views import gone_message, job_view
 from cache.idempotency import IdempotencyKeys, body_digest
+from cache.job_reads import as_text
+from cache.keys import job as keys_of_job
 from cache.records import JobRecord, JobStatus, PieceResult
 from cache.sentences import file_key, segment_keys
 from core.audio import encode, media_type, pcm16_duration
@@ -30,6 +32,13 @@ def _record(job_id: str) -> JobRecord:
     if record is None or record.owner != g.owner:
         raise NotFound(f"no job {job_id!r} (unknown, another API key's, or expired after its TTL)")
     return record
+
+
+def _owned(job_id: str) -> None:
+    """Raise 404 as ``_record`` does, reading only the job's owner (a text stream's pieces come many a second)."""
+    found, owner = services().redis.hmget(keys_of_job(job_id), ["id", "owner"])
+    if found is None or (as_text(owner) or "") != g.owner:
+        raise NotFound(f"no job {job_id!r} (unknown, another API key's, or expired after its TTL)")
 
 
 def _raise_if_over(record: JobRecord) -> None:
@@ -95,7 +104,7 @@ def submit_input(job_input: JobBody) -> str:
 def append_text(job_id: str) -> dict[str, Any]:
     """Take one piece of a text stream's text (in seq order; a retry is answered again and spoken once)."""
     svc = services()
-    _record(job_id)
+    _owned(job_id)
     piece = read_body(
         request, TextPieceBody, max_bytes=svc.settings.max_body_bytes,
         context={"max_text_chars": svc.settings.max_text_chars},
@@ -104,11 +113,11 @@ def append_text(job_id: str) -> dict[str, Any]:
         raise ValidationFailed("text", "must not be empty (only the final piece may be)")
     answer = svc.text_streams.take(job_id, seq=piece.seq, text=piece.text, final=piece.final)
     refuse_piece(answer, job_id)
-    record = _record(job_id)
-    stream = text_stream_view(record)
-    assert stream is not None  # take() answered TAKEN or DUPLICATE: the job is a text stream
+    record = svc.store.get(job_id) if not answer.open else None  # closed: say why (the common case reads less)
+    stream = TextStreamView(open=answer.open, next_seq=answer.next_seq,
+                            end_reason=record.text_end_reason if record else None)  # fmt: skip
     view = PieceView(seq=piece.seq, duplicate=answer.result is PieceResult.DUPLICATE,
-                     segments_total=record.segments_total, text_stream=stream)  # fmt: skip
+                     segments_total=answer.segments_total, text_stream=stream)  # fmt: skip
     return as_json(view)
 
 

@@ -13,6 +13,7 @@ has, its record saying why.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -24,7 +25,7 @@ from redis.exceptions import LockError
 from cache import keys, scripts
 from cache.job_reads import as_bytes
 from cache.jobstore import JobStore
-from cache.records import JobRecord, PieceResult
+from cache.records import JobRecord, JobStatus, PieceResult
 from cache.schedule import ScheduleBook
 from core.errors import ServiceUnavailable, TextOverLimit
 from core.policy import SchedulingPolicy
@@ -36,6 +37,8 @@ log = logging.getLogger(__name__)
 
 #: A piece may run this far ahead of the next seq expected (later ones wait for the gap to fill).
 MAX_AHEAD = 256
+#: How many pieces one read of a stream's pieces asks for (they usually arrive one at a time, in order).
+PIECES_PER_READ = 8
 #: How long one piece may wait for another piece of its stream to be planned.
 LOCK_WAIT_S = 5.0
 
@@ -62,6 +65,7 @@ class PieceAnswer:
     detail: int = 0  # the final seq (AFTER_FINAL), the next expected (TOO_FAR) or the characters (TOO_LONG)
     segments_total: int = 0
     open: bool = True
+    next_seq: int = 0
 
 
 @dataclass
@@ -104,10 +108,12 @@ class TextStreams:
             result = PieceResult(int(code))
             if result is PieceResult.TAKEN:
                 self._advance(job_id, flush=False, reason=None)
-        record = self.store.get(job_id)
-        total = record.segments_total if record else 0
-        is_open = bool(record and record.text_open and not record.status.terminal)
-        return PieceAnswer(result, seq, int(detail), total, is_open)
+        status, total, is_open, next_seq = self.redis.hmget(
+            keys.job(job_id), ["status", "segments_total", "text_open", "text_next_seq"]
+        )
+        ended = status is None or JobStatus(_text(status)).terminal
+        return PieceAnswer(result, seq, int(detail), int(total or 0), is_open == b"1" and not ended,
+                           int(next_seq or 0))  # fmt: skip
 
     def sweep(self, now: float | None = None) -> dict[str, int]:
         """Plan the tails of streams idle past ``flush_s``; end those idle past ``idle_s``; return the counts."""
@@ -157,12 +163,13 @@ class TextStreams:
             return False
         kept, taken = _text(tail_raw or b""), int(next_raw or 0)
         tail, next_seq = kept, taken
-        following = self.redis.hmget(keys.text_pieces(job_id), [str(taken + i) for i in range(MAX_AHEAD + 1)])
-        for piece in following:
-            if piece is None:
+        while next_seq <= taken + MAX_AHEAD:  # the pieces that follow without a gap, a few per round trip
+            found = self.redis.hmget(keys.text_pieces(job_id), [str(next_seq + i) for i in range(PIECES_PER_READ)])
+            present = list(itertools.takewhile(lambda piece: piece is not None, found))
+            tail += "".join(_text(piece) for piece in present)
+            next_seq += len(present)
+            if len(present) < PIECES_PER_READ:
                 break
-            tail += _text(piece)
-            next_seq += 1
         close = (final_raw is not None and next_seq > int(final_raw)) or reason is not None
         if not close and not flush and next_seq == taken:
             return False  # a piece ahead of a gap: it waits for the gap to fill

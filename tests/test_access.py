@@ -126,6 +126,19 @@ def test_another_keys_job_is_a_404_on_every_job_route(tenants: FlaskClient) -> N
     assert tenants.get(f"/v1/jobs/{job_id}/segments/0", headers=_as(ALICE)).status_code == 200
 
 
+def test_another_keys_text_stream_takes_none_of_its_pieces(tenants: FlaskClient) -> None:
+    opened = tenants.post("/v1/jobs", json={"text": "", "text_stream": True}, headers=_as(ALICE))
+    assert opened.status_code == 202
+    job_id = opened.get_json()["id"]
+    piece = {"seq": 0, "text": "Bob's words."}
+    assert tenants.post(f"/v1/jobs/{job_id}/text", json=piece, headers=_as(BOB)).status_code == 404
+    assert (
+        tenants.post(f"/v1/jobs/{job_id}/text", json={**piece, "text": "Alice's."}, headers=_as(ALICE)).status_code
+        == 200
+    )
+    tenants.delete(f"/v1/jobs/{job_id}", headers=_as(ALICE))
+
+
 def test_the_same_idempotency_key_from_two_callers_makes_two_jobs(tenants: FlaskClient) -> None:
     key = {"Idempotency-Key": "order-1"}
     alice = tenants.post("/v1/jobs", json={"text": "For Alice."}, headers={**_as(ALICE), **key})
