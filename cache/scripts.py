@@ -213,11 +213,15 @@ return out
 """
 
 
-# KEYS: record, the stream's pieces. ARGV: seq, text, '1' if final, the text's length in characters, the most
-# characters a stream may carry, the pieces' TTL, now, how far past the next expected seq a piece may be.
+# KEYS: record, the stream's pieces, the open-stream index. ARGV: seq, text, '1' if final, the text's length in
+# characters, the most characters a stream may carry, the pieces' TTL, now, how far past the next expected seq a
+# piece may be, the job id.
 # Takes one piece of a text stream, checking its seq: the same seq with the same text again is a retry
 # (answered as before, spoken once); with other text, a conflict; past the final piece, or after the stream
-# closed, refused. Returns {code, detail}: the code a PieceResult, the detail the seq or count it concerns.
+# closed, refused. Returns {code, detail}: the code a PieceResult, the detail the seq or count it concerns; a piece
+# taken joins the stream's tail with every piece that now follows it without a gap, and the reply adds the tail,
+# 1 if the final piece is in it, the segments so far and the next seq expected. Only appends to the tail: the
+# planner (under the stream's lock) is the only one that takes text off its front (APPEND_SEGMENTS).
 TAKE_PIECE = _lua("""
 if redis.call('EXISTS', KEYS[1]) == 0 then return {$PieceResult_GONE, 0} end
 local open = redis.call('HGET', KEYS[1], 'text_open')
@@ -242,13 +246,30 @@ if chars > tonumber(ARGV[5]) then return {$PieceResult_TOO_LONG, chars} end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('EXPIRE', KEYS[2], ARGV[6])
 redis.call('HSET', KEYS[1], 'text_chars', chars, 'text_last_at', ARGV[7])
-if ARGV[3] == '1' then redis.call('HSET', KEYS[1], 'text_final_seq', seq) end
-return {$PieceResult_TAKEN, seq}
+redis.call('ZADD', KEYS[3], ARGV[7], ARGV[9])
+if ARGV[3] == '1' then
+  redis.call('HSET', KEYS[1], 'text_final_seq', seq)
+  final_seq = ARGV[1]
+end
+local tail = redis.call('HGET', KEYS[1], 'text_tail') or ''
+local taken = next_seq
+while true do  -- the pieces that now follow the tail without a gap join it (at most MAX_AHEAD + 1)
+  local piece = redis.call('HGET', KEYS[2], tostring(next_seq))
+  if not piece then break end
+  tail = tail .. piece
+  next_seq = next_seq + 1
+end
+if next_seq > taken then redis.call('HSET', KEYS[1], 'text_tail', tail, 'text_next_seq', next_seq) end
+local final_reached = 0
+if final_seq and next_seq > tonumber(final_seq) then final_reached = 1 end
+local total = tonumber(redis.call('HGET', KEYS[1], 'segments_total') or '0')
+return {$PieceResult_TAKEN, seq, tail, final_reached, total, next_seq}
 """)
 
 # KEYS: the job's own (keys.all_job_keys), its pieces, the outbox, the live-job index, the open-stream index,
 #       the kept-audio index.
-# ARGV: the next seq to take, the text kept for later, the new segments' lengths ("12,30"), now, the record's
+# ARGV: the front of the tail that was planned (it leaves the tail), unused, the new segments' lengths ("12,30"),
+#       now, the record's
 #       TTL, '1' to close the stream, why it closed, the job id, when the outbox entries fall due, the window,
 #       the audio's TTL, when the audio expires, then the new segments' texts.
 # Appends a text stream's newly planned segments in one step, so a worker's write can never see the job half
@@ -287,7 +308,9 @@ if added > 0 then
   redis.call('HSET', KEYS[1], 'segments_total', total + added, 'segment_chars', lengths .. ARGV[3])
   redis.call('HINCRBY', KEYS[1], 'chars_total', chars)
 end
-redis.call('HSET', KEYS[1], 'text_next_seq', ARGV[1], 'text_tail', ARGV[2], 'updated_at', ARGV[4])
+local tail = redis.call('HGET', KEYS[1], 'text_tail') or ''
+if string.sub(tail, 1, #ARGV[1]) == ARGV[1] then tail = string.sub(tail, #ARGV[1] + 1) end
+redis.call('HSET', KEYS[1], 'text_tail', tail, 'updated_at', ARGV[4])
 if ARGV[6] == '1' then
   redis.call('HSET', KEYS[1], 'text_open', '0', 'text_end_reason', ARGV[7])
   redis.call('ZREM', KEYS[12], ARGV[8])

@@ -1,19 +1,19 @@
 """Jobs whose text arrives in pieces: take each piece in seq order, plan what became speakable, enqueue it.
 
 A text stream is a job whose record says ``text_open``. Its pieces are kept by seq (so a retry is recognised
-and spoken once); the text not planned yet waits in the record's ``text_tail``. Each piece, taken under a short
-per-job lock, joins the tail with every piece that now follows without a gap; the tail is planned up to its
-last safe cut (core/text/stream.py: a complete sentence, or past the length cut-off a clause or word boundary
-that splits no number), and the new segments are appended in one step (APPEND_SEGMENTS) with their playback
-deadlines, the first of them enqueued while the job's window has room. ``sweep`` runs in every worker: a tail
-idle past ``flush_s`` is planned whole (the idle cut-off), and a stream idle past ``idle_s`` ends with what it
-has, its record saying why.
+and spoken once). One script (TAKE_PIECE) checks a piece and joins it, with every piece that now follows
+without a gap, to the record's ``text_tail``: most pieces cost that alone. When the tail holds a safe cut
+(core/text/stream.py: a complete sentence, or past the length cut-off a clause or word boundary that splits no
+number), or the final piece is in, the planner runs under a short per-job lock: it plans the tail up to that
+cut and appends the new segments in one step (APPEND_SEGMENTS, which takes the planned text off the tail's
+front), with their playback deadlines, the first of them enqueued while the job's window has room. ``sweep``
+runs in every worker: a tail idle past ``flush_s`` is planned whole (the idle cut-off), and a stream idle past
+``idle_s`` ends with what it has, its record saying why.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -37,8 +37,6 @@ log = logging.getLogger(__name__)
 
 #: A piece may run this far ahead of the next seq expected (later ones wait for the gap to fill).
 MAX_AHEAD = 256
-#: How many pieces one read of a stream's pieces asks for (they usually arrive one at a time, in order).
-PIECES_PER_READ = 8
 #: How long one piece may wait for another piece of its stream to be planned.
 LOCK_WAIT_S = 5.0
 
@@ -98,22 +96,33 @@ class TextStreams:
 
     def take(self, job_id: str, *, seq: int, text: str, final: bool) -> PieceAnswer:
         """Take one piece; plan and enqueue what it made speakable. Raise TextOverLimit (413) when the stream's
-        text, once normalised, would be more than one job may carry (the job fails with the reason)."""
+        text, once normalised, would be more than one job may carry (the job fails with the reason).
+
+        Most pieces only join the tail (one script); the stream's lock and the planner run only when the tail
+        holds a safe cut, or the final piece.
+        """
+        reply = self._take(
+            keys=[keys.job(job_id), keys.text_pieces(job_id), keys.TEXT_STREAMS],
+            args=[seq, text, "1" if final else "0", len(text), self.caps.max_text_chars, self.pieces_ttl_s,
+                  f"{time.time():.6f}", MAX_AHEAD, job_id],
+        )  # fmt: skip
+        result = PieceResult(int(reply[0]))
+        if result is not PieceResult.TAKEN:
+            return self._answer(job_id, result, seq, int(reply[1]))
+        tail, final_reached, total, next_seq = _text(reply[2]), bool(int(reply[3])), int(reply[4]), int(reply[5])
+        cap = self.caps.first_segment_max_chars if total == 0 else self.caps.segment_max_chars
+        if not final_reached and ready_cut(tail, final=False, max_chars=cap) == 0:
+            return PieceAnswer(result, seq, 0, total, True, next_seq)  # nothing speakable yet: it waits
         with self._locked(job_id):
-            code, detail = self._take(
-                keys=[keys.job(job_id), keys.text_pieces(job_id)],
-                args=[seq, text, "1" if final else "0", len(text), self.caps.max_text_chars, self.pieces_ttl_s,
-                      f"{time.time():.6f}", MAX_AHEAD],
-            )  # fmt: skip
-            result = PieceResult(int(code))
-            if result is PieceResult.TAKEN:
-                self._advance(job_id, flush=False, reason=None)
+            self._advance(job_id, flush=False, reason=None)
+        return self._answer(job_id, result, seq, 0)
+
+    def _answer(self, job_id: str, result: PieceResult, seq: int, detail: int) -> PieceAnswer:
         status, total, is_open, next_seq = self.redis.hmget(
             keys.job(job_id), ["status", "segments_total", "text_open", "text_next_seq"]
         )
         ended = status is None or JobStatus(_text(status)).terminal
-        return PieceAnswer(result, seq, int(detail), int(total or 0), is_open == b"1" and not ended,
-                           int(next_seq or 0))  # fmt: skip
+        return PieceAnswer(result, seq, detail, int(total or 0), is_open == b"1" and not ended, int(next_seq or 0))
 
     def sweep(self, now: float | None = None) -> dict[str, int]:
         """Plan the tails of streams idle past ``flush_s``; end those idle past ``idle_s``; return the counts."""
@@ -126,6 +135,8 @@ class TextStreams:
                 self.redis.zrem(keys.TEXT_STREAMS, job_id)
                 continue
             last = float(self.redis.hget(keys.job(job_id), "text_last_at") or record.created_at)
+            if now - last < self.flush_s:
+                continue  # a piece came meanwhile
             idle = now - last >= self.idle_s
             try:
                 with self._locked(job_id):
@@ -155,41 +166,31 @@ class TextStreams:
                 log.warning("text stream %s: its lock lapsed before its piece was planned", job_id)
 
     def _advance(self, job_id: str, *, flush: bool, reason: str | None) -> bool:
-        """Join the tail with the pieces that follow it, plan what is ready, append it; say whether it did
-        anything (planned a segment, or closed the stream)."""
+        """Plan what of the tail is ready (all of it for a flush or a close), append it, and close the stream once
+        its final piece is in (or for ``reason``); say whether it did anything. Run under the stream's lock."""
         fields = ["text_tail", "text_next_seq", "text_final_seq", "segments_total", "chars_total", "request"]
         tail_raw, next_raw, final_raw, total_raw, chars_raw, request_raw = self.redis.hmget(keys.job(job_id), fields)
         if request_raw is None:
             return False
-        kept, taken = _text(tail_raw or b""), int(next_raw or 0)
-        tail, next_seq = kept, taken
-        while next_seq <= taken + MAX_AHEAD:  # the pieces that follow without a gap, a few per round trip
-            found = self.redis.hmget(keys.text_pieces(job_id), [str(next_seq + i) for i in range(PIECES_PER_READ)])
-            present = list(itertools.takewhile(lambda piece: piece is not None, found))
-            tail += "".join(_text(piece) for piece in present)
-            next_seq += len(present)
-            if len(present) < PIECES_PER_READ:
-                break
-        close = (final_raw is not None and next_seq > int(final_raw)) or reason is not None
-        if not close and not flush and next_seq == taken:
-            return False  # a piece ahead of a gap: it waits for the gap to fill
+        tail = _text(tail_raw or b"")
+        close = (final_raw is not None and int(next_raw or 0) > int(final_raw)) or reason is not None
         total, chars = int(total_raw or 0), int(chars_raw or 0)
         cap = self.caps.first_segment_max_chars if total == 0 else self.caps.segment_max_chars
         cut = len(tail) if close or flush else ready_cut(tail, final=False, max_chars=cap)
+        if cut == 0 and not close:
+            return False  # nothing ready (or a flush of an empty tail)
         request = JobRecord.from_hash({"id": job_id, "request": _text(request_raw)}).request
         try:
             texts = self._plan(tail[:cut], self.language_of(request.model), planned_chars=chars, segments=total)
         except TextOverLimit as e:
             self.store.fail(job_id, f"the text stream went over the limit: {e.message}")
             raise
-        if not texts and not close and (tail, next_seq) == (kept, taken):
-            return False  # nothing new: a flush of an empty tail
         if close and not texts and total == 0:  # as a whole job with nothing to say is refused (422)
             why = "final" if reason is None else reason
             self.store.fail(job_id, f"the text stream ended ({why}) with nothing a voice can speak")
             self.redis.zrem(keys.TEXT_STREAMS, job_id)
             return True
-        published = self._write(job_id, texts, next_seq, tail[cut:], close=close, reason=reason or "final")
+        published = self._write(job_id, texts, tail[:cut], close=close, reason=reason or "final")
         if published:
             self._enqueue(job_id, published)
         return bool(texts) or close
@@ -206,10 +207,8 @@ class TextStreams:
             planned_chars=planned_chars,
         )
 
-    def _write(
-        self, job_id: str, texts: Sequence[str], next_seq: int, tail: str, *, close: bool, reason: str
-    ) -> list[int]:
-        """Append the planned segments in one step; return the indexes to enqueue now."""
+    def _write(self, job_id: str, texts: Sequence[str], planned: str, *, close: bool, reason: str) -> list[int]:
+        """Append the segments planned from the tail's front ``planned`` in one step; return those to enqueue now."""
         record = self.store.get(job_id)
         lane = record.request.priority if record else "realtime"
         now = time.time()
@@ -217,7 +216,7 @@ class TextStreams:
         reply = self._append(
             keys=[*keys.all_job_keys(job_id), keys.text_pieces(job_id), keys.OUTBOX, keys.LIVE_JOBS, keys.TEXT_STREAMS,
                   keys.AUDIO_KEPT],
-            args=[next_seq, tail, ",".join(str(len(t)) for t in texts), f"{now:.6f}", store.ttl, "1" if close else "0",
+            args=[planned, "", ",".join(str(len(t)) for t in texts), f"{now:.6f}", store.ttl, "1" if close else "0",
                   reason, job_id, f"{now + store.outbox_grace_s:.6f}", self.policy.window(lane), store.audio_ttl,
                   f"{now + store.audio_ttl:.3f}", *texts],
         )  # fmt: skip

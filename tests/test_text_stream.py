@@ -107,6 +107,7 @@ def test_a_stream_left_idle_speaks_its_unfinished_sentence_then_ends_with_the_re
     streams = app.extensions["tts"].text_streams
     job = _open(served, "An unfinished thought", model="espeak-en")
     assert job["segments_total"] == 0
+    assert streams.sweep()["flushed"] == 0, "its last piece is too recent for the idle cut-off"
     # The sweep every worker runs, with its clock moved past the idle cut-off, then past the idle end.
     streams.sweep(now=time.time() + streams.flush_s + 0.1)
     view = served.get(f"/v1/jobs/{job['id']}").get_json()
