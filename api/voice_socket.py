@@ -3,7 +3,8 @@
 The connection is a text stream (cache/text_streams.py) with its follower. The client's first message opens the
 job: a JSON object with the fields of ``POST /v1/jobs`` (``text`` optional). Then each text message is a piece
 (``{"text": "..."}``, or the text itself), and ``{"final": true}`` (or ``{"text": "...", "final": true}``) ends
-the text. The server answers with JSON events and binary frames: ``{"type": "job", ...}`` once, then for each
+the text. The server answers with JSON events and binary frames: ``{"type": "job", ...}`` once,
+``{"type": "planned", "seq", "segments_total"}`` whenever a piece completes a sentence, then for each
 segment in order ``{"type": "segment", "index", "duration_s", "bytes"}`` followed by one binary frame (the
 segment's audio in the job's format), and at the end ``{"type": "done"}`` (or ``failed``/``canceled``). A bad
 message gets ``{"type": "error", "error": {...}}``, the same error body as HTTP, and the connection closes.
@@ -120,7 +121,7 @@ def voice_socket(ws: Server) -> None:
             out.event("job", id=job_id)
             follower = threading.Thread(target=_follow, args=(svc, job_id, out), name=f"ws-{job_id}", daemon=True)
             follower.start()
-            seq, final = 0, False
+            seq, final, planned = 0, False, 0
             while not final and ws.connected:
                 raw = ws.receive(timeout=svc.settings.text_stream_idle_s)
                 if raw is None:
@@ -131,7 +132,11 @@ def voice_socket(ws: Server) -> None:
                     raise ValidationFailed("text", "must be a non-empty string (only the final message may be empty)")
                 if len(text) > svc.settings.max_text_chars:
                     raise ValidationFailed("text", f"is over {svc.settings.max_text_chars} characters")
-                refuse_piece(svc.text_streams.take(job_id, seq=seq, text=text, final=final), job_id)
+                answer = svc.text_streams.take(job_id, seq=seq, text=text, final=final)
+                refuse_piece(answer, job_id)
+                if answer.segments_total > planned:  # the piece completed a sentence: say how many there are
+                    planned = answer.segments_total
+                    out.event("planned", seq=seq, segments_total=planned)
                 seq += 1
                 hold.keep()
             while follower.is_alive():

@@ -16,6 +16,7 @@ plays each segment for its duration; a stall is a gap over 100 ms while the segm
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -23,14 +24,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import requests
+from simple_websocket import Client, ConnectionClosed
 
 from bench.http_stack import Stack, first_segment_latency, running_stack
 from bench.report import median, percentile, write_result
 from bench.threads import in_threads
-from bench.tiny_model import TORCH_THREADS
+from bench.tiny_model import MODEL, TORCH_THREADS
 from cache import keys
 from devstack.local import ROOT
 
@@ -103,8 +105,8 @@ def _follow(stack: Stack, job_id: str, run: StreamRun, done: threading.Event) ->
                 return
 
 
-def one_stream(stack: Stack, text: str, seed: int) -> StreamRun:
-    """Feed one text at TOKENS_PER_S, a character a piece, then the final piece; follow its segments."""
+def http_stream(stack: Stack, text: str, seed: int) -> StreamRun:
+    """Feed one text over HTTP at TOKENS_PER_S, a character a piece, then the final piece; follow its segments."""
     run, done = StreamRun(), threading.Event()
     with requests.Session() as session:
         job = stack.submit(session, text="", text_stream=True, seed=seed, cache=False, format="wav")
@@ -128,11 +130,62 @@ def one_stream(stack: Stack, text: str, seed: int) -> StreamRun:
             planned = total
         if not done.wait(120):
             raise RuntimeError(f"text stream {job_id} did not end within 120 s of its final piece")
+    return _with_synthesis(stack, job_id, run)
+
+
+def _with_synthesis(stack: Stack, job_id: str, run: StreamRun) -> StreamRun:
     for index in run.arrived_at:
         raw = stack.redis.hget(keys.segment_meta(job_id), str(index))
         if raw:
             run.synth_s[index] = float(json.loads(raw).get("synth_s", 0.0))
     return run
+
+
+def ws_stream(stack: Stack, text: str, seed: int) -> StreamRun:
+    """Feed one text over the WebSocket at TOKENS_PER_S, a character a message; take the audio on the same one."""
+    run, sent_at = StreamRun(), dict[int, float]()
+    ws = Client.connect(stack.url.replace("http://", "ws://") + "/v1/jobs/stream")
+    try:
+        ws.send(json.dumps({"text": "", "seed": seed, "cache": False, "format": "wav", "model": MODEL}))
+        job_id = json.loads(ws.receive(timeout=30))["id"]
+        ended = threading.Event()
+
+        def receive() -> None:
+            planned, index = 0, 0
+            while not ended.is_set():
+                message = ws.receive(timeout=120)
+                if message is None:
+                    return
+                if isinstance(message, bytes):
+                    run.arrived_at[index] = time.perf_counter()
+                    index += 1
+                    continue
+                event = json.loads(message)
+                if event["type"] == "planned":
+                    for i in range(planned, event["segments_total"]):
+                        run.planned_at[i] = sent_at[event["seq"]]
+                    planned = event["segments_total"]
+                elif event["type"] == "segment":
+                    run.durations[event["index"]] = float(event["duration_s"] or 0.0)
+                else:
+                    run.status = event["type"]
+                    ended.set()
+
+        receiver = threading.Thread(target=receive, daemon=True)
+        receiver.start()
+        start = time.perf_counter()
+        for seq, piece in enumerate(text):
+            time.sleep(max(0.0, start + seq / TOKENS_PER_S - time.perf_counter()))  # the writer's own pace
+            sent_at[seq] = time.perf_counter()
+            ws.send(json.dumps({"text": piece}))
+        sent_at[len(text)] = run.final_at = time.perf_counter()
+        ws.send(json.dumps({"final": True}))
+        if not ended.wait(120):
+            raise RuntimeError(f"text stream {job_id} did not end within 120 s of its final piece")
+    finally:
+        with contextlib.suppress(ConnectionClosed):
+            ws.close()
+    return _with_synthesis(stack, job_id, run)
 
 
 def closed_loop(stack: Stack, callers: int, work: Callable[[int, int], T]) -> list[T]:
@@ -154,11 +207,11 @@ def closed_loop(stack: Stack, callers: int, work: Callable[[int, int], T]) -> li
     return found
 
 
-def streams_at(stack: Stack, callers: int) -> list[StreamRun]:
+def streams_at(stack: Stack, callers: int, stream: Callable[[Stack, str, int], StreamRun]) -> list[StreamRun]:
     """Closed-loop stream writers, each text of the corpus in turn; return every stream they ran."""
     texts = _texts()
-    return closed_loop(stack, callers, lambda n, turn: one_stream(stack, texts[(n * 7 + turn) % len(texts)],
-                                                                  seed=1000 * n + turn))  # fmt: skip
+    return closed_loop(stack, callers, lambda n, turn: stream(stack, texts[(n * 7 + turn) % len(texts)],
+                                                              1000 * n + turn))  # fmt: skip
 
 
 def whole_jobs_at(stack: Stack, callers: int) -> list[float]:
@@ -173,11 +226,14 @@ def whole_jobs_at(stack: Stack, callers: int) -> list[float]:
     return closed_loop(stack, callers, whole)
 
 
+TRANSPORTS: dict[str, Callable[[Stack, str, int], StreamRun]] = {"HTTP pieces": http_stream, "WebSocket": ws_stream}
+
+
 def _fmt(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}"
 
 
-def table(rows: list[dict[str, object]], started: float) -> str:
+def table(rows: list[dict[str, Any]], started: float) -> str:
     """Return the bench's markdown."""
     lines = [
         "## bench-textstream: speaking while the text is written (tiny ChatTTS, CPU, one worker)",
@@ -187,18 +243,20 @@ def table(rows: list[dict[str, object]], started: float) -> str:
         f"{TOKENS_PER_S:g} tokens/s, one character per token, {SENTENCES_PER_TEXT} corpus sentences per stream. "
         "Service settings: the defaults (the bench stack's heartbeat is 1 s, which only the idle cut-off uses).",
         "",
-        "| streams | streams run | segments | end of text → audio, first segment p50 / p95 (s) | every segment "
-        "p50 / p95 (s) | whole job's first audio p50 / p95 (s) | first-segment p95 ÷ whole p95 | final → last audio "
-        "p50 (s) | last segment's synthesis p50 (s) | stalls (text there, gap > 100 ms) | failed |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| streams | pieces over | streams run | segments | end of text → audio, first segment p50 / p95 (s) | "
+        "every segment p50 / p95 (s) | whole job's first audio p50 / p95 (s) | first-segment p95 ÷ whole p95 | "
+        "final → last audio p50 (s) | last segment's synthesis p50 (s) | stalls (text there, gap > 100 ms) | failed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        lines.append(
-            f"| {row['callers']} | {row['streams']} | {row['segments']} | {_fmt(row['first_p50'])} / "  # type: ignore[arg-type]
-            f"{_fmt(row['first_p95'])} | {_fmt(row['all_p50'])} / {_fmt(row['all_p95'])} | "  # type: ignore[arg-type]
-            f"{_fmt(row['whole_p50'])} / {_fmt(row['whole_p95'])} | {_fmt(row['ratio'])}× | "  # type: ignore[arg-type]
-            f"{_fmt(row['final_p50'])} | {_fmt(row['synth_last_p50'])} | {row['stalls']} | {row['failed']} |"  # type: ignore[arg-type]
-        )
+
+        def pair(low: str, high: str, row: dict[str, Any] = row) -> str:
+            return f"{_fmt(row[low])} / {_fmt(row[high])}"
+
+        cells = [row["callers"], row["transport"], row["streams"], row["segments"], pair("first_p50", "first_p95"),
+                 pair("all_p50", "all_p95"), pair("whole_p50", "whole_p95"), f"{_fmt(row['ratio'])}×",
+                 _fmt(row["final_p50"]), _fmt(row["synth_last_p50"]), row["stalls"], row["failed"]]  # fmt: skip
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines += [
         "",
         "Targets: end of a sentence's text → its first audio ≤ 1.2× a whole job's first audio for the same sentence "
@@ -210,7 +268,7 @@ def table(rows: list[dict[str, object]], started: float) -> str:
     return "\n".join(lines)
 
 
-def summarize(callers: int, runs: list[StreamRun], whole: list[float]) -> dict[str, object]:
+def summarize(callers: int, runs: list[StreamRun], whole: list[float]) -> dict[str, Any]:
     """Return one row of the table."""
     firsts = [r.arrived_at[0] - r.planned_at[0] for r in runs if 0 in r.arrived_at and 0 in r.planned_at]
     every = [s for r in runs for s in r.latencies()]
@@ -238,14 +296,14 @@ def summarize(callers: int, runs: list[StreamRun], whole: list[float]) -> dict[s
 def main() -> None:
     """Run both kinds at each level and write the table."""
     started = time.perf_counter()
-    rows = []
+    rows: list[dict[str, Any]] = []
     with running_stack("text-stream") as stack:
-        one_stream(stack, _texts()[0], seed=1)  # warm-up, not counted
+        http_stream(stack, _texts()[0], seed=1)  # warm-up, not counted
         for callers in LEVELS:
-            runs = streams_at(stack, callers)
             whole = whole_jobs_at(stack, callers)
-            rows.append(summarize(callers, runs, whole))
-            print(rows[-1], flush=True)
+            for transport, stream in TRANSPORTS.items():
+                rows.append({"transport": transport, **summarize(callers, streams_at(stack, callers, stream), whole)})
+                print(rows[-1], flush=True)
     write_result("text-stream", table(rows, started))
 
 
