@@ -134,6 +134,9 @@ class TextStreams:
             if record is None or record.status.terminal or not record.text_open:
                 self.redis.zrem(keys.TEXT_STREAMS, job_id)
                 continue
+            # Looked at now: to the back of the index, so that more than a pass's worth of open streams all get
+            # their turn (a piece moves it later still; idleness is judged on the record's last piece).
+            self.redis.zadd(keys.TEXT_STREAMS, {job_id: now}, gt=True)
             last = float(self.redis.hget(keys.job(job_id), "text_last_at") or record.created_at)
             if now - last < self.flush_s:
                 continue  # a piece came meanwhile
