@@ -16,11 +16,13 @@ stream; it holds one stream slot (api/holds.py) for as long as it is open.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
 from typing import Any
 
+import redis
 from flask import Blueprint, Flask, g
 from flask_sock import Sock
 from pydantic import ValidationError
@@ -32,7 +34,7 @@ from api.streaming import Ended, Idle, follow
 from api.text_pieces import refuse_piece
 from api.validation import contract_error
 from core.audio import encode
-from core.errors import ServiceError, ValidationFailed
+from core.errors import ServiceError, ServiceUnavailable, ValidationFailed
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +117,7 @@ def _open(svc: Services, first: dict[str, Any]) -> str:
 def voice_socket(ws: Server) -> None:
     """Open a text stream, take its pieces as messages, and send its audio back on the same connection."""
     svc, out = services(), _Socket(ws)
+    job_id = None
     try:
         with svc.holds.hold(g.caller) as hold:
             job_id = _open(svc, _message(ws.receive(timeout=START_TIMEOUT_S)))
@@ -143,13 +146,21 @@ def voice_socket(ws: Server) -> None:
                 follower.join(timeout=svc.holds.ttl_s / 3)
                 hold.keep()
     except ConnectionClosed as e:
-        log.info("voice socket closed by its client (%s)", e)
+        log.info("voice socket of job %s closed by its client (%s)", job_id, e)
+        if job_id is not None and svc.store.cancel(job_id):  # nobody will listen to the rest: skip it
+            record = svc.store.get(job_id)
+            svc.book.remove(job_id, range(record.segments_total if record else 0))
         return
+    except redis.RedisError as e:
+        log.warning("voice socket of job %s: the job store is unavailable (%s)", job_id, e)
+        _send_error(out, ServiceUnavailable("the job store is unavailable; retry shortly", retry_after=1))
     except ServiceError as e:
-        try:
-            out.error(e)
-        except ConnectionClosed:
-            return
+        _send_error(out, e)
+
+
+def _send_error(out: _Socket, error: ServiceError) -> None:
+    with contextlib.suppress(ConnectionClosed):
+        out.error(error)
 
 
 def init_app(app: Flask) -> None:

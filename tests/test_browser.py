@@ -14,6 +14,7 @@ import redis
 from flask import Flask
 
 from api import web
+from cache import keys
 from tests.support.apps import api_app
 from tests.support.http import serving
 
@@ -252,5 +253,5 @@ def test_speak_as_i_type_plays_each_sentence_while_the_rest_is_typed_and_play_en
     assert playback["error"] is None
     assert playback["played"] == playback["fetched"] == [0, 1, 2]
     job_id = playback["jobId"]
-    texts = [t.decode() for t in redis_client.lrange(f"tts:job:{{{job_id}}}:texts", 0, -1)]
+    texts = [t.decode() for t in redis_client.lrange(keys.texts(job_id), 0, -1)]
     assert texts == ["Hello there.", "This is typed later.", "And the end."]

@@ -11,8 +11,10 @@ from typing import Any
 import soundfile as sf
 from simple_websocket import Client, ConnectionClosed
 
+from cache import keys
 from devstack.api import ApiProcess
 from devstack.worker import WorkerProcess
+from tests.support.processes import wait_for
 
 
 def _connect(api: ApiProcess) -> Client:
@@ -72,3 +74,15 @@ def test_a_voice_socket_answers_a_bad_opening_message_with_the_http_error_body(
             ws.close()
     assert events[-1]["type"] == "error" and events[-1]["status"] == 422
     assert events[-1]["error"]["field"] == "speed", events
+
+
+def test_a_voice_socket_closed_by_its_client_mid_text_cancels_its_job(
+    gunicorn_api: ApiProcess, worker: WorkerProcess, redis_client: Any
+) -> None:
+    ws = _connect(gunicorn_api)
+    ws.send(json.dumps({"model": "espeak-en"}))
+    job_id = json.loads(ws.receive(timeout=30))["id"]
+    ws.send("A sentence nobody will hear")
+    ws.close()
+    wait_for(lambda: redis_client.hget(keys.job(job_id), "status") == b"canceled", 30,
+             "the job of a socket its client closed canceled")  # fmt: skip
