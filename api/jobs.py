@@ -14,7 +14,7 @@ from api.services import services
 from api.streaming import STREAMABLE, audio_stream, sse_events
 from api.text_pieces import refuse_piece
 from api.validation import parse_wait, read_body
-from api.views import gone_message, job_view
+from api.views import gone_message, job_not_found, job_view
 from cache.idempotency import IdempotencyKeys, body_digest
 from cache.job_reads import as_text
 from cache.keys import job as keys_of_job
@@ -30,7 +30,7 @@ def _record(job_id: str) -> JobRecord:
     """Return the job's record, or 404: for an unknown job, and for another caller's when keys are on."""
     record = services().store.get(job_id)
     if record is None or record.owner != g.owner:
-        raise NotFound(f"no job {job_id!r} (unknown, another API key's, or expired after its TTL)")
+        raise job_not_found(job_id)
     return record
 
 
@@ -38,7 +38,7 @@ def _owned(job_id: str) -> None:
     """Raise 404 as ``_record`` does, reading only the job's owner (a text stream's pieces come many a second)."""
     found, owner = services().redis.hmget(keys_of_job(job_id), ["id", "owner"])
     if found is None or (as_text(owner) or "") != g.owner:
-        raise NotFound(f"no job {job_id!r} (unknown, another API key's, or expired after its TTL)")
+        raise job_not_found(job_id)
 
 
 def _raise_if_over(record: JobRecord) -> None:
@@ -144,7 +144,7 @@ def get_segment(job_id: str, index: int) -> Response:
     record = _record(job_id)
     total = record.segments_total
     growing = bool(record.text_open) and not record.status.terminal and index < svc.settings.max_segments
-    if not 0 <= index < total and not (growing and index >= 0):  # an open text stream's next ones may come
+    if index >= total and not growing:  # an open text stream's next ones may come
         raise NotFound(f"job {job_id!r} has segments 0..{total - 1}, not {index}")
     wait = parse_wait(request.args.get("wait"), limit=svc.settings.max_wait_s)
     pcm = svc.store.segment(job_id, index)

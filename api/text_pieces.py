@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from api.views import job_not_found
 from cache.records import PieceResult
 from cache.text_streams import MAX_AHEAD, PieceAnswer
-from core.errors import Conflict, NotFound, PayloadTooLarge
+from core.errors import Conflict, PayloadTooLarge
 
 
 def refuse_piece(answer: PieceAnswer, job_id: str) -> None:
@@ -13,7 +14,7 @@ def refuse_piece(answer: PieceAnswer, job_id: str) -> None:
     if result in (PieceResult.TAKEN, PieceResult.DUPLICATE):
         return
     if result is PieceResult.GONE:
-        raise NotFound(f"no job {job_id!r} (unknown, another API key's, or expired after its TTL)")
+        raise job_not_found(job_id)
     if result is PieceResult.TOO_LONG:
         raise PayloadTooLarge(
             f"the stream would carry {detail:,} characters, more than one job may (TTS_MAX_TEXT_CHARS); "

@@ -8,6 +8,7 @@ from flask import url_for
 
 from api.contract import JobUrls, JobView, TextStreamView
 from cache.records import JobRecord
+from core.errors import NotFound
 
 
 def job_urls(job_id: str) -> JobUrls:
@@ -58,6 +59,11 @@ def text_stream_view(record: JobRecord) -> TextStreamView | None:
         return None
     is_open = record.text_open and not record.status.terminal
     return TextStreamView(open=is_open, next_seq=record.text_next_seq, end_reason=record.text_end_reason)
+
+
+def job_not_found(job_id: str) -> NotFound:
+    """Return the 404 of every job route: for an unknown job, and for another caller's when keys are on."""
+    return NotFound(f"no job {job_id!r} (unknown, another API key's, or expired after its TTL)")
 
 
 def gone_message(record: JobRecord, *, job_ttl_s: int) -> str:

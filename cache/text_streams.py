@@ -28,7 +28,7 @@ from cache.jobstore import JobStore
 from cache.records import JobRecord, JobStatus, PieceResult
 from cache.schedule import ScheduleBook
 from core.errors import ServiceUnavailable, TextOverLimit
-from core.policy import SchedulingPolicy
+from core.policy import Lane, SchedulingPolicy
 from core.schedule import timeline
 from core.settings import Settings
 from core.text import plan_segments, ready_cut
@@ -193,7 +193,7 @@ class TextStreams:
             self.store.fail(job_id, f"the text stream ended ({why}) with nothing a voice can speak")
             self.redis.zrem(keys.TEXT_STREAMS, job_id)
             return True
-        published = self._write(job_id, texts, tail[:cut], close=close, reason=reason or "final")
+        published = self._write(job_id, request.priority, texts, tail[:cut], close=close, reason=reason or "final")
         if published:
             self._enqueue(job_id, published)
         return bool(texts) or close
@@ -210,10 +210,10 @@ class TextStreams:
             planned_chars=planned_chars,
         )
 
-    def _write(self, job_id: str, texts: Sequence[str], planned: str, *, close: bool, reason: str) -> list[int]:
+    def _write(
+        self, job_id: str, lane: Lane, texts: Sequence[str], planned: str, *, close: bool, reason: str
+    ) -> list[int]:
         """Append the segments planned from the tail's front ``planned`` in one step; return those to enqueue now."""
-        record = self.store.get(job_id)
-        lane = record.request.priority if record else "realtime"
         now = time.time()
         store = self.store
         reply = self._append(
