@@ -23,6 +23,7 @@ class BatchTiming:
 
     hold_s: float = 0.0  # a batch may wait this long to fill while its most urgent segment has slack
     horizon_s: float = math.inf  # a batch only takes segments due within this of its most urgent one
+    urgent_horizon_s: float = math.inf  # ... and within this when that one must start now (it is due within a call)
     lead: float = 0.0  # how many synthesis times ahead of its deadline a segment counts as urgent
     first_priority_s: float = 0.0  # a job's first segment is treated as due this much sooner
 
@@ -67,6 +68,7 @@ def scheduling_policy(settings: Settings) -> SchedulingPolicy:
         BatchTiming(
             hold_s=settings.batch_hold_ms / 1000,
             horizon_s=settings.batch_horizon_s,
+            urgent_horizon_s=settings.batch_urgent_horizon_s,
             lead=settings.deadline_lead,
             first_priority_s=settings.deadline_first_priority_s,
         )

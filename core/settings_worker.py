@@ -39,6 +39,13 @@ class WorkerSettings(BaseSettings):
     batch_horizon_s: float = Field(
         30.0, ge=0, description="A batch only takes segments due within this many seconds of its most urgent one."
     )
+    batch_urgent_horizon_s: float = Field(
+        2.0,
+        ge=0,
+        description="A batch whose most urgent segment must start now (due within one engine call) only takes "
+        "segments due within this many seconds of it: where each extra segment lengthens the call (a CPU), "
+        "company that could wait would make the waiting listener wait longer. Larger fills such batches more.",
+    )
     deadline_lead: float = Field(
         2.0,
         ge=0,

@@ -51,6 +51,24 @@ def test_a_batch_takes_no_segment_due_beyond_the_horizon() -> None:
     assert [p.due for p in group] == [0.0, 9.0]
 
 
+def test_a_head_that_must_start_now_takes_only_company_nearly_as_urgent() -> None:
+    timing = BatchTiming(horizon_s=30, urgent_horizon_s=2)
+    planner = BatchPlanner(max_batch=8, max_ratio=1.5, timing=timing, clock=lambda: 100.0)
+    urgent, _ = planner.plan([_pending("abc", 100.0), _pending("abd", 101.5), _pending("abe", 105.0)])
+    assert [p.due for p in urgent] == [100.0, 101.5], "work due in 5 s waits for a batch of its own"
+    relaxed, _ = planner.plan([_pending("abc", 150.0), _pending("abd", 160.0), _pending("abe", 185.0)])
+    assert [p.due for p in relaxed] == [150.0, 160.0], "a head with slack fills its batch up to the full horizon"
+
+
+def test_the_urgent_horizon_counts_from_the_models_own_call_time() -> None:
+    timing = BatchTiming(horizon_s=30, urgent_horizon_s=2)
+    planner = BatchPlanner(max_batch=8, max_ratio=1.5, timing=timing, clock=lambda: 100.0)
+    items = [_pending("abc", 101.0), _pending("abd", 110.0)]
+    assert len(planner.plan(list(items))[0]) == 2, "due in 1 s with no call measured yet: it has slack"
+    planner.ran([_pending("abc", 0.0)], elapsed=1.5)  # a call of this model lasts 1.5 s
+    assert len(planner.plan(list(items))[0]) == 1, "due within one call: it must start now, alone"
+
+
 class RecordingEngine:
     """Stand-in engine call that records batch sizes and returns len(text) samples per item."""
 

@@ -47,7 +47,8 @@ class BatchPlanner:
 
     The next batch is the segment with the earliest deadline (a stream's next segment counted ``lead`` engine
     calls early, a job's first segment as early as it is late, up to ``first_priority_s``), with the segments of
-    similar length (``max_ratio``) due soonest after it, up to ``max_batch`` and at most ``horizon_s`` later.
+    similar length (``max_ratio``) due soonest after it, up to ``max_batch`` and at most ``horizon_s`` later
+    (``urgent_horizon_s`` when the head must start now).
     Segments whose batch failed run alone next time, so one poison input cannot fail its neighbours again.
     """
 
@@ -75,14 +76,27 @@ class BatchPlanner:
             return [head], head_due
         low = high = len(head.request.text)  # the group's shortest and longest texts
         group = [head]
+        horizon = head_due + self._horizon(head, head_due)
         for p in items[1:]:
-            if len(group) >= self.max_batch or due[id(p)] > head_due + self.timing.horizon_s:
+            if len(group) >= self.max_batch or due[id(p)] > horizon:
                 break
             length = len(p.request.text)
             if id(p) not in suspect and compatible(min(low, length), max(high, length), max_ratio=self.max_ratio):
                 group.append(p)
                 low, high = min(low, length), max(high, length)
         return group, head_due
+
+    def _horizon(self, head: Pending, head_due: float) -> float:
+        """Return how much later than the head a segment may be due and still join its batch.
+
+        A head that must start now (due within one engine call) takes only company that is nearly as urgent
+        (``urgent_horizon_s``): a listener waits on it, and on a CPU every extra segment lengthens the call.
+        Work that could wait runs in the next batch, with its own kind.
+        """
+        call_s = self._batch_s.get(head.spec.name, 0.0)
+        if head_due - self._clock() <= call_s:
+            return min(self.timing.urgent_horizon_s, self.timing.horizon_s)
+        return self.timing.horizon_s
 
     def _urgency(self, items: list[Pending]) -> dict[int, float]:
         """Return each item's deadline, moved earlier by the lead it deserves."""
