@@ -215,7 +215,7 @@ return out
 
 # KEYS: record, the stream's pieces, the open-stream index. ARGV: seq, text, '1' if final, the text's length in
 # characters, the most characters a stream may carry, the pieces' TTL, now, how far past the next expected seq a
-# piece may be, the job id.
+# piece may be, the job id, and optionally the caller that must own the job (another's job is GONE to it).
 # Takes one piece of a text stream, checking its seq: the same seq with the same text again is a retry
 # (answered as before, spoken once); with other text, a conflict; past the final piece, or after the stream
 # closed, refused. Returns {code, detail}: the code a PieceResult, the detail the seq or count it concerns; a piece
@@ -224,6 +224,7 @@ return out
 # planner (under the stream's lock) is the only one that takes text off its front (APPEND_SEGMENTS).
 TAKE_PIECE = _lua("""
 if redis.call('EXISTS', KEYS[1]) == 0 then return {$PieceResult_GONE, 0} end
+if ARGV[10] and (redis.call('HGET', KEYS[1], 'owner') or '') ~= ARGV[10] then return {$PieceResult_GONE, 0} end
 local open = redis.call('HGET', KEYS[1], 'text_open')
 if not open then return {$PieceResult_NOT_A_STREAM, 0} end
 local seq = tonumber(ARGV[1])

@@ -94,9 +94,11 @@ class TextStreams:
         cut = ready_cut(text, final=False, max_chars=self.caps.first_segment_max_chars)
         return self._plan(text[:cut], language, planned_chars=0, segments=0), text[cut:]
 
-    def take(self, job_id: str, *, seq: int, text: str, final: bool) -> PieceAnswer:
+    def take(self, job_id: str, *, seq: int, text: str, final: bool, owner: str | None = None) -> PieceAnswer:
         """Take one piece; plan and enqueue what it made speakable. Raise TextOverLimit (413) when the stream's
         text, once normalised, would be more than one job may carry (the job fails with the reason).
+
+        With ``owner``, a job some other caller owns is GONE to this one (404), checked in the same script.
 
         Most pieces only join the tail (one script); the stream's lock and the planner run only when the tail
         holds a safe cut, or the final piece.
@@ -104,7 +106,7 @@ class TextStreams:
         reply = self._take(
             keys=[keys.job(job_id), keys.text_pieces(job_id), keys.TEXT_STREAMS],
             args=[seq, text, "1" if final else "0", len(text), self.caps.max_text_chars, self.pieces_ttl_s,
-                  f"{time.time():.6f}", MAX_AHEAD, job_id],
+                  f"{time.time():.6f}", MAX_AHEAD, job_id, *(() if owner is None else (owner,))],
         )  # fmt: skip
         result = PieceResult(int(reply[0]))
         if result is not PieceResult.TAKEN:
