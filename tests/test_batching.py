@@ -60,6 +60,13 @@ def test_a_head_that_must_start_now_takes_only_company_nearly_as_urgent() -> Non
     assert [p.due for p in relaxed] == [150.0, 160.0], "a head with slack fills its batch up to the full horizon"
 
 
+def test_behind_by_more_than_a_batch_an_urgent_head_fills_its_batch_to_the_full_horizon() -> None:
+    timing = BatchTiming(horizon_s=30, urgent_horizon_s=2)
+    planner = BatchPlanner(max_batch=2, max_ratio=1.5, timing=timing, clock=lambda: 100.0)
+    backlog = [_pending("abc", 100.0), _pending("abd", 105.0), _pending("abe", 106.0)]
+    assert [p.due for p in planner.plan(backlog)[0]] == [100.0, 105.0], "full batches when the engines are behind"
+
+
 def test_the_urgent_horizon_counts_from_the_models_own_call_time() -> None:
     timing = BatchTiming(horizon_s=30, urgent_horizon_s=2)
     planner = BatchPlanner(max_batch=8, max_ratio=1.5, timing=timing, clock=lambda: 100.0)

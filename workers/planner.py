@@ -76,7 +76,7 @@ class BatchPlanner:
             return [head], head_due
         low = high = len(head.request.text)  # the group's shortest and longest texts
         group = [head]
-        horizon = head_due + self._horizon(head, head_due)
+        horizon = head_due + self._horizon(head, head_due, waiting=len(items))
         for p in items[1:]:
             if len(group) >= self.max_batch or due[id(p)] > horizon:
                 break
@@ -86,15 +86,16 @@ class BatchPlanner:
                 low, high = min(low, length), max(high, length)
         return group, head_due
 
-    def _horizon(self, head: Pending, head_due: float) -> float:
+    def _horizon(self, head: Pending, head_due: float, *, waiting: int) -> float:
         """Return how much later than the head a segment may be due and still join its batch.
 
         A head that must start now (due within one engine call) takes only company that is nearly as urgent
         (``urgent_horizon_s``): a listener waits on it, and on a CPU every extra segment lengthens the call.
-        Work that could wait runs in the next batch, with its own kind.
+        Work that could wait runs in the next batch, with its own kind. Not with more than a batch waiting: the
+        engines are behind, and full batches (throughput) are what shortens everyone's wait.
         """
         call_s = self._batch_s.get(head.spec.name, 0.0)
-        if head_due - self._clock() <= call_s:
+        if waiting <= self.max_batch and head_due - self._clock() <= call_s:
             return min(self.timing.urgent_horizon_s, self.timing.horizon_s)
         return self.timing.horizon_s
 
