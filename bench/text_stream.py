@@ -185,7 +185,7 @@ def ws_stream(stack: Stack, text: str, seed: int) -> StreamRun:
         if not ended.wait(120):
             raise RuntimeError(f"text stream {job_id} did not end within 120 s of its final piece")
     finally:
-        with contextlib.suppress(ConnectionClosed):
+        with contextlib.suppress(ConnectionClosed, OSError):  # the server may have closed it first
             ws.close()
     return _with_synthesis(stack, job_id, run)
 
