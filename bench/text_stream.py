@@ -6,6 +6,8 @@ At 1 and then 10 concurrent callers, each caller in turn:
 
 - **streams**: opens a text stream and sends a text from the corpus one character per piece (one character
   per token, Chinese) at ``TOKENS_PER_S``, then the final piece, while a follower long-polls every segment;
+- **client streams**: the same through ``TTSClient``'s ``TextStream.write``, a character a call, which joins the
+  tokens of up to ``JOIN_S`` into one piece and sends a sentence end (and the space after one) at once;
 - **whole jobs**: submits each sentence of the same texts as a job of its own and long-polls its segment 0.
 
 A segment is ready to be planned at the piece after which the job's ``segments_total`` counts it; its latency
@@ -30,11 +32,14 @@ from typing import Any, TypeVar
 import requests
 from simple_websocket import Client, ConnectionClosed
 
+from bench.headline_cpu import by_role, snapshot
 from bench.http_stack import Stack, first_segment_latency, running_stack
 from bench.report import median, percentile, write_result
 from bench.threads import in_threads
 from bench.tiny_model import MODEL, TORCH_THREADS
 from cache import keys
+from client import TTSClient
+from client.api import JOIN_S, SENTENCE_ENDS
 from devstack.local import ROOT
 
 TOKENS_PER_S = 30.0
@@ -135,6 +140,35 @@ def http_stream(stack: Stack, text: str, seed: int) -> StreamRun:
     return _with_synthesis(stack, job_id, run)
 
 
+def client_stream(stack: Stack, text: str, seed: int) -> StreamRun:
+    """Feed one text through ``TTSClient``'s ``TextStream.write`` at TOKENS_PER_S, a character a call (it joins
+    tokens for up to ``JOIN_S`` and sends a sentence end at once); follow its segments as ``http_stream`` does."""
+    run, done = StreamRun(), threading.Event()
+    with TTSClient(stack.url) as client:
+        stream = client.open_stream(model=MODEL, seed=seed, cache=False, format="wav")
+        follower = threading.Thread(target=_follow, args=(stack, stream.job_id, run, done), daemon=True)
+        follower.start()
+        start = previous = time.perf_counter()
+        planned = 0
+        for seq, token in enumerate(text):
+            time.sleep(max(0.0, start + seq / TOKENS_PER_S - time.perf_counter()))  # the writer's own pace
+            sent = time.perf_counter()
+            stream.write(token)
+            # A sentence end is sent within this call; anything else may have gone with a timed send since
+            # the previous call: counted from then, which can only make its latency look longer.
+            at = sent if token in SENTENCE_ENDS else previous
+            for index in range(planned, stream.segments_total):
+                run.planned_at[index] = at
+            planned, previous = max(planned, stream.segments_total), sent
+        run.final_at = time.perf_counter()
+        stream.finish()
+        for index in range(planned, stream.segments_total):
+            run.planned_at[index] = run.final_at
+        if not done.wait(120):
+            raise RuntimeError(f"text stream {stream.job_id} did not end within 120 s of its final piece")
+    return _with_synthesis(stack, stream.job_id, run)
+
+
 def _with_synthesis(stack: Stack, job_id: str, run: StreamRun) -> StreamRun:
     for index in run.arrived_at:
         raw = stack.redis.hget(keys.segment_meta(job_id), str(index))
@@ -229,11 +263,19 @@ def whole_jobs_at(stack: Stack, callers: int) -> list[float]:
     return closed_loop(stack, callers, whole)
 
 
-TRANSPORTS: dict[str, Callable[[Stack, str, int], StreamRun]] = {"HTTP pieces": http_stream, "WebSocket": ws_stream}
+TRANSPORTS: dict[str, Callable[[Stack, str, int], StreamRun]] = {
+    "HTTP pieces": http_stream,
+    "HTTP, TTSClient.write": client_stream,
+    "WebSocket": ws_stream,
+}
 
 
 def _fmt(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}"
+
+
+def _cpu(shares: dict[str, float]) -> str:
+    return " / ".join(f"{shares.get(role, 0.0):.0f}" for role in ("model hosts", "api", "load generator"))
 
 
 def table(rows: list[dict[str, Any]], started: float) -> str:
@@ -244,14 +286,16 @@ def table(rows: list[dict[str, Any]], started: float) -> str:
         f"{os.cpu_count()} CPU cores, torch threads per model host {TORCH_THREADS}; ran "
         f"{time.perf_counter() - started:.0f} s; {SECONDS_PER_LEVEL:g} s per level and kind. Text arrives at "
         f"{TOKENS_PER_S:g} tokens/s, one character per token, {SENTENCES_PER_TEXT} corpus sentences per stream; "
-        f"callers start spread over the first {RAMP_S:g} s. "
+        f'callers start spread over the first {RAMP_S:g} s. "HTTP pieces" sends a POST per token; '
+        f'"TTSClient.write" joins the tokens of up to {JOIN_S:g} s into one piece and sends a sentence end at once. '
         "Service settings: the defaults (the bench stack's heartbeat is 1 s, which only the idle cut-off uses).",
         "",
         "| streams | pieces over | streams run | segments | end of text → audio, first segment p50 / p95 (s) | "
         "every segment p50 / p95 (s) | whole job's first audio p50 / p95 (s) | first-segment p95 ÷ whole p95 | "
         "final → last audio p50 (s) | last segment's synthesis p50 (s) | final → last audio beyond that segment's "
-        "synthesis, per stream p50 / p95 (s) | stalls (text there, gap > 100 ms) | failed |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "synthesis, per stream p50 / p95 (s) | stalls (text there, gap > 100 ms) | failed | CPU, % of one core: "
+        "model hosts / API / load generator |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
 
@@ -261,7 +305,7 @@ def table(rows: list[dict[str, Any]], started: float) -> str:
         cells = [row["callers"], row["transport"], row["streams"], row["segments"], pair("first_p50", "first_p95"),
                  pair("all_p50", "all_p95"), pair("whole_p50", "whole_p95"), f"{_fmt(row['ratio'])}×",
                  _fmt(row["final_p50"]), _fmt(row["synth_last_p50"]), pair("beyond_p50", "beyond_p95"),
-                 row["stalls"], row["failed"]]  # fmt: skip
+                 row["stalls"], row["failed"], _cpu(row.get("cpu", {}))]  # fmt: skip
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines += [
         "",
@@ -315,7 +359,10 @@ def main() -> None:
         for callers in LEVELS:
             whole = whole_jobs_at(stack, callers)
             for transport, stream in TRANSPORTS.items():
-                rows.append({"transport": transport, **summarize(callers, streams_at(stack, callers, stream), whole)})
+                before = snapshot()
+                runs = streams_at(stack, callers, stream)
+                cpu = by_role(before, snapshot())  # % of one core; the load generator shares the machine
+                rows.append({"transport": transport, **summarize(callers, runs, whole), "cpu": cpu})
                 print(rows[-1], flush=True)
     write_result("text-stream", table(rows, started))
 

@@ -313,12 +313,13 @@ def _cancel(stream: TextStream) -> None:
 
 
 def _send_all(stream: TextStream, pieces: Iterable[str], follower: _Follower) -> None:
-    """Send each piece, then the final one; cancel the job if this is cut short, so that nothing more is said."""
+    """Send each piece (joined for up to ``TextStream.join_s``; a sentence end at once), then the final one; cancel
+    the job if this is cut short, so that nothing more is said."""
     try:
         for piece in pieces:
             if follower.error is not None:
                 return  # the job failed or cannot be followed: the caller reports it
-            stream.send(piece)
+            stream.write(piece)
         _finish(stream)
     except KeyboardInterrupt:
         _cancel(stream)

@@ -22,6 +22,7 @@ from flask import Flask
 from client import TTSClient
 from client.api import TextStream
 from client.cli import main
+from tests.support.processes import wait_for
 from tests.support.servers import ROOT
 
 #: How long any one condition is waited for: generous, for 2 shared cores.
@@ -150,6 +151,37 @@ def test_a_text_stream_sent_token_by_token_gets_audio_for_every_sentence_while_i
     assert done["status"] == "done" and done["segments_total"] == len(SENTENCES)
     assert done["text_stream"] == {"open": False, "next_seq": sent, "end_reason": "final"}
     assert [i for i, _, _ in tts.segments(stream.job_id, start=1)] == [1, 2], "a closed stream: a plain job's"
+
+
+def test_written_tokens_are_joined_into_few_pieces_and_a_sentence_end_goes_at_once(app: Flask, base_url: str) -> None:
+    session = RecordingSession()
+    with TTSClient(base_url, session=session) as client:
+        stream = client.open_stream(model="espeak-en", cache=False)
+        stream.join_s = 600.0  # no timed send in this test: only sentence ends send
+        for token in _tokens(SENTENCES[:2]):
+            stream.write(token)
+        assert [p["text"] for p in session.pieces] == ["The first one is here.", " And", " the second one ends."], (
+            "each full stop went at once, and so did the space after it, which completes its sentence"
+        )
+        assert stream.segments_total == 1, "the first is spoken; the second waits, as '3.' may become '3.14'"
+        stream.finish()
+        assert stream.wait(poll_s=0.1)["status"] == "done"
+    assert [p["text"] for p in session.pieces] == ["The first one is here.", " And", " the second one ends.", ""]
+    assert _texts(app, stream.job_id) == SENTENCES[:2]
+
+
+def test_written_text_without_a_sentence_end_is_sent_within_the_join_window(app: Flask, base_url: str) -> None:
+    session = RecordingSession()
+    with TTSClient(base_url, session=session) as client:
+        stream = client.open_stream(model="espeak-en", cache=False)
+        stream.join_s = 0.05
+        stream.write("Hello")
+        stream.write(" there")
+        wait_for(lambda: session.pieces, TIMEOUT_S, "the joined text to be sent without a sentence end")
+        assert [p["text"] for p in session.pieces] == ["Hello there"]
+        stream.finish(", friend.")
+        assert stream.wait(poll_s=0.1)["status"] == "done"
+    assert _texts(app, stream.job_id) == ["Hello there, friend."]
 
 
 def test_segments_of_an_open_stream_from_a_later_index_skip_the_earlier_ones_and_wait_for_the_rest(
