@@ -28,7 +28,8 @@ __all__ = ["ProgressBar", "build_parser", "main", "make_book", "read_pieces", "s
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 STATE_NAME = "job.json"
-#: The most ``say --stdin`` reads at once: what a pipe holds then, so a token is sent as soon as it is written.
+#: The most ``say --stdin`` reads at once: what a pipe holds then, so a token is taken as soon as it is written
+#: (and sent within ``TextStream.join_s``, a sentence end at once).
 READ_BYTES = 4096
 #: What ``--help`` and the error lines call the program when it is not run as ``tts``.
 PROG = "tts"
