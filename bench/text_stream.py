@@ -102,12 +102,9 @@ def _follow(stack: Stack, job_id: str, run: StreamRun, done: threading.Event) ->
                 index += 1
                 continue
             job = stack.job(session, job_id)  # past the end of a closed stream (404), or the job is over
-            if job["status"] in ("done", "failed", "canceled") and index >= job["segments_total"]:
-                run.status = job["status"]
-                done.set()
-                return
-            if job["status"] in ("failed", "canceled"):
-                run.status = job["status"]
+            status = job["status"]
+            if status in ("failed", "canceled") or (status == "done" and index >= job["segments_total"]):
+                run.status = status
                 done.set()
                 return
 

@@ -383,12 +383,17 @@ class TextStream:
     def flush(self) -> None:
         """Send what ``write`` has joined so far, now."""
         with self._join_lock:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            text, self._joined = self._joined, ""
+            text = self._take_joined()
             if text:  # under the join lock, so that pieces keep the order their text was written in
                 self.send(text)
+
+    def _take_joined(self) -> str:
+        """Stop the timed send and return what ``write`` joined (under the join lock)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        text, self._joined = self._joined, ""
+        return text
 
     def _send_joined_in_time(self) -> None:
         try:
@@ -446,10 +451,7 @@ class TextStream:
         """Cancel the job: no more pieces are taken and segments not yet made are skipped."""
         self.finished = True
         with self._join_lock:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            self._joined = ""
+            self._take_joined()  # dropped: nothing more is spoken
         return self.client.cancel(self.job_id)
 
     def __enter__(self) -> TextStream:
