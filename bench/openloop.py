@@ -23,10 +23,11 @@ RETRY_AFTER_MAX_S = 10.0
 
 @dataclass
 class Arrival:
-    """One planned job: when it arrives, its lane, and what its listener saw (and its retry's)."""
+    """One planned job: when it arrives, its lane, its length, and what its listener saw (and its retry's)."""
 
     at: float
     lane: str
+    chars: int = 0
     first: JobResult | None = None
     retry: JobResult | None = None
 
@@ -112,7 +113,7 @@ def run_open_loop(
     for n, offset in enumerate(offsets):
         lane = "batch" if rng.random() < batch_share else "realtime"
         text, chars = rng.choice(texts[lane])
-        arrival = Arrival(start + offset, lane)
+        arrival = Arrival(start + offset, lane, chars)
         job_seed = seed * 1_000_000 + 2 * n + 1  # the retry takes the next one
         run.arrivals.append(arrival)
         delay = arrival.at - time.monotonic()

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from bench.goodput import goodput
+from bench.goodput import goodput, summarize
 from bench.loadgen import JobResult
-from bench.openloop import arrival_times, gaps
+from bench.openloop import Arrival, OpenRun, arrival_times, gaps
 
 
 def test_poisson_arrivals_come_at_the_asked_rate_with_exponential_gaps() -> None:
@@ -46,3 +46,12 @@ def test_goodput_is_the_highest_rate_below_which_every_rate_has_no_underrun_and_
     assert goodput(rows, "deadline") == 20.0
     assert goodput([*rows, _row(0.25, 5.0, underruns=0.0, p95=1.6)], "deadline") is None, "first audio too late"
     assert goodput(rows, "fifo") is None
+
+
+def test_the_work_offered_is_counted_in_characters_with_the_batch_lanes_share() -> None:
+    run = OpenRun(rate=2.0, window_start=0.0, window_end=10.0)
+    run.arrivals = [Arrival(1.0, "realtime", 40), Arrival(2.0, "realtime", 40), Arrival(3.0, "batch", 600)]
+    summary = summarize(run)
+    assert summary["offered_per_s"] == pytest.approx(0.3), "three jobs in ten seconds"
+    assert summary["offered_chars_per_s"] == pytest.approx(68.0), "one long text is most of the work"
+    assert summary["batch_chars_share"] == pytest.approx(600 / 680)
