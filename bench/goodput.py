@@ -195,7 +195,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         refused = ", ".join(f"{k}: {v}" for k, v in sorted(s["refused"].items())) or "0"
         lines.append(
             f"| {row['multiple']:g} | {row['scheduler']} | {row['seed']} | {s['offered_per_s']:.1f} | "
-            f"{s.get('offered_chars_per_s', 0):.0f} ({s.get('batch_chars_share', 0):.0%}) | "
+            f"{s['offered_chars_per_s']:.0f} ({s['batch_chars_share']:.0%}) | "
             f"{s['realtime_admitted']} / {s['realtime_offered']} | {refused} | "
             f"{s['retried_admitted']} / {s['retried']} | {_f(s['first_audio_p50'])} / {_f(s['first_audio_p95'])} / "
             f"{_f(s['first_audio_p99'])} | {_f(s['underrun_share'], '.1%')} | {_f(s['gap_p99_s'])} | "
