@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.nn.utils import parametrize
 
+from workers.engines.kv_cache import growing_cache
 from workers.engines.sampling import PerItemSampler
 
 
@@ -104,6 +105,7 @@ class _Loop:
         self.mask.narrow(1, 0, attention_mask.size(1)).copy_(attention_mask)
         self.hiddens: torch.Tensor | None = None
         self.max_new_token = max_new_token
+        self.total = total
         self.alive = torch.arange(batch)  # the original index of each row still running
         self.past: Any = None
         self.ids_out: list[torch.Tensor | None] = [None] * batch
@@ -129,7 +131,8 @@ class _Loop:
         outputs = gpt.gpt(
             attention_mask=model_input.attention_mask,
             position_ids=model_input.position_ids,
-            past_key_values=model_input.past_key_values,
+            # The first step starts a cache that grows in place, not by copying itself each step (kv_cache).
+            past_key_values=self.past if self.past is not None else growing_cache(gpt.gpt.config, self.total),
             inputs_embeds=model_input.inputs_embeds,
             use_cache=True,
             output_attentions=False,

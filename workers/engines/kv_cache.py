@@ -1,0 +1,75 @@
+"""A key/value cache that grows in place, so a decode step costs what it computes, not the whole cache again.
+
+transformers' ``DynamicLayer`` appends each step's keys and values with ``torch.cat``, which copies the
+whole cache: at ChatTTS's real size (20 layers, 12 heads of 64) and a batch of 16 at 150 positions that
+is about 300 MB of copying per step, and the copying grows with the square of the length. Here each
+layer holds a buffer with room to spare (it doubles when full, up to the length the generation can
+reach), writes a step's keys and values into it, and hands attention a view of the filled part.
+Measured at real size on 2 CPU cores (fp32, 2 threads): 8 segments of 80 characters took 82 s instead
+of 99 s; on short segments (batches of 16 or 32 of 14-40 characters) the two are within noise (0-5%).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+#: Positions a buffer has room for past the prompt before its first growth.
+FIRST_ROOM = 64
+
+
+class GrowingLayer(DynamicLayer):  # type: ignore[misc,no-untyped-call]
+    """One layer's keys and values in a buffer with spare room; ``keys``/``values`` are views of the filled part."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.limit = limit  # the most positions this generation can reach: the buffer never grows past it
+        self._key_buffer: torch.Tensor | None = None
+        self._value_buffer: torch.Tensor | None = None
+        self._length = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        """Write the new positions after the filled ones; return views of every filled position."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        new_length = self._length + key_states.size(-2)
+        if self._key_buffer is None or new_length > self._key_buffer.size(-2):
+            self._grow(key_states, value_states, new_length)
+        assert self._key_buffer is not None and self._value_buffer is not None
+        self._key_buffer.narrow(-2, self._length, key_states.size(-2)).copy_(key_states)
+        self._value_buffer.narrow(-2, self._length, value_states.size(-2)).copy_(value_states)
+        self._length = new_length
+        self.keys = self._key_buffer.narrow(-2, 0, new_length)
+        self.values = self._value_buffer.narrow(-2, 0, new_length)
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep only the rows at ``indices`` (the items still being generated)."""
+        if self._key_buffer is None or self._value_buffer is None:
+            return
+        self._key_buffer = self._key_buffer.index_select(0, indices.to(self._key_buffer.device))
+        self._value_buffer = self._value_buffer.index_select(0, indices.to(self._value_buffer.device))
+        self.keys = self._key_buffer.narrow(-2, 0, self._length)
+        self.values = self._value_buffer.narrow(-2, 0, self._length)
+
+    def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
+        room = max(needed + FIRST_ROOM, 2 * needed if self._key_buffer is not None else 0)
+        room = max(needed, min(room, self.limit))
+        self._key_buffer = self._moved(self._key_buffer, key_states, room)
+        self._value_buffer = self._moved(self._value_buffer, value_states, room)
+
+    def _moved(self, old: torch.Tensor | None, like: torch.Tensor, room: int) -> torch.Tensor:
+        shape = (like.size(0), like.size(1), room, like.size(3))
+        buffer = torch.empty(shape, dtype=like.dtype, device=like.device)
+        if old is not None:
+            buffer.narrow(-2, 0, self._length).copy_(old.narrow(-2, 0, self._length))
+        return buffer
+
+
+def growing_cache(config: Any, limit: int) -> DynamicCache:
+    """Return an empty cache for a model of ``config`` whose layers grow in place up to ``limit`` positions."""
+    cache = DynamicCache(config=config)
+    cache.layers = [GrowingLayer(limit) for _ in range(len(cache.layers))]
+    return cache
