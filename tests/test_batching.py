@@ -14,7 +14,7 @@ from core.registry import ModelSpec
 from core.schedule import priority_step
 from tests.support.processes import wait_for
 from workers.batcher import Batcher
-from workers.engines.base import SynthesisRequest, Waveform
+from workers.engines.base import RateReady, SynthesisRequest, Waveform
 from workers.planner import BatchPlanner, Pending, compatible
 
 SPEC = ModelSpec(name="m", engine="espeak")
@@ -86,7 +86,9 @@ class RecordingEngine:
         self.short_by = short_by
         self.lock = threading.Lock()
 
-    def __call__(self, spec: ModelSpec, batch: list[SynthesisRequest], replica: int = 0) -> tuple[list[Waveform], int]:
+    def __call__(
+        self, spec: ModelSpec, batch: list[SynthesisRequest], replica: int = 0, *, ready: RateReady | None = None
+    ) -> tuple[list[Waveform], int]:
         with self.lock:
             self.calls.append((spec.name, [r.text for r in batch]))
         time.sleep(self.delay_s)
@@ -238,7 +240,7 @@ def test_with_two_replicas_two_batches_run_side_by_side() -> None:
     engine = RecordingEngine(delay_s=0.3)
     replicas: list[int] = []
     batcher = Batcher(
-        lambda spec, batch, replica: (replicas.append(replica), engine(spec, batch))[1],
+        lambda spec, batch, replica, ready=None: (replicas.append(replica), engine(spec, batch))[1],
         max_batch=1,
         max_wait_s=0.0,
         replicas=2,
@@ -303,3 +305,31 @@ def test_a_first_segment_gains_priority_as_it_waits_and_none_while_it_has_not() 
         future.result(5)
     order = [texts[0] for _, texts in engine.calls[1:]]
     assert order == ["a waiting listener's first", "a stream's next", "another stream's next", "a new listener's first"]
+
+
+def test_a_segment_gets_its_audio_when_it_is_made_not_when_its_whole_batch_is() -> None:
+    handed_over, release = threading.Event(), threading.Event()
+
+    def engine(
+        spec: ModelSpec, batch: list[SynthesisRequest], replica: int = 0, *, ready: RateReady | None = None
+    ) -> tuple[list[Waveform], int]:
+        waves = [np.full(len(r.text), 0.1, dtype=np.float32) for r in batch]
+        assert ready is not None
+        ready(1, waves[1], 16000)  # the short one is made; the long one is still being made
+        handed_over.set()
+        assert release.wait(10), "the test never saw the short segment's audio"
+        return waves, 16000
+
+    batcher = Batcher(engine, max_batch=2, max_wait_s=0.5)
+    try:
+        long = batcher.submit(SPEC, SynthesisRequest(text="a longer segment"))
+        short = batcher.submit(SPEC, SynthesisRequest(text="short one"))
+        assert handed_over.wait(10)
+        wave, rate = short.result(timeout=5)
+        assert len(wave) == len("short one") and rate == 16000
+        assert not long.done(), "the long segment's call has not returned"
+        release.set()
+        assert len(long.result(timeout=5)[0]) == len("a longer segment")
+    finally:
+        release.set()
+        batcher.close()

@@ -320,3 +320,15 @@ def test_warming_up_compiles_the_text_code_chattts_would_otherwise_compile_mid_s
     assert done.returncode == 0, done.stderr[-2000:]
     before, split, combine = map(int, done.stdout.split()[-3:])
     assert before == 0 and split >= 1 and combine >= 1
+
+
+def test_each_segment_is_handed_over_the_step_it_ends_shortest_first(engine: ChatTTSEngine) -> None:
+    told: list[tuple[int, Waveform]] = []
+    waves = engine.synthesize_each(requests(voice="default"), lambda index, wave: told.append((index, wave)))
+    budgets = [engine.token_budget(text) for text in TEXTS]
+    # Each item ends at its own budget, so the short ones are handed over while the long ones are still made.
+    assert [index for index, _ in told] == sorted(range(len(TEXTS)), key=budgets.__getitem__)
+    for index, wave in told:
+        np.testing.assert_array_equal(wave, waves[index])
+    for wave, expected in zip(waves, engine.synthesize(requests(voice="default")), strict=True):
+        np.testing.assert_array_equal(wave, expected)

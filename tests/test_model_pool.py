@@ -146,3 +146,19 @@ def test_a_model_host_ends_when_its_worker_is_killed_even_in_the_middle_of_a_bat
             worker.wait(10)
         assert worker.stdout is not None
         worker.stdout.close()
+
+
+def test_a_host_hands_back_each_segment_as_it_ends_with_its_rate(pool: ModelPool, tiny_model_dir: Path) -> None:
+    voices = {"default": {"speaker_seed": 2}}
+    tiny = ModelSpec(
+        name="chattts-tiny", engine="chattts", weights=tiny_model_dir, voices=voices, options={"fixed_token_budget": True}
+    )
+    texts = ["a somewhat longer sentence, said slowly", "ok", "one of medium size"]
+    told: list[tuple[int, int, int]] = []
+    waves, rate = pool.synthesize(
+        tiny, [SynthesisRequest(text=t) for t in texts], ready=lambda i, wave, r: told.append((i, len(wave), r))
+    )
+    # Shortest first: each crossed the pipe when its item ended, before the longer ones were made.
+    assert [i for i, _, _ in told] == [1, 2, 0]
+    assert all(r == rate == 24000 for _, _, r in told)
+    assert {i: n for i, n, _ in told} == {i: len(w) for i, w in enumerate(waves)}

@@ -2,23 +2,35 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from typing import Protocol
 
 from core.policy import BatchTiming
 from core.registry import ModelSpec
-from workers.engines.base import SynthesisRequest, Waveform, expect_one_per_input
+from workers.engines.base import RateReady, SynthesisRequest, Waveform, expect_one_per_input
 from workers.planner import BatchPlanner, Due, Pending
 
 log = logging.getLogger(__name__)
 
 
-#: Runs one engine call: (model, requests, which of the model's replicas) → waveforms and their rate.
-RunBatch = Callable[[ModelSpec, list[SynthesisRequest], int], tuple[list[Waveform], int]]
+class RunBatch(Protocol):
+    """Runs one engine call on one of the model's replicas; returns the waveforms and their rate.
+
+    ``ready`` is told each waveform (and its rate) as soon as it is made, before the call returns.
+    """
+
+    def __call__(
+        self, spec: ModelSpec, requests: list[SynthesisRequest], replica: int, *, ready: RateReady | None = None
+    ) -> tuple[list[Waveform], int]: ...
+
+
 #: Called after each engine call with (model name, batch size, characters, seconds).
 BatchObserver = Callable[[str, int, int, float], None]
 
@@ -32,6 +44,12 @@ def _fail(pendings: list[Pending], error: Exception) -> None:
                 future.set_exception(error)
         except InvalidStateError:  # finished meanwhile: its caller has an answer
             pass
+
+
+def _deliver(group: list[Pending], index: int, wave: Waveform, rate: int) -> None:
+    """Give the segment at ``index`` of ``group`` its waveform, unless it already has one (a retried call)."""
+    with contextlib.suppress(InvalidStateError):
+        group[index].future.set_result((wave, rate))
 
 
 class Batcher:
@@ -206,7 +224,10 @@ class Batcher:
         spec = group[0].spec
         started = time.perf_counter()
         try:
-            waves, rate = self._run_batch(spec, [p.request for p in group], replica)
+            # A segment's caller gets its audio the moment it is made, not when the longest of its batch is.
+            waves, rate = self._run_batch(
+                spec, [p.request for p in group], replica, ready=functools.partial(_deliver, group)
+            )
             expect_one_per_input(waves, group, what="engine")
         except Exception as e:  # every waiting caller learns of the failure; none hangs
             self.planner.failed([p.request for p in group])
@@ -217,8 +238,8 @@ class Batcher:
         with self._lock:
             self.batches += 1
             self.items += len(group)
-        for pending, wave in zip(group, waves, strict=True):
-            pending.future.set_result((wave, rate))
+        for index, wave in enumerate(waves):
+            _deliver(group, index, wave, rate)
         if self._observe is not None:
             try:
                 self._observe(spec.name, len(group), sum(len(p.request.text) for p in group), elapsed)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Sized
+from collections.abc import Callable, Sized
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,6 +12,10 @@ import numpy.typing as npt
 from core.errors import SynthesisError
 
 Waveform = npt.NDArray[np.float32]
+#: Told each item's waveform the moment it is made: (its index in the batch, its waveform).
+Ready = Callable[[int, Waveform], None]
+#: The same, past the model host, with the waveform's sample rate: (index, waveform, rate).
+RateReady = Callable[[int, Waveform, int], None]
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,19 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def synthesize(self, batch: list[SynthesisRequest]) -> list[Waveform]:
         """Return exactly one mono float32 waveform per request, in order."""
+
+    def synthesize_each(self, batch: list[SynthesisRequest], ready: Ready) -> list[Waveform]:
+        """Do what ``synthesize`` does, and tell ``ready`` each item's waveform as soon as it is made.
+
+        An engine whose items finish at different times (ChatTTS: each at its own length) overrides this, so
+        that a short segment's listener is not kept waiting for the longest segment of its batch. Here every
+        item is told when the whole batch is done.
+        """
+        waves = self.synthesize(batch)
+        expect_one_per_input(waves, batch, what=type(self).__name__)
+        for index, wave in enumerate(waves):
+            ready(index, wave)
+        return waves
 
     def unload(self) -> None:  # noqa: B027  (optional hook: most engines free memory when dropped)
         """Release the model's memory."""

@@ -6,6 +6,7 @@ import gc
 import logging
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workers.engines.base import Engine, SynthesisRequest, Waveform, expect_one_per_input
+from workers.engines.base import Engine, Ready, SynthesisRequest, Waveform, expect_one_per_input
 from workers.engines.chattts_assets import descriptor_config, find_weights, read_descriptor, where_weights_go
 from workers.engines.chattts_files import check_weights
 from workers.engines.chattts_generate import generate
@@ -167,11 +168,23 @@ class ChatTTSEngine(Engine):
 
     def synthesize(self, batch: list[SynthesisRequest]) -> list[Waveform]:
         """Return exactly one mono float32 waveform per request, in order."""
+        return self.synthesize_each(batch, lambda index, wave: None)
+
+    def synthesize_each(self, batch: list[SynthesisRequest], ready: Ready) -> list[Waveform]:
+        """Return one waveform per request, telling ``ready`` each one as its item ends, before the rest go on."""
         chat = self._chat
         if chat is None:
             raise SynthesisError("ChatTTSEngine.synthesize called before load")
         if not batch:
             return []
+        waves: list[Waveform | None] = [None] * len(batch)
+        budgets = [self.token_budget(r.text) for r in batch]
+
+        def made(index: int, hidden: torch.Tensor) -> None:
+            # The sampler already ended each item at its budget; the cut makes that a guarantee.
+            waves[index] = wave = self._decode(chat, hidden.narrow(0, 0, min(len(hidden), budgets[index])))
+            ready(index, wave)
+
         try:
             with torch.inference_mode(), warnings.catch_warnings():
                 # transformers < 5.40 announces a rename ChatTTS 0.2.5 has not made; it is pinned.
@@ -179,14 +192,17 @@ class ChatTTSEngine(Engine):
                 speakers = [self._speaker(r.voice) for r in batch]
                 chat.context.set(False)
                 texts = self._refined_texts(chat, batch)
-                hiddens = self._code_hiddens(chat, batch, texts, speakers)
-                waves = [self._decode(chat, hidden) for hidden in hiddens]
+                hiddens = self._code_hiddens(chat, batch, texts, speakers, budgets=budgets, made=made)
+                for index, hidden in enumerate(hiddens):
+                    if waves[index] is None:  # ChatTTS's own loop ends every item together
+                        made(index, hidden)
         except SynthesisError:
             raise
         except Exception as e:
             raise SynthesisError(f"ChatTTS failed on a batch of {len(batch)}: {e}") from e
-        expect_one_per_input(waves, batch, what="ChatTTS")
-        return waves
+        made_waves = [wave for wave in waves if wave is not None]
+        expect_one_per_input(made_waves, batch, what="ChatTTS")
+        return made_waves
 
     def _speaker(self, voice: str | None) -> str | None:
         if voice is None:
@@ -218,14 +234,20 @@ class ChatTTSEngine(Engine):
         return texts
 
     def _code_hiddens(
-        self, chat: Any, batch: list[SynthesisRequest], texts: list[str], speakers: list[str | None]
+        self,
+        chat: Any,
+        batch: list[SynthesisRequest],
+        texts: list[str],
+        speakers: list[str | None],
+        *,
+        budgets: list[int],
+        made: Callable[[int, torch.Tensor], None],
     ) -> list[torch.Tensor]:
         params = chat.InferCodeParams(show_tqdm=False)
         prompts = [
             chat.speaker.decorate_code_prompts([text], speed_prompt(r.speed), None, speaker)[0]
             for r, text, speaker in zip(batch, texts, speakers, strict=True)
         ]
-        budgets = [self.token_budget(r.text) for r in batch]
         result = generate(
             chat,
             prompts,
@@ -235,10 +257,10 @@ class ChatTTSEngine(Engine):
             max_tokens=budgets,
             infer_text=False,
             speakers=speakers,
+            finished=lambda index, ids, hidden: made(index, hidden) if hidden is not None else None,
         )
-        expect_one_per_input(result.hiddens, batch, what="ChatTTS", unit="sequences")
-        # The sampler already ended each item at its budget; the cut makes that a guarantee.
-        return [hidden.narrow(0, 0, min(len(hidden), n)) for hidden, n in zip(result.hiddens, budgets, strict=True)]
+        hiddens: list[torch.Tensor] = result.hiddens
+        return hiddens
 
     def _decode(self, chat: Any, hidden: torch.Tensor) -> Waveform:
         # Decoded alone: the convolutions would let a batch's zero padding leak into this item's tail.

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from workers.engines import decode
+from workers.engines.decode import Finished
 from workers.engines.sampling import PerItemSampler
 
 
@@ -64,8 +65,12 @@ def generate(
     max_tokens: list[int],
     infer_text: bool,
     speakers: list[str | None] | None = None,
+    finished: Finished | None = None,
 ) -> Any:
-    """Run one pass of ChatTTS's GPT over ``prompts``; each item is sampled on its own seed and ends at its budget."""
+    """Run one pass of ChatTTS's GPT over ``prompts``; each item is sampled on its own seed and ends at its budget.
+
+    ``finished`` is told each item's output as the item ends (not on ChatTTS's own loop, which ends them together).
+    """
     emb, input_ids, attention_mask = _embedded_prompts(chat, prompts, speakers or [])
     eos = chat.tokenizer.eos_token if infer_text else chat.config.gpt.num_audio_tokens - 1
     sampler, temperature = _sampling(
@@ -85,6 +90,7 @@ def generate(
             infer_text=infer_text,
             return_hidden=not infer_text,
             interrupted=chat.context.get,
+            finished=finished,
         )
     generation = chat.gpt.generate(  # every row runs to the end: a model without a key/value cache
         emb,

@@ -24,6 +24,9 @@ from torch.nn.utils import parametrize
 from workers.engines.kv_cache import growing_cache
 from workers.engines.sampling import PerItemSampler
 
+#: Told an item's output the step it ends: (its index in the batch, its tokens, its hidden states or None).
+Finished = Callable[[int, torch.Tensor, torch.Tensor | None], None]
+
 
 @dataclass
 class Generated:
@@ -51,13 +54,16 @@ def generate(
     infer_text: bool,
     return_hidden: bool,
     interrupted: Callable[[], bool] = lambda: False,
+    finished: Finished | None = None,
 ) -> Generated:
     """Generate up to ``max_new_token`` tokens per item; an item ends at the first end token in any of its rows.
 
     ``emb`` is the prompt's embedding (speaker applied), ``input_ids`` the prompt's ids (batch, length,
-    num_vq) and ``attention_mask`` its padding mask, as ChatTTS's tokenizer makes them.
+    num_vq) and ``attention_mask`` its padding mask, as ChatTTS's tokenizer makes them. ``finished`` is told
+    each item's output (its index, tokens and hidden states) at the step the item ends, before the rest go on.
     """
     loop = _Loop(gpt, input_ids, attention_mask, max_new_token, infer_text=infer_text, return_hidden=return_hidden)
+    loop.finished = finished
     # The heads' weight norm is computed once for the whole loop, not once per step.
     with parametrize.cached():
         for step in range(max_new_token):
@@ -110,6 +116,7 @@ class _Loop:
         self.past: Any = None
         self.ids_out: list[torch.Tensor | None] = [None] * batch
         self.hiddens_out: list[torch.Tensor | None] = [None] * batch
+        self.finished: Finished | None = None
 
     def forward(self, step: int, emb: torch.Tensor | None) -> torch.Tensor:
         """Run the model on the prompt (step 0, ``emb``) or the last tokens; return each row's last hidden state."""
@@ -184,6 +191,8 @@ class _Loop:
             self.ids_out[item] = tokens[:, 0].clone() if self.infer_text else tokens.clone()
             if self.hiddens is not None:
                 self.hiddens_out[item] = self.hiddens[position].narrow(0, 0, length).clone()
+            if self.finished is not None:
+                self.finished(item, self.ids_out[item], self.hiddens_out[item])  # type: ignore[arg-type]
 
     def retain(self, keep: torch.Tensor) -> None:
         """Keep only the rows at positions ``keep``: their inputs, outputs and key/value cache."""

@@ -12,7 +12,7 @@ from typing import Any
 
 from core.errors import EngineLoadError, HostCrashed, HostHung, SynthesisError
 from core.registry import ModelSpec, engine_entry
-from workers.engines.base import SynthesisRequest, Waveform, expect_one_per_input
+from workers.engines.base import Ready, SynthesisRequest, Waveform, expect_one_per_input
 from workers.pool.host import host_main
 
 __all__ = ["HostCrashed", "HostHung", "ModelHost"]  # the errors' old home: pool.py and tests import them here
@@ -94,22 +94,32 @@ class ModelHost:
             raise HostCrashed(f"model {self.spec.name} host died during {what} (exit code {code})") from e
         return reply
 
-    def synthesize(self, requests: list[SynthesisRequest], *, timeout_s: float) -> list[Waveform]:
-        """Send one batch and return exactly one waveform per request."""
+    def synthesize(
+        self, requests: list[SynthesisRequest], *, timeout_s: float, ready: Ready | None = None
+    ) -> list[Waveform]:
+        """Send one batch and return exactly one waveform per request; tell ``ready`` each one as it arrives."""
+        waves: list[Waveform | None] = [None] * len(requests)
         with self._lock:
             self.last_used = time.monotonic()
+            until = self.last_used + timeout_s
             try:
                 self._conn.send(("synth", [dataclasses.asdict(r) for r in requests]))
             except (BrokenPipeError, OSError) as e:
                 raise HostCrashed(f"model {self.spec.name} host is gone") from e
             reply = self._receive(timeout_s)
+            while reply[0] == "part":
+                index, wave = reply[1], reply[2]
+                waves[index] = wave
+                if ready is not None:
+                    ready(index, wave)
+                reply = self._receive(max(0.0, until - time.monotonic()))
             self.last_used = time.monotonic()
         if reply[0] != "ok":
             raise SynthesisError(str(reply[1]))
-        waves: list[Waveform] = reply[1]
-        self.memory = reply[2]
-        expect_one_per_input(waves, requests, what=f"model {self.spec.name}")
-        return waves
+        self.memory = reply[1]
+        made = [wave for wave in waves if wave is not None]
+        expect_one_per_input(made, requests, what=f"model {self.spec.name}")
+        return made
 
     def kill(self) -> None:
         """End the host at once."""

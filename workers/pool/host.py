@@ -55,7 +55,11 @@ def exit_with_parent(parent: int, every_s: float = 0.5) -> None:
 def host_main(
     conn: Connection, spec: ModelSpec, *, builder: str, device: str, log_level: str, torch_threads: int = 0
 ) -> None:
-    """Load the engine ``builder`` ("module:function") makes, say ready, then serve batches until told to stop."""
+    """Load the engine ``builder`` ("module:function") makes, say ready, then serve batches until told to stop.
+
+    A batch is answered with a ``("part", index, waveform)`` message per item, as each is made, then ``("ok", memory)``
+    (or ``("error", reason)``, after the parts of the items already made).
+    """
     # A host whose worker was killed would finish its batch for no one, on the CPU or GPU memory the
     # worker's replacement is loading its model into. (Not PR_SET_PDEATHSIG: it fires when the thread
     # that started the host ends, and the pool starts hosts from short-lived threads.)
@@ -86,10 +90,11 @@ def host_main(
             break
         requests = [SynthesisRequest(**fields) for fields in message[1]]
         try:
-            waves = engine.synthesize(requests)
+            # Each waveform goes back the moment it is made; "ok" ends the call.
+            engine.synthesize_each(requests, lambda index, wave: conn.send(("part", index, wave)))
         except Exception as e:
             log.exception("synthesis failed")
             conn.send(("error", f"{type(e).__name__}: {e}"))
             continue
-        conn.send(("ok", waves, memory_report()))
+        conn.send(("ok", memory_report()))
     engine.unload()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -11,12 +12,16 @@ from typing import Any
 
 from core.metrics import MODEL_EVICTIONS, MODEL_LOAD_SECONDS, MODEL_LOADS
 from core.registry import ModelSpec
-from workers.engines.base import SynthesisRequest, Waveform
+from workers.engines.base import RateReady, SynthesisRequest, Waveform
 from workers.pool.handle import HostCrashed, HostHung, ModelHost
 
 log = logging.getLogger(__name__)
 
 HostFactory = Callable[[ModelSpec], ModelHost]
+
+
+def _tell(ready: RateReady, rate: int, index: int, wave: Waveform) -> None:
+    ready(index, wave, rate)
 
 
 #: A host's key: the model's name and which of its replicas (0 unless a model runs on several hosts).
@@ -39,14 +44,23 @@ class ModelPool:
         self._measured_mb: dict[str, float] = {}  # what each model held when last loaded
 
     def synthesize(
-        self, spec: ModelSpec, requests: list[SynthesisRequest], replica: int = 0
+        self,
+        spec: ModelSpec,
+        requests: list[SynthesisRequest],
+        replica: int = 0,
+        *,
+        ready: RateReady | None = None,
     ) -> tuple[list[Waveform], int]:
-        """Run one batch on a host of the model, restarting a crashed host and retrying the batch once."""
+        """Run one batch on a host of the model, restarting a crashed host and retrying the batch once.
+
+        ``ready`` is told each waveform and its rate as it arrives (again, on a retry, for those already told).
+        """
         key = (spec.name, replica)
         for attempt in (1, 2):
             host = self._host(spec, key)
+            told = None if ready is None else functools.partial(_tell, ready, host.sample_rate)
             try:
-                return host.synthesize(requests, timeout_s=self.call_timeout_s), host.sample_rate
+                return host.synthesize(requests, timeout_s=self.call_timeout_s, ready=told), host.sample_rate
             except HostCrashed as e:
                 self._forget(key, host)
                 self.counts["crashes"] += 1
