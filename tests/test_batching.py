@@ -67,6 +67,16 @@ def test_behind_by_more_than_a_batch_an_urgent_head_fills_its_batch_to_the_full_
     assert [p.due for p in planner.plan(backlog)[0]] == [100.0, 105.0], "full batches when the engines are behind"
 
 
+def test_a_head_already_later_than_a_call_fills_its_batch_to_the_full_horizon() -> None:
+    timing = BatchTiming(horizon_s=30, urgent_horizon_s=2)
+    planner = BatchPlanner(max_batch=8, max_ratio=1.5, timing=timing, clock=lambda: 100.0)
+    planner.ran([_pending("abc", 0.0)], elapsed=1.5)  # a call of this model lasts 1.5 s
+    late = [_pending("abc", 90.0), _pending("abd", 95.0), _pending("abe", 99.5)]
+    assert len(planner.plan(list(late))[0]) == 3, "10 s late: the engines are behind, so the batch fills"
+    due_now = [_pending("abc", 99.0), _pending("abd", 104.0)]
+    assert len(planner.plan(list(due_now))[0]) == 1, "1 s late: only company nearly as urgent"
+
+
 def test_the_urgent_horizon_counts_from_the_models_own_call_time() -> None:
     timing = BatchTiming(horizon_s=30, urgent_horizon_s=2)
     planner = BatchPlanner(max_batch=8, max_ratio=1.5, timing=timing, clock=lambda: 100.0)

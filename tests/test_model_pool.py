@@ -149,10 +149,8 @@ def test_a_model_host_ends_when_its_worker_is_killed_even_in_the_middle_of_a_bat
 
 
 def test_a_host_hands_back_each_segment_as_it_ends_with_its_rate(pool: ModelPool, tiny_model_dir: Path) -> None:
-    voices = {"default": {"speaker_seed": 2}}
-    tiny = ModelSpec(
-        name="chattts-tiny", engine="chattts", weights=tiny_model_dir, voices=voices, options={"fixed_token_budget": True}
-    )
+    voices, fixed = {"default": {"speaker_seed": 2}}, {"fixed_token_budget": True}
+    tiny = ModelSpec(name="chattts-tiny", engine="chattts", weights=tiny_model_dir, voices=voices, options=fixed)
     texts = ["a somewhat longer sentence, said slowly", "ok", "one of medium size"]
     told: list[tuple[int, int, int]] = []
     waves, rate = pool.synthesize(
