@@ -43,9 +43,10 @@ class WorkerSettings(BaseSettings):
         2.0,
         ge=0,
         description="A batch whose most urgent segment must start now (due within one engine call) only takes "
-        "segments due within this many seconds of it, unless more than a batch is waiting: where each extra "
-        "segment lengthens the call (a CPU), company that could wait would make the waiting listener wait "
-        "longer. Larger fills such batches more.",
+        "segments due within this many seconds of it, unless the engines are behind (more than a batch is "
+        "waiting, or that segment is already later than a call or than this, beyond a first segment's priority): "
+        "where each extra segment lengthens the call (a CPU), company that could wait would make the waiting "
+        "listener wait longer. Larger fills such batches more.",
     )
     deadline_lead: float = Field(
         2.0,
