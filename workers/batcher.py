@@ -238,7 +238,7 @@ class Batcher:
         with self._lock:
             self.batches += 1
             self.items += len(group)
-        for index, wave in enumerate(waves):
+        for index, wave in enumerate(waves):  # those ``ready`` was not told of (a run that never tells it)
             _deliver(group, index, wave, rate)
         if self._observe is not None:
             try:

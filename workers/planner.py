@@ -101,8 +101,8 @@ class BatchPlanner:
         slack = head_due - self._clock()
         behind = -slack > max(call_s, timing.urgent_horizon_s) + timing.first_priority_s
         if waiting <= self.max_batch and not behind and slack <= call_s:
-            return min(self.timing.urgent_horizon_s, self.timing.horizon_s)
-        return self.timing.horizon_s
+            return min(timing.urgent_horizon_s, timing.horizon_s)
+        return timing.horizon_s
 
     def _urgency(self, items: list[Pending]) -> dict[int, float]:
         """Return each item's deadline, moved earlier by the lead it deserves."""

@@ -62,8 +62,8 @@ def generate(
     num_vq) and ``attention_mask`` its padding mask, as ChatTTS's tokenizer makes them. ``finished`` is told
     each item's output (its index, tokens and hidden states) at the step the item ends, before the rest go on.
     """
-    loop = _Loop(gpt, input_ids, attention_mask, max_new_token, infer_text=infer_text, return_hidden=return_hidden)
-    loop.finished = finished
+    loop = _Loop(gpt, input_ids, attention_mask, max_new_token, infer_text=infer_text, return_hidden=return_hidden,
+                 finished=finished)  # fmt: skip
     # The heads' weight norm is computed once for the whole loop, not once per step.
     with parametrize.cached():
         for step in range(max_new_token):
@@ -99,6 +99,7 @@ class _Loop:
         *,
         infer_text: bool,
         return_hidden: bool,
+        finished: Finished | None = None,
     ) -> None:
         self.gpt = gpt
         self.infer_text = infer_text
@@ -116,7 +117,7 @@ class _Loop:
         self.past: Any = None
         self.ids_out: list[torch.Tensor | None] = [None] * batch
         self.hiddens_out: list[torch.Tensor | None] = [None] * batch
-        self.finished: Finished | None = None
+        self.finished = finished
 
     def forward(self, step: int, emb: torch.Tensor | None) -> torch.Tensor:
         """Run the model on the prompt (step 0, ``emb``) or the last tokens; return each row's last hidden state."""

@@ -55,7 +55,7 @@ class GrowingLayer(DynamicLayer):  # type: ignore[misc,no-untyped-call]
         self.values = self._value_buffer.narrow(-2, 0, self._length)
 
     def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
-        room = max(needed + FIRST_ROOM, 2 * needed if self._key_buffer is not None else 0)
+        room = needed + FIRST_ROOM if self._key_buffer is None else 2 * needed
         room = max(needed, min(room, self.limit))
         self._key_buffer = self._moved(self._key_buffer, key_states, room)
         self._value_buffer = self._moved(self._value_buffer, value_states, room)
