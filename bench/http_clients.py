@@ -25,6 +25,13 @@ class Http:
         self.timeout_s = timeout_s
         self._local = threading.local()
 
+    def close(self) -> None:
+        """Close the calling thread's connection, if it has one."""
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
     def connect(self) -> http.client.HTTPConnection:
         """Return a new connection (for a stream that keeps it busy)."""
         return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)

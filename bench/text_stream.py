@@ -1,7 +1,8 @@
 """Speak while the text is still being written: text streams fed at an LLM's pace, against whole jobs.
 
 Run with ``python -m bench.text_stream`` (``make bench-textstream``); the table goes to
-``bench/results/text-stream.md``. One stack (Redis, one worker with the tiny ChatTTS on the CPU, the API).
+``bench/results/text-stream.md``. One stack (Redis, one worker with the tiny ChatTTS on the CPU, the API); the
+worker runs one model host per core on a CPU (``REPLICAS``), as ``make bench`` does and the README advises.
 At 1 and then 10 concurrent callers, each caller in turn:
 
 - **streams**: opens a text stream and sends a text from the corpus one character per piece (one character
@@ -29,12 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import requests
 from simple_websocket import Client, ConnectionClosed
 
 from bench.headline_cpu import by_role, snapshot
+from bench.http_clients import Http
 from bench.http_stack import Stack, first_segment_latency, running_stack
 from bench.report import median, percentile, write_result
+from bench.stack_args import default_replicas
 from bench.threads import in_threads
 from bench.tiny_model import MODEL, TORCH_THREADS
 from cache import keys
@@ -50,6 +52,8 @@ STALL_S = 0.1
 #: Callers start this far apart in all over the first RAMP_S (a fleet of agents never starts in one instant);
 #: whole jobs and streams alike.
 RAMP_S = 2.0
+#: Model hosts in the worker: one per core at TORCH_THREADS each, on this CPU.
+REPLICAS = default_replicas("cpu", TORCH_THREADS)
 CORPUS = ROOT / "bench" / "corpus_zh.txt"
 T = TypeVar("T")
 
@@ -89,52 +93,73 @@ def _texts() -> list[str]:
     return ["".join(lines[i : i + SENTENCES_PER_TEXT]) for i in range(0, len(lines), SENTENCES_PER_TEXT)]
 
 
+def _json(http: Http, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    payload = None if body is None else json.dumps(body, ensure_ascii=False).encode()
+    status, _, data, _ = http.exchange(method, path, payload, {"Content-Type": "application/json"})
+    return status, json.loads(data)
+
+
 def _follow(stack: Stack, job_id: str, run: StreamRun, done: threading.Event) -> None:
     """Long-poll each segment in order (an open stream's next one too, before it is planned) until the job is over
     and every segment is in hand."""
-    with requests.Session() as session:
+    http = Http(stack.url, timeout_s=60)
+    try:
         index = 0
         while True:
-            answer = session.get(f"{stack.url}/v1/jobs/{job_id}/segments/{index}", params={"wait": 30}, timeout=60)
-            if answer.status_code == 200:
+            status, headers, _, _ = http.exchange("GET", f"/v1/jobs/{job_id}/segments/{index}?wait=30")
+            if status == 200:
                 run.arrived_at[index] = time.perf_counter()
-                run.durations[index] = float(answer.headers.get("X-Segment-Duration", 0))
+                run.durations[index] = float(headers.get("X-Segment-Duration", 0))
                 index += 1
                 continue
-            job = stack.job(session, job_id)  # past the end of a closed stream (404), or the job is over
-            status = job["status"]
-            if status in ("failed", "canceled") or (status == "done" and index >= job["segments_total"]):
-                run.status = status
+            _, job = _json(http, "GET", f"/v1/jobs/{job_id}")  # past the end of a closed stream (404), or over
+            if job["status"] in ("failed", "canceled") or (job["status"] == "done" and index >= job["segments_total"]):
+                run.status = job["status"]
                 done.set()
                 return
+    finally:
+        http.close()
 
 
 def http_stream(stack: Stack, text: str, seed: int) -> StreamRun:
-    """Feed one text over HTTP at TOKENS_PER_S, a character a piece, then the final piece; follow its segments."""
+    """Feed one text over HTTP at TOKENS_PER_S, a character a piece, then the final piece; follow its segments.
+
+    The writer keeps one keep-alive connection (``http.client``: the load generator shares the machine's cores
+    with the service, and ``requests`` cost it about twice the CPU per piece)."""
     run, done = StreamRun(), threading.Event()
-    with requests.Session() as session:
-        job = stack.submit(session, text="", text_stream=True, seed=seed, cache=False, format="wav")
-        job_id, planned = job["id"], 0
-        follower = threading.Thread(target=_follow, args=(stack, job_id, run, done), daemon=True)
-        follower.start()
-        start = time.perf_counter()
-        pieces = [*text, ""]
-        for seq, piece in enumerate(pieces):
-            time.sleep(max(0.0, start + seq / TOKENS_PER_S - time.perf_counter()))  # the writer's own pace
-            sent = time.perf_counter()
-            final = seq == len(pieces) - 1
-            if final:
-                run.final_at = sent
-            answer = session.post(f"{stack.url}/v1/jobs/{job_id}/text",
-                                  json={"seq": seq, "text": piece, "final": final}, timeout=30)  # fmt: skip
-            answer.raise_for_status()
-            total = answer.json()["segments_total"]
-            for index in range(planned, total):
-                run.planned_at[index] = sent
-            planned = total
-        if not done.wait(120):
-            raise RuntimeError(f"text stream {job_id} did not end within 120 s of its final piece")
+    http = _writer(stack)
+    body = {"model": MODEL, "text": "", "text_stream": True, "seed": seed, "cache": False, "format": "wav"}
+    status, job = _json(http, "POST", "/v1/jobs", body)
+    if status != 202:
+        raise RuntimeError(f"submit answered {status}: {job}")
+    job_id, planned = job["id"], 0
+    follower = threading.Thread(target=_follow, args=(stack, job_id, run, done), daemon=True)
+    follower.start()
+    start = time.perf_counter()
+    pieces = [*text, ""]
+    for seq, piece in enumerate(pieces):
+        time.sleep(max(0.0, start + seq / TOKENS_PER_S - time.perf_counter()))  # the writer's own pace
+        sent = time.perf_counter()
+        final = seq == len(pieces) - 1
+        if final:
+            run.final_at = sent
+        status, answer = _json(http, "POST", f"/v1/jobs/{job_id}/text", {"seq": seq, "text": piece, "final": final})
+        if status != 200:
+            raise RuntimeError(f"piece {seq} of {job_id} answered {status}: {answer}")
+        for index in range(planned, answer["segments_total"]):
+            run.planned_at[index] = sent
+        planned = answer["segments_total"]
+    if not done.wait(120):
+        raise RuntimeError(f"text stream {job_id} did not end within 120 s of its final piece")
     return _with_synthesis(stack, job_id, run)
+
+
+_writers: dict[str, Http] = {}
+
+
+def _writer(stack: Stack) -> Http:
+    """Return the stack's writer client: one keep-alive connection per calling thread, kept across its streams."""
+    return _writers.setdefault(stack.url, Http(stack.url, timeout_s=30))
 
 
 def client_stream(stack: Stack, text: str, seed: int) -> StreamRun:
@@ -280,12 +305,13 @@ def table(rows: list[dict[str, Any]], started: float) -> str:
     lines = [
         "## bench-textstream: speaking while the text is written (tiny ChatTTS, CPU, one worker)",
         "",
-        f"{os.cpu_count()} CPU cores, torch threads per model host {TORCH_THREADS}; ran "
+        f"{os.cpu_count()} CPU cores, {REPLICAS} model hosts of {TORCH_THREADS} torch thread(s) each; ran "
         f"{time.perf_counter() - started:.0f} s; {SECONDS_PER_LEVEL:g} s per level and kind. Text arrives at "
         f"{TOKENS_PER_S:g} tokens/s, one character per token, {SENTENCES_PER_TEXT} corpus sentences per stream; "
         f'callers start spread over the first {RAMP_S:g} s. "HTTP pieces" sends a POST per token; '
         f'"TTSClient.write" joins the tokens of up to {JOIN_S:g} s into one piece and sends a sentence end at once. '
-        "Service settings: the defaults (the bench stack's heartbeat is 1 s, which only the idle cut-off uses).",
+        f"Service settings: the defaults but TTS_MODEL_REPLICAS={REPLICAS} and TTS_TORCH_THREADS={TORCH_THREADS} (the "
+        "bench stack's heartbeat is 1 s, which only the idle cut-off uses).",
         "",
         "| streams | pieces over | streams run | segments | end of text → audio, first segment p50 / p95 (s) | "
         "every segment p50 / p95 (s) | whole job's first audio p50 / p95 (s) | first-segment p95 ÷ whole p95 | "
@@ -351,7 +377,7 @@ def main() -> None:
     """Run both kinds at each level and write the table."""
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
-    with running_stack("text-stream") as stack:
+    with running_stack("text-stream", TTS_MODEL_REPLICAS=str(REPLICAS)) as stack:
         http_stream(stack, _texts()[0], seed=1)  # warm-up, not counted
         for callers in LEVELS:
             whole = whole_jobs_at(stack, callers)
