@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from workers.engines.base import SynthesisRequest, Waveform
+from workers.engines.base import SynthesisRequest, Waveform, every_one_made
 from workers.engines.errors import EngineLoadError, SynthesisError
 from workers.engines.espeak import EspeakEngine
 
@@ -141,3 +141,18 @@ def test_loading_an_unknown_language_fails() -> None:
 def test_synthesizing_before_load_fails() -> None:
     with pytest.raises(SynthesisError, match="before load"):
         EspeakEngine(language="en-us", voices=VOICES).synthesize([SynthesisRequest(text="Hi.")])
+
+
+def test_an_engine_without_its_own_hand_over_tells_every_item_once_its_batch_is_made() -> None:
+    engine = make_engine("en-us")
+    told: list[tuple[int, int]] = []
+    batch = [SynthesisRequest(text="one"), SynthesisRequest(text="two three")]
+    waves = engine.synthesize_each(batch, lambda index, wave: told.append((index, len(wave))))
+    assert told == [(0, len(waves[0])), (1, len(waves[1]))]
+
+
+def test_a_slot_no_item_filled_is_a_synthesis_error_naming_it() -> None:
+    made = np.zeros(4, dtype=np.float32)
+    assert every_one_made([made, made], what="engine") == [made, made]
+    with pytest.raises(SynthesisError, match=r"no waveform for input\(s\) \[1\] of 3"):
+        every_one_made([made, None, made], what="engine")

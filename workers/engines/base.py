@@ -35,6 +35,14 @@ def expect_one_per_input(outputs: Sized, inputs: Sized, *, what: str, unit: str 
         raise SynthesisError(f"{what} returned {len(outputs)} {unit} for {len(inputs)} inputs")
 
 
+def every_one_made(waves: list[Waveform | None], *, what: str) -> list[Waveform]:
+    """Return ``waves`` (one slot per input, filled as each item was made); raise SynthesisError if any is empty."""
+    missing = [index for index, wave in enumerate(waves) if wave is None]
+    if missing:
+        raise SynthesisError(f"{what} made no waveform for input(s) {missing} of {len(waves)}")
+    return [wave for wave in waves if wave is not None]
+
+
 class Engine(abc.ABC):
     """Load a model, synthesise batches of segments, unload it.
 

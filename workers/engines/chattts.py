@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workers.engines.base import Engine, Ready, SynthesisRequest, Waveform, expect_one_per_input
+from workers.engines.base import Engine, Ready, SynthesisRequest, Waveform, every_one_made
 from workers.engines.chattts_assets import descriptor_config, find_weights, read_descriptor, where_weights_go
 from workers.engines.chattts_files import check_weights
 from workers.engines.chattts_generate import generate
@@ -200,9 +200,7 @@ class ChatTTSEngine(Engine):
             raise
         except Exception as e:
             raise SynthesisError(f"ChatTTS failed on a batch of {len(batch)}: {e}") from e
-        made_waves = [wave for wave in waves if wave is not None]
-        expect_one_per_input(made_waves, batch, what="ChatTTS")
-        return made_waves
+        return every_one_made(waves, what="ChatTTS")
 
     def _speaker(self, voice: str | None) -> str | None:
         if voice is None:

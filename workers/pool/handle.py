@@ -12,7 +12,7 @@ from typing import Any
 
 from core.errors import EngineLoadError, HostCrashed, HostHung, SynthesisError
 from core.registry import ModelSpec, engine_entry
-from workers.engines.base import Ready, SynthesisRequest, Waveform, expect_one_per_input
+from workers.engines.base import Ready, SynthesisRequest, Waveform, every_one_made
 from workers.pool.host import host_main
 
 __all__ = ["HostCrashed", "HostHung", "ModelHost"]  # the errors' old home: pool.py and tests import them here
@@ -117,9 +117,7 @@ class ModelHost:
         if reply[0] != "ok":
             raise SynthesisError(str(reply[1]))
         self.memory = reply[1]
-        made = [wave for wave in waves if wave is not None]
-        expect_one_per_input(made, requests, what=f"model {self.spec.name}")
-        return made
+        return every_one_made(waves, what=f"model {self.spec.name}")
 
     def kill(self) -> None:
         """End the host at once."""
