@@ -332,3 +332,46 @@ def test_each_segment_is_handed_over_the_step_it_ends_shortest_first(engine: Cha
         np.testing.assert_array_equal(wave, waves[index])
     for wave, expected in zip(waves, engine.synthesize(requests(voice="default")), strict=True):
         np.testing.assert_array_equal(wave, expected)
+
+
+def arriving(at: dict[int, list[SynthesisRequest]]) -> tuple[list[int], object]:
+    """Return a log of the asks and an ``arrivals`` that hands over ``at[n]`` at the n-th ask (counted from 0)."""
+    asks: list[int] = []
+
+    def arrivals() -> list[SynthesisRequest]:
+        asks.append(len(asks))
+        return at.get(len(asks) - 1, [])
+
+    return asks, arrivals
+
+
+@pytest.mark.parametrize("ask", [1, 30])
+def test_a_segment_that_joins_a_running_call_sounds_as_it_would_alone(free_engine: ChatTTSEngine, ask: int) -> None:
+    # At the first ask the running rows' prompts are shorter than the newcomer's (they are moved); by the
+    # 30th they are longer (the newcomer is padded). Either way only float rounding may differ.
+    assert free_engine.takes_arrivals
+    batch = [SynthesisRequest(TEXTS[0], voice="default", seed=3), SynthesisRequest(TEXTS[2], voice=None, seed=7)]
+    late = [
+        SynthesisRequest(TEXTS[1], voice="female", seed=0, speed=1.3),
+        SynthesisRequest(TEXTS[3], voice="default", seed=5, mode="quality"),
+    ]
+    told: dict[int, Waveform] = {}
+    asks, arrivals = arriving({ask: late})
+    waves = free_engine.synthesize_each(batch, told.__setitem__, arrivals)  # type: ignore[arg-type]
+    assert len(asks) > ask, "the call asked for arrivals between its steps"
+    assert sorted(told) == [0, 1, 2, 3], "joined segments are numbered after the batch, in order"
+    for index, request in enumerate(batch + late):
+        np.testing.assert_array_equal(told[index], waves[index])
+        np.testing.assert_allclose(waves[index], alone(free_engine, request), rtol=0, atol=1e-5)
+
+
+def test_segments_join_at_different_steps_and_each_ends_at_its_own_budget(engine: ChatTTSEngine) -> None:
+    asks, arrivals = arriving({2: [SynthesisRequest(TEXTS[1], seed=1)], 9: [SynthesisRequest(TEXTS[3], seed=2)]})
+    first = [SynthesisRequest(TEXTS[2], seed=4)]
+    waves = engine.synthesize_each(first, lambda index, wave: None, arrivals)  # type: ignore[arg-type]
+    budgets = [engine.token_budget(text) for text in (TEXTS[2], TEXTS[1], TEXTS[3])]
+    # A fixed budget: each lasts exactly its tokens, whenever it joined.
+    assert [len(w) for w in waves] == [SAMPLES_PER_TOKEN * b - SAMPLES_PER_TOKEN // 2 for b in budgets]
+    # The call went on past its first segment's end (ask 24) for those that joined, until the longest ended:
+    # asks 0-2 (a join at 2), then one after each of its steps but the last.
+    assert budgets[0] < len(asks) and len(asks) == 2 + budgets[1]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaModel
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from workers.engines.kv_cache import FIRST_ROOM, GrowingLayer, growing_cache
+from workers.engines.kv_cache import FIRST_ROOM, GrowingLayer, growing_cache, joined_cache
 
 
 def states(batch: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,3 +73,27 @@ def test_a_llama_decodes_the_same_with_either_cache() -> None:
             outputs.append(torch.cat(steps, 1))
     assert isinstance(growing_cache(config, 10).layers[0], GrowingLayer)
     torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-5, atol=1e-5)
+
+
+def filled(rows: int, length: int, seed: int) -> DynamicCache:
+    cache = DynamicCache()
+    cache.layers = [GrowingLayer(limit=50)]
+    cache.layers[0].update(*states(rows, length, seed=seed))
+    return cache
+
+
+def test_joined_caches_hold_each_rows_positions_moved_right_behind_zeros() -> None:
+    running, newcomers = filled(2, 9, seed=1), filled(3, 6, seed=2)
+    before_a, before_b = running.layers[0].keys.clone(), newcomers.layers[0].keys.clone()
+    joined = joined_cache(running, newcomers, shifts=(0, 3), limit=60).layers[0]
+    assert joined.keys.shape == (5, 2, 9, 4) and joined.get_seq_length() == 9
+    torch.testing.assert_close(joined.keys[:2], before_a, rtol=0, atol=0)
+    torch.testing.assert_close(joined.keys[2:, :, 3:], before_b, rtol=0, atol=0)
+    assert not joined.keys[2:, :, :3].any(), "the newcomers' padding is zeros (the attention mask hides it)"
+    joined.update(*states(5, 1, seed=3))  # it goes on growing in place
+    assert joined.get_seq_length() == 10
+
+
+def test_caches_that_do_not_line_up_are_refused() -> None:
+    with pytest.raises(ValueError, match="do not line up"):
+        joined_cache(filled(1, 5, seed=1), filled(1, 4, seed=2), shifts=(0, 0), limit=20)

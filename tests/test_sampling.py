@@ -6,7 +6,7 @@ import pytest
 import torch
 from ChatTTS.model import gen_logits
 
-from workers.engines.sampling import PerItemSampler
+from workers.engines.sampling import PENALTY_WINDOW, PerItemSampler
 
 VOCAB, ROWS, EOS = 626, 8, 625
 
@@ -45,7 +45,7 @@ def test_candidates_and_probabilities_match_chattts_penalty_top_p_and_top_k(
     input_ids[:, -5:] = logits.argmax(dim=1, keepdim=True)  # the penalty must bite on the favourite
     expected = _upstream(input_ids, logits.clone(), top_p=top_p, top_k=top_k, penalty=penalty)
     candidates, probs = _sampler(top_p=top_p, top_k=top_k, repetition_penalty=penalty).distribution(
-        input_ids, logits.clone(), step=5
+        input_ids, logits.clone(), steps=input_ids.size(1)
     )
     dense = torch.zeros(ROWS, VOCAB).scatter_(1, candidates, probs)
     assert torch.allclose(dense, expected, atol=1e-6), (dense - expected).abs().max()
@@ -103,3 +103,37 @@ def test_an_item_left_alone_mid_batch_samples_what_it_would_have_with_its_batch_
             assert torch.equal(kept.sample(ids[4:], logits[4:]), together[4:]), step
         ids = torch.cat([ids, together.unsqueeze(1)], dim=1)
     assert (together[4:] == EOS).all(), "item 1 still ends at its own maximum"
+
+
+def test_an_item_that_joins_late_samples_what_it_would_have_alone() -> None:
+    generator = torch.Generator().manual_seed(2)
+    steps = [torch.randn(ROWS, VOCAB, generator=generator) * 3 for _ in range(60)]
+    prompt = torch.randint(0, VOCAB, (ROWS, 16), generator=generator)  # what a window holds before an item's own
+
+    def sampler(seed: int) -> PerItemSampler:
+        return PerItemSampler(seeds=[seed], rows_per_item=4, eos_token=EOS, min_tokens=[0], max_tokens=[45],
+                              device=torch.device("cpu"), repetition_penalty=1.05)  # fmt: skip
+
+    alone, own = sampler(9), torch.zeros(4, 0, dtype=torch.long)
+    expected = []
+    for logits in steps[:46]:  # crosses noise blocks, and ends at its maximum
+        token = alone.sample(own, logits[4:])
+        own = torch.cat([own, token.unsqueeze(1)], dim=1)
+        expected.append(token)
+
+    running, history = sampler(7), prompt.clone()  # rows 0-3 run from the start; rows 4-7 join at step 12
+    for step, logits in enumerate(steps):
+        if step == 12:
+            running.extend(sampler(9))
+        if step < 12:
+            running.sample(history[:4, -PENALTY_WINDOW:], logits[:4])
+            history = torch.cat([history, torch.cat([history[:4, -1:], prompt[4:, -1:]])], dim=1)
+            continue
+        mine = step - 12
+        if mine == len(expected):
+            break
+        rows = torch.cat([logits[:4], steps[mine][4:]])  # the late item sees what it saw alone at its own step
+        token = running.sample(history[:, -PENALTY_WINDOW:], rows)
+        assert torch.equal(token[4:], expected[mine]), mine
+        history = torch.cat([history, token.unsqueeze(1)], dim=1)
+    assert (expected[-1] == EOS).all(), "it ends at its own maximum, counted from when it joined"

@@ -16,6 +16,8 @@ Waveform = npt.NDArray[np.float32]
 Ready = Callable[[int, Waveform], None]
 #: The same, past the model host, with the waveform's sample rate: (index, waveform, rate).
 RateReady = Callable[[int, Waveform, int], None]
+#: Asked while a call runs for segments that join it (an empty list: none now); theirs are numbered after the call's.
+Arrivals = Callable[[], "list[SynthesisRequest]"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,11 @@ class Engine(abc.ABC):
     #: Output sample rate in Hz; valid once ``load`` has returned.
     sample_rate: int
 
+    @property
+    def takes_arrivals(self) -> bool:
+        """Say whether segments can join a call while it runs (``synthesize_each``'s ``arrivals``)."""
+        return False
+
     @abc.abstractmethod
     def load(self) -> None:
         """Load the model into memory on the engine's device."""
@@ -60,12 +67,15 @@ class Engine(abc.ABC):
     def synthesize(self, batch: list[SynthesisRequest]) -> list[Waveform]:
         """Return exactly one mono float32 waveform per request, in order."""
 
-    def synthesize_each(self, batch: list[SynthesisRequest], ready: Ready) -> list[Waveform]:
+    def synthesize_each(
+        self, batch: list[SynthesisRequest], ready: Ready, arrivals: Arrivals | None = None
+    ) -> list[Waveform]:
         """Do what ``synthesize`` does, and tell ``ready`` each item's waveform as soon as it is made.
 
         An engine whose items finish at different times (ChatTTS: each at its own length) overrides this, so
         that a short segment's listener is not kept waiting for the longest segment of its batch. Here every
-        item is told when the whole batch is done.
+        item is told when the whole batch is done. An engine that ``takes_arrivals`` asks ``arrivals`` for
+        more segments while it runs, and makes them in the same call (numbered after the batch, in order).
         """
         waves = self.synthesize(batch)
         expect_one_per_input(waves, batch, what=type(self).__name__)

@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from workers.engines.base import Engine, Ready, SynthesisRequest, Waveform, every_one_made
+from workers.engines import decode
+from workers.engines.base import Arrivals, Engine, Ready, SynthesisRequest, Waveform, every_one_made
 from workers.engines.chattts_assets import descriptor_config, find_weights, read_descriptor, where_weights_go
 from workers.engines.chattts_files import check_weights
-from workers.engines.chattts_generate import generate
+from workers.engines.chattts_generate import generate, prepare
 from workers.engines.chattts_jit import cache_text_jit
 from workers.engines.errors import EngineLoadError, SynthesisError
 
@@ -170,8 +171,19 @@ class ChatTTSEngine(Engine):
         """Return exactly one mono float32 waveform per request, in order."""
         return self.synthesize_each(batch, lambda index, wave: None)
 
-    def synthesize_each(self, batch: list[SynthesisRequest], ready: Ready) -> list[Waveform]:
-        """Return one waveform per request, telling ``ready`` each one as its item ends, before the rest go on."""
+    @property
+    def takes_arrivals(self) -> bool:
+        """Say whether segments can join a running call: on ChatTTS's Llama with its key/value cache (not vLLM's)."""
+        return self._chat is not None and decode.supports(self._chat.gpt)
+
+    def synthesize_each(
+        self, batch: list[SynthesisRequest], ready: Ready, arrivals: Arrivals | None = None
+    ) -> list[Waveform]:
+        """Return one waveform per request, telling ``ready`` each one as its item ends, before the rest go on.
+
+        ``arrivals`` is asked between decode steps for segments to join the call; their waveforms follow the
+        batch's, in the order they arrived.
+        """
         chat = self._chat
         if chat is None:
             raise SynthesisError("ChatTTSEngine.synthesize called before load")
@@ -185,21 +197,28 @@ class ChatTTSEngine(Engine):
             waves[index] = wave = self._decode(chat, hidden.narrow(0, 0, min(len(hidden), budgets[index])))
             ready(index, wave)
 
+        def joining() -> decode.Joining | None:
+            joined = arrivals() if arrivals is not None else []
+            if not joined:
+                return None
+            waves.extend([None] * len(joined))
+            budgets.extend(self.token_budget(r.text) for r in joined)
+            return self._code_prompts(chat, joined, self._refined_texts(chat, joined), budgets[-len(joined) :])
+
         try:
             with torch.inference_mode(), warnings.catch_warnings():
                 # transformers < 5.40 announces a rename ChatTTS 0.2.5 has not made; it is pinned.
                 warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
-                speakers = [self._speaker(r.voice) for r in batch]
                 chat.context.set(False)
                 texts = self._refined_texts(chat, batch)
-                hiddens = self._code_hiddens(chat, batch, texts, speakers, budgets=budgets, made=made)
+                hiddens = self._code_hiddens(chat, batch, texts, budgets=budgets, made=made, joins=joining)
                 for index, hidden in enumerate(hiddens):
                     if waves[index] is None:  # ChatTTS's own loop ends every item together
                         made(index, hidden)
         except SynthesisError:
             raise
         except Exception as e:
-            raise SynthesisError(f"ChatTTS failed on a batch of {len(batch)}: {e}") from e
+            raise SynthesisError(f"ChatTTS failed on a batch of {len(waves)}: {e}") from e
         return every_one_made(waves, what="ChatTTS")
 
     def _speaker(self, voice: str | None) -> str | None:
@@ -231,31 +250,46 @@ class ChatTTSEngine(Engine):
             texts[i] = text
         return texts
 
+    def _code_settings(self, batch: list[SynthesisRequest], budgets: list[int]) -> dict[str, Any]:
+        return {
+            "seeds": [_seed(r) for r in batch],
+            "min_tokens": budgets if self._fixed_budget else [1] * len(batch),
+            "max_tokens": budgets,
+            "infer_text": False,
+            "speakers": [self._speaker(r.voice) for r in batch],
+        }
+
+    def _prompts(self, chat: Any, batch: list[SynthesisRequest], texts: list[str]) -> list[str]:
+        return [
+            chat.speaker.decorate_code_prompts([text], speed_prompt(r.speed), None, self._speaker(r.voice))[0]
+            for r, text in zip(batch, texts, strict=True)
+        ]
+
+    def _code_prompts(
+        self, chat: Any, batch: list[SynthesisRequest], texts: list[str], budgets: list[int]
+    ) -> decode.Joining:
+        """Return segments ready to join a running speech-code pass."""
+        params = chat.InferCodeParams(show_tqdm=False)
+        return prepare(chat, self._prompts(chat, batch, texts), params, **self._code_settings(batch, budgets))
+
     def _code_hiddens(
         self,
         chat: Any,
         batch: list[SynthesisRequest],
         texts: list[str],
-        speakers: list[str | None],
         *,
         budgets: list[int],
         made: Callable[[int, torch.Tensor], None],
+        joins: decode.Joins,
     ) -> list[torch.Tensor]:
         params = chat.InferCodeParams(show_tqdm=False)
-        prompts = [
-            chat.speaker.decorate_code_prompts([text], speed_prompt(r.speed), None, speaker)[0]
-            for r, text, speaker in zip(batch, texts, speakers, strict=True)
-        ]
         result = generate(
             chat,
-            prompts,
+            self._prompts(chat, batch, texts),
             params,
-            seeds=[_seed(r) for r in batch],
-            min_tokens=budgets if self._fixed_budget else [1] * len(batch),
-            max_tokens=budgets,
-            infer_text=False,
-            speakers=speakers,
+            **self._code_settings(batch, budgets),
             finished=lambda index, ids, hidden: made(index, hidden) if hidden is not None else None,
+            joins=joins,
         )
         hiddens: list[torch.Tensor] = result.hiddens
         return hiddens

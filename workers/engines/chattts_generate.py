@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from workers.engines import decode
-from workers.engines.decode import Finished
+from workers.engines.decode import Finished, Joins
 from workers.engines.sampling import PerItemSampler
 
 
@@ -38,12 +38,11 @@ def _sampling(
     max_tokens: list[int],
     infer_text: bool,
     eos: int,
-) -> tuple[PerItemSampler, torch.Tensor]:
-    """Return ChatTTS's repetition penalty, top-p and top-k fused into one per-item sampler, and the temperatures."""
-    rows = 1 if infer_text else chat.config.gpt.num_vq
-    sampler = PerItemSampler(
+) -> PerItemSampler:
+    """Return ChatTTS's repetition penalty, top-p and top-k fused into one per-item sampler."""
+    return PerItemSampler(
         seeds=seeds,
-        rows_per_item=rows,
+        rows_per_item=1 if infer_text else chat.config.gpt.num_vq,
         eos_token=eos,
         min_tokens=min_tokens,
         max_tokens=max_tokens,
@@ -52,7 +51,29 @@ def _sampling(
         top_k=params.top_K,
         repetition_penalty=params.repetition_penalty,
     )
-    return sampler, torch.tensor([params.temperature] * rows, device=chat.device)
+
+
+def prepare(
+    chat: Any,
+    prompts: list[str],
+    params: Any,
+    *,
+    seeds: list[int],
+    min_tokens: list[int],
+    max_tokens: list[int],
+    infer_text: bool,
+    speakers: list[str | None] | None = None,
+) -> decode.Joining:
+    """Return ``prompts`` ready to generate: embedded (each item's speaker applied), with their own sampler."""
+    emb, input_ids, attention_mask = _embedded_prompts(chat, prompts, speakers or [])
+    sampler = _sampling(chat, params, seeds=seeds, min_tokens=min_tokens, max_tokens=max_tokens,
+                        infer_text=infer_text, eos=_eos(chat, infer_text))  # fmt: skip
+    # One step past the longest budget, in which the sampler ends every item.
+    return decode.Joining(emb, input_ids, attention_mask, sampler, max_new_token=max(max_tokens) + 1)
+
+
+def _eos(chat: Any, infer_text: bool) -> int:
+    return int(chat.tokenizer.eos_token if infer_text else chat.config.gpt.num_audio_tokens - 1)
 
 
 def generate(
@@ -66,41 +87,42 @@ def generate(
     infer_text: bool,
     speakers: list[str | None] | None = None,
     finished: Finished | None = None,
+    joins: Joins | None = None,
 ) -> Any:
     """Run one pass of ChatTTS's GPT over ``prompts``; each item is sampled on its own seed and ends at its budget.
 
     ``finished`` is told each item's output as the item ends (not on ChatTTS's own loop, which ends them together).
+    ``joins`` (made with ``prepare``) is asked between steps for items to add; ChatTTS's own loop never asks.
     """
-    emb, input_ids, attention_mask = _embedded_prompts(chat, prompts, speakers or [])
-    eos = chat.tokenizer.eos_token if infer_text else chat.config.gpt.num_audio_tokens - 1
-    sampler, temperature = _sampling(
-        chat, params, seeds=seeds, min_tokens=min_tokens, max_tokens=max_tokens, infer_text=infer_text, eos=eos
-    )
-    steps = max(max_tokens) + 1  # one step past the longest budget, in which the sampler ends every item
+    first = prepare(chat, prompts, params, seeds=seeds, min_tokens=min_tokens, max_tokens=max_tokens,
+                    infer_text=infer_text, speakers=speakers)  # fmt: skip
+    eos = _eos(chat, infer_text)
+    temperature = torch.tensor([params.temperature] * (1 if infer_text else chat.config.gpt.num_vq), device=chat.device)
     if decode.supports(chat.gpt):  # ended items leave the batch
         return decode.generate(
             chat.gpt,
-            emb,
-            input_ids,
-            attention_mask,
+            first.emb,
+            first.input_ids,
+            first.attention_mask,
             temperature=temperature,
-            sampler=sampler,
+            sampler=first.sampler,
             eos_token=eos,
-            max_new_token=steps,
+            max_new_token=first.max_new_token,
             infer_text=infer_text,
             return_hidden=not infer_text,
             interrupted=chat.context.get,
             finished=finished,
+            joins=joins,
         )
     generation = chat.gpt.generate(  # every row runs to the end: a model without a key/value cache
-        emb,
-        input_ids,
+        first.emb,
+        first.input_ids,
         temperature=temperature,
         eos_token=eos,
-        attention_mask=attention_mask,
-        max_new_token=steps,
+        attention_mask=first.attention_mask,
+        max_new_token=first.max_new_token,
         min_new_token=0,
-        logits_processors=(sampler,),
+        logits_processors=(first.sampler,),
         infer_text=infer_text,
         return_hidden=not infer_text,
         stream=False,

@@ -8,12 +8,19 @@ step is ChatTTS's: the same input preparation (its own ``_prepare_generation_inp
 model call, heads, temperature and end rule; the tokens come from the per-item sampler, whose
 noise is per item, so what an item says does not depend on when its batch mates end.
 
+Items may also join a generation already running (``joins``): the loop asks between steps, runs the
+newcomers' prompts through the model on their own, and then carries them in the same batch, every
+row's key/value cache, tokens and mask moved so that all rows end at the same position (the shorter
+ones padded on the left, which the attention mask hides and the positions, counted from the mask,
+ignore). A segment that arrives while a call runs need not wait for the whole call to end.
+
 It needs the key/value cache: a model without one (ChatTTS's TransformerEngine Llama, vLLM) goes
 through ChatTTS's own loop instead (``supports``).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,8 +28,8 @@ from typing import Any
 import torch
 from torch.nn.utils import parametrize
 
-from workers.engines.kv_cache import growing_cache
-from workers.engines.sampling import PerItemSampler
+from workers.engines.kv_cache import growing_cache, joined_cache
+from workers.engines.sampling import PENALTY_WINDOW, PerItemSampler
 
 #: Told an item's output the step it ends: (its index in the batch, its tokens, its hidden states or None).
 Finished = Callable[[int, torch.Tensor, torch.Tensor | None], None]
@@ -30,10 +37,25 @@ Finished = Callable[[int, torch.Tensor, torch.Tensor | None], None]
 
 @dataclass
 class Generated:
-    """Per item, in input order: its tokens (before its end token) and, if asked, its hidden states."""
+    """Per item, in input order (joined items after the first batch's): its tokens and, if asked, its hidden states."""
 
     ids: list[torch.Tensor]
     hiddens: list[torch.Tensor]
+
+
+@dataclass
+class Joining:
+    """Items to add to a running generation: their prompts as ``generate`` takes them, and their own sampler."""
+
+    emb: torch.Tensor
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    sampler: PerItemSampler
+    max_new_token: int
+
+
+#: Asked between steps for items to add to the generation (None: none now).
+Joins = Callable[[], Joining | None]
 
 
 def supports(gpt: Any) -> bool:
@@ -55,40 +77,88 @@ def generate(
     return_hidden: bool,
     interrupted: Callable[[], bool] = lambda: False,
     finished: Finished | None = None,
+    joins: Joins | None = None,
 ) -> Generated:
     """Generate up to ``max_new_token`` tokens per item; an item ends at the first end token in any of its rows.
 
     ``emb`` is the prompt's embedding (speaker applied), ``input_ids`` the prompt's ids (batch, length,
     num_vq) and ``attention_mask`` its padding mask, as ChatTTS's tokenizer makes them. ``finished`` is told
     each item's output (its index, tokens and hidden states) at the step the item ends, before the rest go on.
+    ``joins`` is asked between steps for more items; theirs are numbered after the items already taken.
     """
-    loop = _Loop(gpt, input_ids, attention_mask, max_new_token, infer_text=infer_text, return_hidden=return_hidden,
-                 finished=finished)  # fmt: skip
+    out = _Outputs(finished)
+    step = functools.partial(_step, temperature=temperature, eos_token=eos_token)
+    rows = _Rows(gpt, input_ids, attention_mask, max_new_token, out, infer_text=infer_text, return_hidden=return_hidden)
     # The heads' weight norm is computed once for the whole loop, not once per step.
     with parametrize.cached():
-        for step in range(max_new_token):
-            hidden = loop.forward(step, emb if step == 0 else None)
-            logits = loop.logits(hidden, temperature)
-            chosen = sampler.sample(loop.history(step), logits)
-            ended = loop.record(step, chosen, eos_token)
-            stop = interrupted() or step == max_new_token - 1
-            if not stop and not bool(ended.any()):
-                continue
-            # An item's output stops before its end token; one still going at the last step keeps it all.
-            loop.finish(ended.nonzero().squeeze(1), step)
+        ended = step(rows, sampler, emb)
+        while True:
+            stop = interrupted()
+            running = rows.finish(ended, stop=stop)
             if stop:
-                loop.finish((~ended).nonzero().squeeze(1), step + 1)
                 break
-            keep = (~ended).nonzero().squeeze(1).cpu()
-            if keep.numel() == 0:
-                break
-            loop.retain(keep)
-            sampler.retain(keep)
-    return loop.outputs()
+            if len(running) < len(sampler):
+                sampler.retain(running)
+            if rows.size == 0:
+                break  # a segment arriving now starts a call of its own
+            joining = joins() if joins is not None else None
+            if joining is not None:
+                newcomers = _Rows(gpt, joining.input_ids, joining.attention_mask, joining.max_new_token, out,
+                                  infer_text=infer_text, return_hidden=return_hidden)  # fmt: skip
+                started = newcomers.finish(step(newcomers, joining.sampler, joining.emb), stop=False)
+                if len(started) < len(joining.sampler):
+                    joining.sampler.retain(started)
+                rows.join(newcomers)
+                sampler.extend(joining.sampler)
+            ended = step(rows, sampler, None)
+    return out.generated(infer_text=infer_text, return_hidden=return_hidden, width=input_ids.size(2), gpt=gpt)
 
 
-class _Loop:
-    """The state of one generation: inputs and outputs so far, the key/value cache, the rows still running."""
+def _step(
+    rows: _Rows, sampler: PerItemSampler, emb: torch.Tensor | None, *, temperature: torch.Tensor, eos_token: int
+) -> torch.Tensor:
+    """Run one step (the prompt's, with ``emb``, or the last tokens'); return which rows ended."""
+    hidden = rows.forward(emb)
+    chosen = sampler.sample(rows.window(), rows.logits(hidden, temperature))
+    return rows.record(chosen, eos_token)
+
+
+class _Outputs:
+    """Each item's output, by item index, as its rows end."""
+
+    def __init__(self, finished: Finished | None) -> None:
+        self.ids: list[torch.Tensor | None] = []
+        self.hiddens: list[torch.Tensor | None] = []
+        self.finished = finished
+
+    def take(self, count: int) -> torch.Tensor:
+        """Number ``count`` more items; return their indices."""
+        first = len(self.ids)
+        self.ids += [None] * count
+        self.hiddens += [None] * count
+        return torch.arange(first, first + count)
+
+    def put(self, item: int, ids: torch.Tensor, hiddens: torch.Tensor | None) -> None:
+        self.ids[item], self.hiddens[item] = ids, hiddens
+        if self.finished is not None:
+            self.finished(item, ids, hiddens)
+
+    def generated(self, *, infer_text: bool, return_hidden: bool, width: int, gpt: Any) -> Generated:
+        """Return every item's output, in item order."""
+        no_ids = torch.zeros(0, *(() if infer_text else (width,)), dtype=torch.long)
+        no_hidden = torch.zeros(0, gpt.gpt.config.hidden_size, device=gpt.device)
+        return Generated(
+            ids=[t if t is not None else no_ids for t in self.ids],
+            hiddens=[h if h is not None else no_hidden for h in self.hiddens] if return_hidden else [],
+        )
+
+
+class _Rows:
+    """The rows of a generation by position: prompts (left-padded), tokens so far, the key/value cache.
+
+    Every row has ``length`` positions filled (its last token is the next step's input); a row's own tokens
+    start at ``begin`` and may run until ``end``.
+    """
 
     def __init__(
         self,
@@ -96,34 +166,37 @@ class _Loop:
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         max_new_token: int,
+        out: _Outputs,
         *,
         infer_text: bool,
         return_hidden: bool,
-        finished: Finished | None = None,
     ) -> None:
         self.gpt = gpt
         self.infer_text = infer_text
         self.return_hidden = return_hidden
-        batch, self.prompt, width = input_ids.shape
-        total = self.prompt + max_new_token
-        self.ids = torch.zeros(batch, total, width, dtype=input_ids.dtype, device=input_ids.device)
-        self.ids.narrow(1, 0, self.prompt).copy_(input_ids)
-        self.mask = torch.ones(batch, total, dtype=torch.bool, device=input_ids.device)
+        self.out = out
+        batch, self.length, width = input_ids.shape
+        self.capacity = self.length + max_new_token
+        self.ids = torch.zeros(batch, self.capacity, width, dtype=input_ids.dtype, device=input_ids.device)
+        self.ids.narrow(1, 0, self.length).copy_(input_ids)
+        self.mask = torch.ones(batch, self.capacity, dtype=torch.bool, device=input_ids.device)
         self.mask.narrow(1, 0, attention_mask.size(1)).copy_(attention_mask)
+        self.begin = torch.full((batch,), self.length)
+        self.end = self.begin + max_new_token
+        self.items = out.take(batch)  # the item index of each row
         self.hiddens: torch.Tensor | None = None
-        self.max_new_token = max_new_token
-        self.total = total
-        self.alive = torch.arange(batch)  # the original index of each row still running
         self.past: Any = None
-        self.ids_out: list[torch.Tensor | None] = [None] * batch
-        self.hiddens_out: list[torch.Tensor | None] = [None] * batch
-        self.finished = finished
 
-    def forward(self, step: int, emb: torch.Tensor | None) -> torch.Tensor:
-        """Run the model on the prompt (step 0, ``emb``) or the last tokens; return each row's last hidden state."""
-        gpt, progress = self.gpt, self.prompt + step
+    @property
+    def size(self) -> int:
+        """Return the number of rows still running."""
+        return int(self.items.numel())
+
+    def forward(self, emb: torch.Tensor | None) -> torch.Tensor:
+        """Run the model on the prompt (``emb``) or the last tokens; return each row's last hidden state."""
+        gpt = self.gpt
         model_input = gpt._prepare_generation_inputs(
-            self.ids.narrow(1, 0, progress), self.past, self.mask.narrow(1, 0, progress)
+            self.ids.narrow(1, 0, self.length), self.past, self.mask.narrow(1, 0, self.length)
         )
         if emb is not None:
             model_input.inputs_embeds = emb
@@ -140,7 +213,7 @@ class _Loop:
             attention_mask=model_input.attention_mask,
             position_ids=model_input.position_ids,
             # The first step starts a cache that grows in place, not by copying itself each step (kv_cache).
-            past_key_values=self.past if self.past is not None else growing_cache(gpt.gpt.config, self.total),
+            past_key_values=self.past if self.past is not None else growing_cache(gpt.gpt.config, self.capacity),
             inputs_embeds=model_input.inputs_embeds,
             use_cache=True,
             output_attentions=False,
@@ -150,8 +223,8 @@ class _Loop:
         hidden: torch.Tensor = outputs.last_hidden_state.narrow(1, -1, 1).squeeze(1).to(gpt.device, dtype=torch.float)
         if self.return_hidden:
             if self.hiddens is None:
-                self.hiddens = torch.zeros(hidden.size(0), self.max_new_token, hidden.size(1), device=gpt.device)
-            self.hiddens[:, step] = hidden
+                self.hiddens = torch.zeros(hidden.size(0), self.capacity, hidden.size(1), device=gpt.device)
+            self.hiddens[:, self.length] = hidden  # the hidden state the token at this position is sampled from
         return hidden
 
     def logits(self, hidden: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
@@ -164,52 +237,84 @@ class _Loop:
         rows = temperature.to(logits.device).view(1, -1).expand(hidden.size(0), -1).reshape(-1, 1)
         return logits / rows
 
-    def history(self, step: int) -> torch.Tensor:
-        """Return the tokens generated so far, one row per sampled row (what the repetition penalty reads)."""
-        generated = self.ids.narrow(1, self.prompt, step)
-        history = (
-            generated[:, :, 0]
-            if self.infer_text
-            else generated.permute(0, 2, 1).reshape(-1 if step else generated.size(0) * generated.size(2), step)
-        )
-        return history.to(self.gpt.device)
+    def window(self) -> torch.Tensor:
+        """Return each sampled row's latest tokens: what the repetition penalty reads (the sampler knows its own)."""
+        width = min(PENALTY_WINDOW, self.length)
+        latest = self.ids.narrow(1, self.length - width, width)
+        window = latest[:, :, 0] if self.infer_text else latest.permute(0, 2, 1).reshape(-1, width)
+        return window.to(self.gpt.device)
 
-    def record(self, step: int, chosen: torch.Tensor, eos_token: int) -> torch.Tensor:
+    def record(self, chosen: torch.Tensor, eos_token: int) -> torch.Tensor:
         """Store this step's tokens; return which rows ended (an end token in any of an item's rows)."""
         chosen = chosen.to(self.ids.device)
         if self.infer_text:
-            self.ids[:, self.prompt + step] = chosen.unsqueeze(1).expand(-1, self.ids.size(2))
-            return chosen.eq(eos_token)
-        chosen = chosen.view(-1, self.gpt.num_vq)
-        self.ids[:, self.prompt + step] = chosen
-        return chosen.eq(eos_token).any(1)
+            self.ids[:, self.length] = chosen.unsqueeze(1).expand(-1, self.ids.size(2))
+            ended = chosen.eq(eos_token)
+        else:
+            chosen = chosen.view(-1, self.gpt.num_vq)
+            self.ids[:, self.length] = chosen
+            ended = chosen.eq(eos_token).any(1)
+        self.length += 1
+        return ended
 
-    def finish(self, positions: torch.Tensor, length: int) -> None:
-        """Keep the first ``length`` tokens (and hidden states) of the rows at ``positions`` as their items' output."""
-        for position in positions.tolist():
-            item = int(self.alive[position])
-            tokens = self.ids[position].narrow(0, self.prompt, length)
-            self.ids_out[item] = tokens[:, 0].clone() if self.infer_text else tokens.clone()
-            if self.hiddens is not None:
-                self.hiddens_out[item] = self.hiddens[position].narrow(0, 0, length).clone()
-            if self.finished is not None:
-                self.finished(item, self.ids_out[item], self.hiddens_out[item])  # type: ignore[arg-type]
+    def finish(self, ended: torch.Tensor, *, stop: bool) -> torch.Tensor:
+        """Hand over the items of ended rows (and of all, if ``stop``); keep the rest; return the kept positions.
 
-    def retain(self, keep: torch.Tensor) -> None:
-        """Keep only the rows at positions ``keep``: their inputs, outputs and key/value cache."""
-        self.alive = self.alive.index_select(0, keep.to(self.alive.device))
-        self.past.batch_select_indices(keep.to(self.gpt.device_gpt))
+        An item's output stops before its end token; one that reached its last position, or is stopped, keeps it all.
+        """
+        ended = ended.cpu()
+        full = self.length >= self.end
+        done = ended | full | stop
+        for position in done.nonzero().squeeze(1).tolist():
+            begin = int(self.begin[position])
+            count = self.length - begin - (1 if bool(ended[position]) else 0)
+            tokens = self.ids[position].narrow(0, begin, count)
+            hiddens = None if self.hiddens is None else self.hiddens[position].narrow(0, begin, count).clone()
+            own = tokens[:, 0].clone() if self.infer_text else tokens.clone()
+            self.out.put(int(self.items[position]), own, hiddens)
+        keep = (~done).nonzero().squeeze(1)
+        if keep.numel() < self.size:
+            self._retain(keep)
+        return keep
+
+    def _retain(self, keep: torch.Tensor) -> None:
+        self.items = self.items.index_select(0, keep)
+        self.begin = self.begin.index_select(0, keep)
+        self.end = self.end.index_select(0, keep)
+        if keep.numel() and self.past is not None:
+            self.past.batch_select_indices(keep.to(self.gpt.device_gpt))
         self.ids = self.ids.index_select(0, keep.to(self.ids.device))
         self.mask = self.mask.index_select(0, keep.to(self.mask.device))
         if self.hiddens is not None:
             self.hiddens = self.hiddens.index_select(0, keep.to(self.hiddens.device))
 
-    def outputs(self) -> Generated:
-        """Return every item's output, in input order."""
-        width = () if self.infer_text else (self.ids.size(2),)
-        no_ids = torch.zeros(0, *width, dtype=self.ids.dtype)
-        no_hidden = torch.zeros(0, self.gpt.gpt.config.hidden_size, device=self.gpt.device)
-        return Generated(
-            ids=[t if t is not None else no_ids for t in self.ids_out],
-            hiddens=[h if h is not None else no_hidden for h in self.hiddens_out] if self.return_hidden else [],
-        )
+    def join(self, other: _Rows) -> None:
+        """Take ``other``'s rows after these, both moved to end at the same position (left padding)."""
+        if other.size == 0:
+            return
+        length = max(self.length, other.length)
+        shifts = (length - self.length, length - other.length)
+        capacity = max(self.capacity + shifts[0], other.capacity + shifts[1])
+        self.past = joined_cache(self.past, other.past, shifts=shifts, limit=capacity)
+        self.ids = _padded(self.ids, other.ids, self.length, shifts, capacity, fill=0)
+        self.mask = _padded(self.mask, other.mask, self.length, shifts, capacity, fill=True)
+        if self.hiddens is not None and other.hiddens is not None:
+            self.hiddens = _padded(self.hiddens, other.hiddens, self.length, shifts, capacity, fill=0)
+        self.begin = torch.cat([self.begin + shifts[0], other.begin + shifts[1]])
+        self.end = torch.cat([self.end + shifts[0], other.end + shifts[1]])
+        self.items = torch.cat([self.items, other.items])
+        self.length, self.capacity = length, capacity
+
+
+def _padded(
+    a: torch.Tensor, b: torch.Tensor, length_a: int, shifts: tuple[int, int], capacity: int, *, fill: float | bool
+) -> torch.Tensor:
+    """Stack ``a``'s rows on ``b``'s, each one's filled positions moved ``shifts`` later; the new positions before
+    them masked (``False``) or zero, those after them ``fill``."""
+    length_b = length_a + shifts[0] - shifts[1]
+    stacked = torch.full((a.size(0) + b.size(0), capacity, *a.shape[2:]), fill, dtype=a.dtype, device=a.device)
+    for rows, source, shift, length in ((stacked[: a.size(0)], a, shifts[0], length_a),
+                                        (stacked[a.size(0) :], b, shifts[1], length_b)):  # fmt: skip
+        rows.narrow(1, 0, shift).zero_()
+        rows.narrow(1, shift, length).copy_(source.narrow(1, 0, length))
+    return stacked

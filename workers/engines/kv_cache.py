@@ -54,6 +54,22 @@ class GrowingLayer(DynamicLayer):  # type: ignore[misc,no-untyped-call]
         self.keys = self._key_buffer.narrow(-2, 0, self._length)
         self.values = self._value_buffer.narrow(-2, 0, self._length)
 
+    def joined(self, other: GrowingLayer, shifts: tuple[int, int], limit: int) -> GrowingLayer:
+        """Return a layer of this one's rows then ``other``'s, each moved ``shifts`` positions later (zeros before)."""
+        length = self._length + shifts[0]
+        if other._length + shifts[1] != length:
+            raise ValueError(f"caches of {self._length}+{shifts[0]} and {other._length}+{shifts[1]} positions "
+                             "do not line up")  # fmt: skip
+        layer = GrowingLayer(max(limit, length))
+        room = min(layer.limit, length + FIRST_ROOM)
+        layer._key_buffer = _stacked(self._key_buffer, other._key_buffer, self._length, shifts, room)
+        layer._value_buffer = _stacked(self._value_buffer, other._value_buffer, self._length, shifts, room)
+        layer.lazy_initialization(layer._key_buffer, layer._value_buffer)
+        layer._length = length
+        layer.keys = layer._key_buffer.narrow(-2, 0, length)
+        layer.values = layer._value_buffer.narrow(-2, 0, length)
+        return layer
+
     def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
         room = needed + FIRST_ROOM if self._key_buffer is None else 2 * needed
         room = max(needed, min(room, self.limit))
@@ -73,3 +89,36 @@ def growing_cache(config: Any, limit: int) -> DynamicCache:
     cache = DynamicCache(config=config)
     cache.layers = [GrowingLayer(limit) for _ in range(len(cache.layers))]
     return cache
+
+
+def joined_cache(first: DynamicCache, second: DynamicCache, *, shifts: tuple[int, int], limit: int) -> DynamicCache:
+    """Make ``first`` hold its rows then ``second``'s, each moved ``shifts`` positions later; return it.
+
+    The positions a shift leaves empty at the start hold zeros, which the attention mask must hide: this is how
+    items whose generation started at other lengths join one running batch (left padding). Both caches must hold
+    the same number of positions once shifted; the result grows in place up to ``limit`` positions.
+    """
+    layers: list[Any] = [
+        _growing(a).joined(_growing(b), shifts, limit) for a, b in zip(first.layers, second.layers, strict=True)
+    ]
+    first.layers = layers
+    return first
+
+
+def _growing(layer: object) -> GrowingLayer:
+    if not isinstance(layer, GrowingLayer):
+        raise TypeError(f"only caches made by growing_cache can be joined, not one of {type(layer).__name__}")
+    return layer
+
+
+def _stacked(
+    a: torch.Tensor | None, b: torch.Tensor | None, length_a: int, shifts: tuple[int, int], room: int
+) -> torch.Tensor:
+    if a is None or b is None:
+        raise ValueError("only caches that hold positions can be joined")
+    length_b = length_a + shifts[0] - shifts[1]
+    shape = (a.size(0) + b.size(0), a.size(1), room, a.size(3))
+    buffer = torch.zeros(shape, dtype=a.dtype, device=a.device)
+    buffer[: a.size(0)].narrow(-2, shifts[0], length_a).copy_(a.narrow(-2, 0, length_a))
+    buffer[a.size(0) :].narrow(-2, shifts[1], length_b).copy_(b.narrow(-2, 0, length_b).to(a.device, a.dtype))
+    return buffer

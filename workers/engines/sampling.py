@@ -48,8 +48,13 @@ class PerItemSampler:
         self._top_p = top_p
         self._top_k = top_k
         self._penalty = repetition_penalty
-        self._step = 0
-        self._noise: torch.Tensor | None = None  # (NOISE_BLOCK, rows, candidates), one block per item stacked
+        self._device = device
+        self._steps = [0] * len(seeds)  # each item's own step: items may join a generation already running
+        self._noise: list[torch.Tensor | None] = [None] * len(seeds)  # per item: (NOISE_BLOCK, rows, candidates)
+
+    def __len__(self) -> int:
+        """Return the number of items this sampler still samples for."""
+        return len(self._generators)
 
     def __call__(self, input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """Return logits that allow only the token sampled for each row (``input_ids``: tokens generated so far)."""
@@ -57,13 +62,18 @@ class PerItemSampler:
         return torch.full(logits.shape, -math.inf, device=logits.device).scatter_(1, chosen.unsqueeze(1), 0.0)
 
     def sample(self, input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        """Return the token sampled for each row at this step (``input_ids``: tokens generated so far)."""
-        step, self._step = self._step, self._step + 1
-        candidates, probs = self.distribution(input_ids, logits, step)
+        """Return the token sampled for each row at its item's next step.
+
+        ``input_ids`` holds each row's latest tokens, oldest first; of them, only as many as the row's item has
+        generated are its history (a row whose item joined late may be given prompt tokens before them).
+        """
+        steps = self._row_steps(logits.device)
+        candidates, probs = self.distribution(input_ids, logits, steps)
         # The exponential race torch.multinomial itself uses for one sample, one noise stream per item.
-        pick = (probs / self._noise_for(step, probs.size(1), logits.device)).argmax(dim=1, keepdim=True)
+        pick = (probs / self._noise_now(probs.size(1), logits.device)).argmax(dim=1, keepdim=True)
         chosen = candidates.gather(1, pick).squeeze(1)
-        return chosen.masked_fill(self._max <= step, self._eos)
+        self._steps = [step + 1 for step in self._steps]
+        return chosen.masked_fill(self._max <= steps, self._eos)
 
     def retain(self, items: torch.Tensor) -> None:
         """Keep only the items at positions ``items`` (of those still kept), in that order.
@@ -71,29 +81,53 @@ class PerItemSampler:
         Each item's noise comes from its own generator, so the kept items sample exactly as they would have.
         """
         rows = (items.unsqueeze(1) * self._rows + torch.arange(self._rows, device=items.device)).reshape(-1)
-        self._generators = [self._generators[int(i)] for i in items]
+        kept = [int(i) for i in items]
+        self._generators = [self._generators[i] for i in kept]
+        self._steps = [self._steps[i] for i in kept]
+        self._noise = [self._noise[i] for i in kept]
         self._min = self._min.index_select(0, rows.to(self._min.device))
         self._max = self._max.index_select(0, rows.to(self._max.device))
-        if self._noise is not None:
-            self._noise = self._noise.index_select(1, rows.to(self._noise.device))
+
+    def extend(self, other: PerItemSampler) -> None:
+        """Take on ``other``'s items after this one's, each at its own step (items joining a running generation)."""
+        if (other._rows, other._eos, other._top_p, other._top_k, other._penalty) != (
+            self._rows, self._eos, self._top_p, self._top_k, self._penalty,
+        ):  # fmt: skip
+            raise ValueError("only items sampled with the same settings can join a generation")
+        self._generators += other._generators
+        self._steps += other._steps
+        self._noise += other._noise
+        self._min = torch.cat([self._min, other._min.to(self._min.device)])
+        self._max = torch.cat([self._max, other._max.to(self._max.device)])
 
     def distribution(
-        self, input_ids: torch.Tensor, logits: torch.Tensor, step: int
+        self, input_ids: torch.Tensor, logits: torch.Tensor, steps: int | torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return each row's candidate tokens and their probabilities (zero for those top-p drops) at ``step``."""
-        logits = self._penalise(input_ids, logits.float())
+        """Return each row's candidate tokens and their probabilities (zero for those top-p drops).
+
+        ``steps``: how many tokens each row (or every row) has generated; the last that many of ``input_ids``.
+        """
+        steps = torch.as_tensor(steps, device=logits.device)
+        logits = self._penalise(input_ids, logits.float(), steps)
         k = logits.size(1) if self._top_k is None else max(MIN_KEEP, min(self._top_k, logits.size(1)))
         values, candidates = torch.topk(logits, k, dim=1)  # descending
         keep = self._top_p_mask(logits, values)
-        keep &= ~((candidates == self._eos) & (self._min > step).unsqueeze(1))  # no end before the minimum
+        keep &= ~((candidates == self._eos) & (self._min > steps).unsqueeze(1))  # no end before the minimum
         return candidates, torch.softmax(values.masked_fill(~keep, -math.inf), dim=1)
 
-    def _penalise(self, input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    def _row_steps(self, device: torch.device) -> torch.Tensor:
+        steps = torch.tensor(self._steps, device=device)
+        return steps if self._rows == 1 else steps.repeat_interleave(self._rows)
+
+    def _penalise(self, input_ids: torch.Tensor, logits: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
         # ChatTTS's CustomRepetitionPenaltyLogitsProcessorRepeat, counted by scatter instead of one-hot.
         if self._penalty == 1.0 or input_ids.size(1) == 0:
             return logits
         window = input_ids[:, -PENALTY_WINDOW:].to(logits.device)
-        counts = torch.zeros_like(logits).scatter_add_(1, window, torch.ones_like(window, dtype=logits.dtype))
+        # A row's window holds only its own tokens: the last ``steps`` of it (a joined row's earlier ones are prompt).
+        width = window.size(1)
+        weights = (torch.arange(width, device=logits.device) >= width - steps.view(-1, 1)).to(logits.dtype)
+        counts = torch.zeros_like(logits).scatter_add_(1, window, weights.expand(window.size(0), -1).contiguous())
         alpha = torch.pow(self._penalty, counts)
         return torch.where(logits < 0, logits * alpha, logits / alpha)
 
@@ -108,10 +142,13 @@ class PerItemSampler:
         keep[:, :MIN_KEEP] = True
         return keep
 
-    def _noise_for(self, step: int, k: int, device: torch.device) -> torch.Tensor:
-        offset = step % NOISE_BLOCK
-        if offset == 0 or self._noise is None:
-            shape = (NOISE_BLOCK, self._rows, k)
-            blocks = [torch.empty(shape, device=device).exponential_(generator=g) for g in self._generators]
-            self._noise = torch.cat(blocks, dim=1)
-        return self._noise[offset]
+    def _noise_now(self, k: int, device: torch.device) -> torch.Tensor:
+        """Return this step's noise per row: each item's from its own generator, a block of its steps at a time."""
+        rows = []
+        for item, (step, generator) in enumerate(zip(self._steps, self._generators, strict=True)):
+            block = self._noise[item]
+            if step % NOISE_BLOCK == 0 or block is None:
+                block = torch.empty((NOISE_BLOCK, self._rows, k), device=device).exponential_(generator=generator)
+                self._noise[item] = block
+            rows.append(block[step % NOISE_BLOCK])
+        return torch.cat(rows) if len(rows) > 1 else rows[0]
