@@ -29,6 +29,12 @@ class WorkerSettings(BaseSettings):
         10.0, ge=0, description="How long the batcher waits for company after a segment arrives."
     )
     batch_max_ratio: float = Field(1.5, ge=1.0, description="Longest/shortest text length allowed in one batch.")
+    batch_join: bool = Field(
+        True,
+        description="Let a segment that must start now (a job's first, a stream's next about to be late) join an "
+        "engine call already running, between its decode steps, when every replica is busy (ChatTTS; other "
+        "engines make it wait). Off: it waits for a call to end.",
+    )
     scheduler: Scheduler = Field(
         "deadline",
         description="Order of work: `deadline` (earliest playback deadline first) or `fifo` (arrival order).",

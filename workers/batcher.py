@@ -12,6 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import Protocol
 
+from core.errors import SynthesisError
 from core.policy import BatchTiming
 from core.registry import ModelSpec
 from workers.engines.base import RateReady, SynthesisRequest, Waveform, expect_one_per_input
@@ -31,8 +32,41 @@ class RunBatch(Protocol):
     ) -> tuple[list[Waveform], int]: ...
 
 
+class JoinBatch(Protocol):
+    """Offers segments to the engine call running on one of the model's replicas; the future says if they joined.
+
+    Joined segments' waveforms (and rate) are told to ``ready`` as each is made; refused, they never started.
+    """
+
+    def __call__(
+        self, spec: ModelSpec, requests: list[SynthesisRequest], replica: int, *, ready: RateReady
+    ) -> Future[bool]: ...
+
+
 #: Called after each engine call with (model name, batch size, characters, seconds).
 BatchObserver = Callable[[str, int, int, float], None]
+
+
+class _Wake:
+    """Put in a model's queue when a replica frees, so a dispatcher waiting for arrivals looks again."""
+
+
+_WAKE = _Wake()
+Inbox = queue.SimpleQueue[Pending | None | _Wake]
+
+
+class _Running:
+    """An engine call in progress on one replica, and the segments that joined it."""
+
+    def __init__(self, group: list[Pending]) -> None:
+        self.group = group
+        self.joined: list[Pending] = []  # accepted by the engine
+        self.offered = 0  # segments offered and not yet answered
+        self.open = True  # a refused offer closes it: the call is ending (or has not started)
+
+    def live(self) -> int:
+        """Return how many of its segments are still being made (or offered to it)."""
+        return self.offered + sum(1 for p in (*self.group, *self.joined) if not p.future.done())
 
 
 def _fail(pendings: list[Pending], error: Exception) -> None:
@@ -40,16 +74,19 @@ def _fail(pendings: list[Pending], error: Exception) -> None:
     for pending in pendings:
         future = pending.future
         try:
-            if future.running() or future.set_running_or_notify_cancel():
+            # A finished future (its waveform came before the call failed) keeps its outcome.
+            if not future.done() and (future.running() or future.set_running_or_notify_cancel()):
                 future.set_exception(error)
-        except InvalidStateError:  # finished meanwhile: its caller has an answer
+        except (InvalidStateError, RuntimeError):  # finished meanwhile: its caller has an answer
             pass
 
 
 def _deliver(group: list[Pending], index: int, wave: Waveform, rate: int) -> None:
     """Give the segment at ``index`` of ``group`` its waveform, unless it already has one (a retried call)."""
+    pending = group[index]
     with contextlib.suppress(InvalidStateError):
-        group[index].future.set_result((wave, rate))
+        pending.future.set_result((wave, rate))
+        pending.made = time.perf_counter()
 
 
 class Batcher:
@@ -61,6 +98,11 @@ class Batcher:
     ``timing.hold_s`` for company. A deadline only moves later, and only a bounded amount (see
     ``core.schedule.Timeline``), while new work is never due before it arrives: every
     segment becomes the most urgent one in the end, so nothing starves.
+
+    With ``join_batch``, a segment that arrives while every replica is busy and must start within one
+    engine call (``BatchPlanner.joinable``: a job's first segment, a stream's next one about to be late)
+    joins the running call with the fewest segments still being made, up to ``max_batch``, instead of
+    waiting for a call to end.
     """
 
     def __init__(
@@ -74,8 +116,11 @@ class Batcher:
         replicas: int = 1,
         observe: BatchObserver | None = None,
         clock: Callable[[], float] = time.time,
+        join_batch: JoinBatch | None = None,
     ) -> None:
         self._run_batch = run_batch
+        self._join_batch = join_batch
+        self._running: dict[int, _Running] = {}
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self.timing = timing or BatchTiming()
@@ -83,12 +128,13 @@ class Batcher:
         self.replicas = max(1, replicas)
         self._observe = observe
         self._clock = clock
-        self._queues: dict[str, queue.SimpleQueue[Pending | None]] = {}
+        self._queues: dict[str, Inbox] = {}
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self.batches = 0
         self.items = 0
         self.holds = 0
+        self.joined = 0
 
     def submit(
         self, spec: ModelSpec, request: SynthesisRequest, *, deadline: Due | None = None, early: bool = False
@@ -102,11 +148,11 @@ class Batcher:
         self._queue_for(spec.name).put(pending)
         return pending.future
 
-    def _queue_for(self, name: str) -> queue.SimpleQueue[Pending | None]:
+    def _queue_for(self, name: str) -> Inbox:
         with self._lock:
             found = self._queues.get(name)
             if found is None:
-                found = self._queues[name] = queue.SimpleQueue()
+                found = self._queues[name] = Inbox()
                 thread = threading.Thread(
                     target=self._dispatch, args=(found, name), name=f"batcher-{name}", daemon=True
                 )
@@ -114,21 +160,22 @@ class Batcher:
                 thread.start()
             return found
 
-    def _collect(self, inbox: queue.SimpleQueue[Pending | None], backlog: list[Pending]) -> list[Pending] | None:
+    def _collect(self, inbox: Inbox, backlog: list[Pending]) -> list[Pending] | None:
         # With nothing waiting, block for the first arrival, then wait at most
         # max_wait_s for company. With a backlog the engine must not idle: take
         # only what is already queued.
         items = list(backlog)
-        if not items:
+        while not items:
             first = inbox.get()
             if first is None:
                 return None
-            items.append(first)
+            if isinstance(first, Pending):
+                items.append(first)
         if not self._gather(inbox, items, 0.0 if backlog else self.max_wait_s):
             inbox.put(None)  # stop after this round
         return items
 
-    def _gather(self, inbox: queue.SimpleQueue[Pending | None], items: list[Pending], wait_s: float) -> bool:
+    def _gather(self, inbox: Inbox, items: list[Pending], wait_s: float) -> bool:
         """Add arrivals to ``items`` for up to ``wait_s`` (then what is already queued); False if told to stop."""
         until = time.monotonic() + wait_s
         while True:
@@ -139,15 +186,70 @@ class Batcher:
                 return True
             if nxt is None:
                 return False
+            if not isinstance(nxt, Pending):
+                continue
             items.append(nxt)
             if remaining > 0 and len(items) >= self.max_batch:
                 until = 0.0  # a full batch is here: take what else is queued, wait no longer
+
+    def _free_replica(self, free: queue.SimpleQueue[int], inbox: Inbox, backlog: list[Pending]) -> int:
+        """Wait for a free replica; meanwhile let urgent arrivals join the calls running (with ``join_batch``)."""
+        while True:
+            with contextlib.suppress(queue.Empty):
+                return free.get_nowait()
+            if self._join_batch is None:
+                return free.get()
+            self._offer(inbox, backlog)
+            nxt = inbox.get()  # an arrival, a replica freeing (_WAKE), or the end
+            if nxt is None:
+                replica = free.get()
+                inbox.put(None)  # stop once the backlog is done
+                return replica
+            if isinstance(nxt, Pending):
+                backlog.append(nxt)
+
+    def _offer(self, inbox: Inbox, backlog: list[Pending]) -> None:
+        """Offer the waiting segments that cannot wait for a call to end to the calls running, least busy first."""
+        urgent = self.planner.joinable(backlog)
+        if not urgent:
+            return
+        with self._lock:
+            running = sorted(((c.live(), r, c) for r, c in self._running.items() if c.open), key=lambda t: t[:2])
+        for live, replica, call in running:
+            take, urgent = urgent[: self.max_batch - live], urgent[max(0, self.max_batch - live) :]
+            if take:
+                chosen = {id(p) for p in take}
+                backlog[:] = [p for p in backlog if id(p) not in chosen]
+                self._join(call, replica, take, inbox)
+
+    def _join(self, call: _Running, replica: int, group: list[Pending], inbox: Inbox) -> None:
+        assert self._join_batch is not None
+        with self._lock:
+            call.offered += len(group)
+        log.debug("offering %d segment(s) to the call running on replica %d", len(group), replica)
+        answer = self._join_batch(
+            group[0].spec, [p.request for p in group], replica, ready=functools.partial(_deliver, group)
+        )
+        answer.add_done_callback(functools.partial(self._answered, call, group, inbox))
+
+    def _answered(self, call: _Running, group: list[Pending], inbox: Inbox, answer: Future[bool]) -> None:
+        joined = not answer.exception() and answer.result()
+        with self._lock:
+            call.offered -= len(group)
+            if joined:
+                call.joined += group
+                self.joined += len(group)
+            else:
+                call.open = False  # it is ending: no more offers to it
+        if not joined:
+            for pending in group:
+                inbox.put(pending)  # never started: back in line
 
     def choose(self, items: list[Pending]) -> list[Pending]:
         """Return the next batch: the earliest deadline and the similar-length segments due soonest after it."""
         return self.planner.plan(items)[0]
 
-    def _dispatch(self, inbox: queue.SimpleQueue[Pending | None], name: str) -> None:
+    def _dispatch(self, inbox: Inbox, name: str) -> None:
         # Each round waits for a free replica of the model, then plans the most urgent batch
         # from everything waiting at that moment: work is ordered as late as possible.
         # A fault in a round fails that round's segments (their tasks retry) and the next
@@ -155,14 +257,14 @@ class Batcher:
         free: queue.SimpleQueue[int] = queue.SimpleQueue()
         for replica in range(self.replicas):
             free.put(replica)
-        calls = ThreadPoolExecutor(self.replicas, thread_name_prefix=f"engine-{name}") if self.replicas > 1 else None
+        # Calls run on their own threads, so the dispatcher can take arrivals in while they run.
+        calls = ThreadPoolExecutor(self.replicas, thread_name_prefix=f"engine-{name}")
         backlog: list[Pending] = []
         while True:
-            replica = free.get()
+            replica = self._free_replica(free, inbox, backlog)
             items = self._collect(inbox, backlog)
             if items is None:
-                if calls is not None:
-                    calls.shutdown(wait=True)
+                calls.shutdown(wait=True)
                 return
             try:
                 backlog = self._round(items, replica, free, calls, inbox)
@@ -177,8 +279,8 @@ class Batcher:
         items: list[Pending],
         replica: int,
         free: queue.SimpleQueue[int],
-        calls: ThreadPoolExecutor | None,
-        inbox: queue.SimpleQueue[Pending | None],
+        calls: ThreadPoolExecutor,
+        inbox: Inbox,
     ) -> list[Pending]:
         """Plan and start one batch on ``replica``; return what is left waiting."""
         group, head_due = self.planner.plan(items)
@@ -197,14 +299,10 @@ class Batcher:
         )
         chosen = {id(p) for p in group}
         backlog = [p for p in items if id(p) not in chosen]
-        if calls is None:
-            self._run(group, replica)
-            free.put(replica)
-        else:
-            calls.submit(self._run_then_free, group, replica, free)
+        calls.submit(self._run_then_free, group, replica, free, inbox)
         return backlog
 
-    def _run_then_free(self, group: list[Pending], replica: int, free: queue.SimpleQueue[int]) -> None:
+    def _run_then_free(self, group: list[Pending], replica: int, free: queue.SimpleQueue[int], inbox: Inbox) -> None:
         try:
             self._run(group, replica)
         except Exception as e:  # a bug here must not leave the group's callers waiting for their timeout
@@ -212,8 +310,9 @@ class Batcher:
             _fail(group, e)
         finally:
             free.put(replica)
+            inbox.put(_WAKE)
 
-    def _hold(self, inbox: queue.SimpleQueue[Pending | None], items: list[Pending]) -> bool:
+    def _hold(self, inbox: Inbox, items: list[Pending]) -> bool:
         self.holds += 1
         return self._gather(inbox, items, self.timing.hold_s)
 
@@ -222,6 +321,9 @@ class Batcher:
         if not group:
             return
         spec = group[0].spec
+        call = _Running(group)
+        with self._lock:
+            self._running[replica] = call
         started = time.perf_counter()
         try:
             # A segment's caller gets its audio the moment it is made, not when the longest of its batch is.
@@ -230,16 +332,24 @@ class Batcher:
             )
             expect_one_per_input(waves, group, what="engine")
         except Exception as e:  # every waiting caller learns of the failure; none hangs
-            self.planner.failed([p.request for p in group])
-            _fail(group, e)
+            self.planner.failed([p.request for p in (*group, *call.joined)])
+            _fail([*group, *call.joined], e)
             return
-        elapsed = time.perf_counter() - started
+        finally:
+            with self._lock:
+                self._running.pop(replica, None)
+        # The call's time for what it was planned with: later joiners may have kept it running.
+        elapsed = max((p.made for p in group), default=0.0) - started
+        if elapsed <= 0:
+            elapsed = time.perf_counter() - started
         self.planner.ran(group, elapsed)
         with self._lock:
             self.batches += 1
             self.items += len(group)
         for index, wave in enumerate(waves):  # those ``ready`` was not told of (a run that never tells it)
             _deliver(group, index, wave, rate)
+        # A joined segment has its waveform by now, unless its host died and the call was retried on another.
+        _fail(call.joined, SynthesisError(f"the {spec.name} call it joined was lost (its model host died)"))
         if self._observe is not None:
             try:
                 self._observe(spec.name, len(group), sum(len(p.request.text) for p in group), elapsed)

@@ -35,6 +35,8 @@ class Pending:
     early: bool = False
     future: Future[tuple[Waveform, int]] = field(default_factory=Future)
     submitted: float = field(default_factory=time.monotonic)
+    #: When its waveform was handed over (time.perf_counter), 0 until then.
+    made: float = 0.0
 
 
 def compatible(a: int, b: int, *, max_ratio: float, slack: int = 8) -> bool:
@@ -85,6 +87,20 @@ class BatchPlanner:
                 group.append(p)
                 low, high = min(low, length), max(high, length)
         return group, head_due
+
+    def joinable(self, items: list[Pending]) -> list[Pending]:
+        """Return the waiting segments that must start within one engine call, most urgent first.
+
+        They would be late if they waited for a running call to end, so they join one (``Batcher``). A segment
+        that was in a failed batch never joins: it runs alone.
+        """
+        if not items:
+            return []
+        due = self._urgency(items)
+        start_by = self._clock() + self._batch_s.get(items[0].spec.name, 0.0)
+        with self._lock:
+            urgent = [p for p in items if due[id(p)] <= start_by and p.request not in self._suspects]
+        return sorted(urgent, key=lambda p: (due[id(p)], p.submitted))
 
     def _horizon(self, head: Pending, head_due: float, *, waiting: int) -> float:
         """Return how much later than the head a segment may be due and still join its batch.

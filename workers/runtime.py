@@ -189,6 +189,7 @@ def _batcher(settings: Settings, pool: ModelPool, stats: Stats, policy: Scheduli
         timing=policy.batch_timing,
         replicas=settings.model_replicas,
         observe=batch_observer(stats),
+        join_batch=pool.join if settings.batch_join else None,
     )
 
 

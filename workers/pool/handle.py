@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import multiprocessing
 import threading
 import time
+from concurrent.futures import Future
 from typing import Any
 
 from core.errors import EngineLoadError, HostCrashed, HostHung, SynthesisError
@@ -22,6 +24,41 @@ log = logging.getLogger(__name__)
 # Spawn, never fork: a forked child of a process that touched CUDA or torch's
 # thread pools inherits locks and state it cannot use.
 _SPAWN = multiprocessing.get_context("spawn")
+
+
+class _Call:
+    """The call in flight on a host: where each part goes, and the joins not yet answered."""
+
+    def __init__(self, size: int, ready: Ready) -> None:
+        self.routes: list[tuple[int, int, Ready]] = [(0, size, ready)]  # (first part number, count, told)
+        self.size = size  # parts numbered so far: the batch's, then each joined group's
+        self.pending: dict[int, tuple[int, Ready, Future[bool]]] = {}  # join id: (count, told, joined?)
+        self.open = True  # joins may still be sent
+
+    def take(self, reply: tuple[Any, ...]) -> bool:
+        """Act on one reply from the host (a part, a join's answer); say whether it was a join taken in."""
+        kind: str = reply[0]
+        if kind == "part":
+            index, wave = reply[1], reply[2]
+            first, _, ready = next(route for route in self.routes if route[0] <= index < route[0] + route[1])
+            ready(index - first, wave)
+            return False
+        if kind not in ("joined", "refused"):
+            raise SynthesisError(f"unexpected reply {kind!r} from a model host")
+        count, ready, joined = self.pending.pop(reply[1])
+        if kind == "joined":
+            self.routes.append((self.size, count, ready))
+            self.size += count
+        taken: bool = kind == "joined"
+        joined.set_result(taken)
+        return taken
+
+    def close(self) -> None:
+        """Answer every join still waiting: refused (the host is gone, or never read it)."""
+        for _, _, joined in self.pending.values():
+            if not joined.done():
+                joined.set_result(False)
+        self.pending.clear()
 
 
 class ModelHost:
@@ -47,7 +84,11 @@ class ModelHost:
             name=f"model-{spec.name}",
             daemon=True,
         )
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one call at a time
+        self._sends = threading.Lock()  # a join is sent while a call is waiting for its parts
+        self._state = threading.Lock()  # guards _call
+        self._call: _Call | None = None
+        self._join_ids = itertools.count()
         started = time.perf_counter()
         self.process.start()
         child.close()
@@ -57,6 +98,8 @@ class ModelHost:
             raise EngineLoadError(str(reply[1]))
         self.sample_rate: int = reply[1]
         self.memory: dict[str, float] = reply[2]
+        #: Whether segments can join a call while it runs (the engine's ``takes_arrivals``).
+        self.takes_arrivals: bool = bool(reply[3])
         self.load_s = time.perf_counter() - started
         self.last_used = time.monotonic()
         log.info(
@@ -97,27 +140,72 @@ class ModelHost:
     def synthesize(
         self, requests: list[SynthesisRequest], *, timeout_s: float, ready: Ready | None = None
     ) -> list[Waveform]:
-        """Send one batch and return exactly one waveform per request; tell ``ready`` each one as it arrives."""
+        """Send one batch and return exactly one waveform per request; tell ``ready`` each one as it arrives.
+
+        Segments ``join``-ed to the call meanwhile are told to their own ``ready``; each join extends the limit.
+        """
         waves: list[Waveform | None] = [None] * len(requests)
+
+        def told(index: int, wave: Waveform) -> None:
+            waves[index] = wave
+            if ready is not None:
+                ready(index, wave)
+
         with self._lock:
             self.last_used = time.monotonic()
             until = self.last_used + timeout_s
+            self._send(("synth", [dataclasses.asdict(r) for r in requests]), "is gone")
+            call = _Call(len(requests), told)
+            with self._state:
+                self._call = call
             try:
-                self._conn.send(("synth", [dataclasses.asdict(r) for r in requests]))
-            except (BrokenPipeError, OSError) as e:
-                raise HostCrashed(f"model {self.spec.name} host is gone") from e
-            reply = self._receive(timeout_s)
-            while reply[0] == "part":
-                index, wave = reply[1], reply[2]
-                waves[index] = wave
-                if ready is not None:
-                    ready(index, wave)
-                reply = self._receive(max(0.0, until - time.monotonic()))
+                reply = self._receive(timeout_s)
+                while reply[0] != "ok" and reply[0] != "error":
+                    if call.take(reply):  # a join acknowledged: the call runs on for it
+                        until = max(until, time.monotonic() + timeout_s)
+                    reply = self._receive(max(0.0, until - time.monotonic()))
+                with self._state:
+                    call.open = False
+                while call.pending:  # joins sent after the host's last ask: an idle host refuses them
+                    call.take(self._receive(timeout_s))
+            finally:
+                with self._state:
+                    self._call = None
+                call.close()
             self.last_used = time.monotonic()
         if reply[0] != "ok":
             raise SynthesisError(str(reply[1]))
         self.memory = reply[1]
         return every_one_made(waves, what=f"model {self.spec.name}")
+
+    def join(self, requests: list[SynthesisRequest], ready: Ready) -> Future[bool]:
+        """Offer segments to the call running now; the future says whether they joined it.
+
+        Joined segments are told to ``ready`` (numbered from 0 among ``requests``) as they are made; if the call
+        then fails, they are not told. Refused (no call running, one ending, an engine that cannot take them),
+        they were never started.
+        """
+        joined: Future[bool] = Future()
+        with self._state:
+            call = self._call
+            if not self.takes_arrivals or call is None or not call.open:
+                joined.set_result(False)
+                return joined
+            join_id = next(self._join_ids)
+            call.pending[join_id] = (len(requests), ready, joined)
+            try:
+                self._send(("join", join_id, [dataclasses.asdict(r) for r in requests]), "is gone")
+            except HostCrashed:
+                del call.pending[join_id]
+                joined.set_result(False)
+        return joined
+
+    def _send(self, message: tuple[Any, ...], gone: str) -> None:
+        with self._sends:
+            try:
+                self._conn.send(message)
+            except (BrokenPipeError, OSError) as e:
+                raise HostCrashed(f"model {self.spec.name} host {gone}") from e
 
     def kill(self) -> None:
         """End the host at once."""
@@ -128,8 +216,8 @@ class ModelHost:
     def stop(self, timeout_s: float = 10) -> None:
         """Ask the host to unload and exit; kill it if it does not."""
         with self._lock:
-            with contextlib.suppress(BrokenPipeError, OSError):
-                self._conn.send(("stop",))
+            with contextlib.suppress(HostCrashed):
+                self._send(("stop",), "is gone")
             self.process.join(timeout_s)
             if self.process.is_alive():
                 self.kill()

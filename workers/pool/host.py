@@ -16,7 +16,7 @@ from typing import Any
 
 from core.logs import setup_logging
 from core.registry import ModelSpec
-from workers.engines.base import SynthesisRequest
+from workers.engines.base import Arrivals, SynthesisRequest
 from workers.engines.factory import build_engine
 
 
@@ -58,7 +58,9 @@ def host_main(
     """Load the engine ``builder`` ("module:function") makes, say ready, then serve batches until told to stop.
 
     A batch is answered with a ``("part", index, waveform)`` message per item, as each is made, then ``("ok", memory)``
-    (or ``("error", reason)``, after the parts of the items already made).
+    (or ``("error", reason)``, after the parts of the items already made). While it runs, ``("join", id, requests)``
+    adds segments to it (answered ``("joined", id)``; their parts follow the batch's); one that comes too late, when
+    the call has ended, is answered ``("refused", id)``.
     """
     # A host whose worker was killed would finish its batch for no one, on the CPU or GPU memory the
     # worker's replacement is loading its model into. (Not PR_SET_PDEATHSIG: it fires when the thread
@@ -80,7 +82,7 @@ def host_main(
         log.exception("loading %s failed", spec.name)
         conn.send(("error", f"loading {spec.name} failed: {type(e).__name__}: {e}"))
         return
-    conn.send(("ready", engine.sample_rate, memory_report()))
+    conn.send(("ready", engine.sample_rate, memory_report(), engine.takes_arrivals))
     while True:
         try:
             message: tuple[Any, ...] = conn.recv()
@@ -88,13 +90,36 @@ def host_main(
             break  # the worker went away
         if message[0] == "stop":
             break
+        if message[0] == "join":  # it came after the call it meant to join had ended
+            conn.send(("refused", message[1]))
+            continue
         requests = [SynthesisRequest(**fields) for fields in message[1]]
         try:
             # Each waveform goes back the moment it is made; "ok" ends the call.
-            engine.synthesize_each(requests, lambda index, wave: conn.send(("part", index, wave)))
+            engine.synthesize_each(requests, lambda index, wave: conn.send(("part", index, wave)), arrivals(conn))
         except Exception as e:
             log.exception("synthesis failed")
             conn.send(("error", f"{type(e).__name__}: {e}"))
             continue
         conn.send(("ok", memory_report()))
     engine.unload()
+
+
+def arrivals(conn: Connection) -> Arrivals:
+    """Return what the engine asks between steps: the segments the worker sent to join this call, each acknowledged.
+
+    An acknowledged segment's waveform comes back as a "part" numbered after those already in the call. While the
+    call runs the worker sends nothing else (it holds the host until the call ends).
+    """
+
+    def joined() -> list[SynthesisRequest]:
+        requests: list[SynthesisRequest] = []
+        while conn.poll(0):
+            message = conn.recv()
+            if message[0] != "join":
+                raise RuntimeError(f"model host got {message[0]!r} in the middle of a call")
+            conn.send(("joined", message[1]))
+            requests += [SynthesisRequest(**fields) for fields in message[2]]
+        return requests
+
+    return joined

@@ -8,6 +8,7 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from core.metrics import MODEL_EVICTIONS, MODEL_LOAD_SECONDS, MODEL_LOADS
@@ -70,6 +71,22 @@ class ModelPool:
                 if attempt == 2 or isinstance(e, HostHung):
                     raise
         raise AssertionError("unreachable")
+
+    def join(
+        self, spec: ModelSpec, requests: list[SynthesisRequest], replica: int, *, ready: RateReady
+    ) -> Future[bool]:
+        """Offer segments to the call running on a host of the model; the future says whether they joined it.
+
+        Never starts a host: segments join only a call that is running. ``ready`` is told each one's waveform
+        and rate as it is made.
+        """
+        with self._lock:
+            host = self._hosts.get((spec.name, replica))
+        if host is None:
+            refused: Future[bool] = Future()
+            refused.set_result(False)
+            return refused
+        return host.join(requests, functools.partial(_tell, ready, host.sample_rate))
 
     def _host(self, spec: ModelSpec, key: HostKey) -> ModelHost:
         with self._lock:
