@@ -375,3 +375,23 @@ def test_segments_join_at_different_steps_and_each_ends_at_its_own_budget(engine
     # The call went on past its first segment's end (ask 24) for those that joined, until the longest ended:
     # asks 0-2 (a join at 2), then one after each of its steps but the last.
     assert budgets[0] < len(asks) and len(asks) == 2 + budgets[1]
+
+
+def test_a_call_that_others_keep_joining_attends_only_over_what_its_rows_still_use(
+    engine: ChatTTSEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    llama = engine._chat.gpt.gpt  # type: ignore[union-attr]
+    forward = llama.forward
+    widths: list[int] = []
+
+    def measuring(*args: object, **kwargs: torch.Tensor) -> object:
+        widths.append(kwargs["attention_mask"].size(1))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(llama, "forward", measuring)
+    # "ok" lasts 24 tokens; a new one joins every 20 steps, for 300 steps.
+    asks, arrivals = arriving({n: [SynthesisRequest("ok", seed=n)] for n in range(20, 300, 20)})
+    waves = engine.synthesize_each([SynthesisRequest("ok", seed=0)], lambda index, wave: None, arrivals)  # type: ignore[arg-type]
+    assert len(waves) == 15 and len(asks) > 290
+    # Without dropping the positions no row uses any more, the call would attend over all 300 steps and more.
+    assert max(widths) < widths[0] + 2 * 24 + 20

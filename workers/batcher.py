@@ -64,6 +64,11 @@ class _Running:
         self.offered = 0  # segments offered and not yet answered
         self.open = True  # a refused offer closes it: the call is ending (or has not started)
 
+    def joinable(self) -> bool:
+        """Say whether it takes offers: not refused yet, and still making what it started with (so that a call
+        that others keep joining still ends, within about two of its segments' time, and is measured)."""
+        return self.open and any(not p.future.done() for p in self.group)
+
     def live(self) -> int:
         """Return how many of its segments are still being made (or offered to it)."""
         return self.offered + sum(1 for p in (*self.group, *self.joined) if not p.future.done())
@@ -102,7 +107,8 @@ class Batcher:
     With ``join_batch``, a segment that arrives while every replica is busy and must start within one
     engine call (``BatchPlanner.joinable``: a job's first segment, a stream's next one about to be late)
     joins the running call with the fewest segments still being made, up to ``max_batch``, instead of
-    waiting for a call to end.
+    waiting for a call to end; a call takes such segments only while what it started with is still
+    being made, so that it ends.
     """
 
     def __init__(
@@ -214,7 +220,7 @@ class Batcher:
         if not urgent:
             return
         with self._lock:
-            running = sorted(((c.live(), r, c) for r, c in self._running.items() if c.open), key=lambda t: t[:2])
+            running = sorted(((c.live(), r, c) for r, c in self._running.items() if c.joinable()), key=lambda t: t[:2])
         for live, replica, call in running:
             take, urgent = urgent[: self.max_batch - live], urgent[max(0, self.max_batch - live) :]
             if take:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch.nn.utils import parametrize
 
-from workers.engines.kv_cache import growing_cache, joined_cache
+from workers.engines.kv_cache import drop_front, growing_cache, joined_cache
 from workers.engines.sampling import PENALTY_WINDOW, PerItemSampler
 
 #: Told an item's output the step it ends: (its index in the batch, its tokens, its hidden states or None).
@@ -275,7 +275,27 @@ class _Rows:
         keep = (~done).nonzero().squeeze(1)
         if keep.numel() < self.size:
             self._retain(keep)
+            self._trim()
         return keep
+
+    def _trim(self) -> None:
+        """Drop the leading positions that are padding for every row left: a call that others joined and left
+        would otherwise carry (and attend over) the length of everything it ever ran."""
+        if self.size == 0 or self.past is None:
+            return
+        filled = self.mask.narrow(1, 0, self.length)
+        unused = int(filled.to(torch.uint8).argmax(dim=1).min())  # the earliest first position any row uses
+        if unused < PENALTY_WINDOW:  # a few positions are not worth the bookkeeping
+            return
+        drop_front(self.past, unused)
+        self.ids = self.ids.narrow(1, unused, self.capacity - unused)
+        self.mask = self.mask.narrow(1, unused, self.capacity - unused)
+        if self.hiddens is not None:
+            self.hiddens = self.hiddens.narrow(1, unused, self.capacity - unused)
+        self.begin -= unused
+        self.end -= unused
+        self.length -= unused
+        self.capacity -= unused
 
     def _retain(self, keep: torch.Tensor) -> None:
         self.items = self.items.index_select(0, keep)

@@ -54,6 +54,18 @@ class GrowingLayer(DynamicLayer):  # type: ignore[misc,no-untyped-call]
         self.keys = self._key_buffer.narrow(-2, 0, self._length)
         self.values = self._value_buffer.narrow(-2, 0, self._length)
 
+    def drop_front(self, count: int) -> None:
+        """Forget the first ``count`` positions of every row (padding no row attends to any more); no copy."""
+        if count <= 0 or self._key_buffer is None or self._value_buffer is None:
+            return
+        room = self._key_buffer.size(-2) - count
+        self._key_buffer = self._key_buffer.narrow(-2, count, room)
+        self._value_buffer = self._value_buffer.narrow(-2, count, room)
+        self._length -= count
+        self.limit -= count
+        self.keys = self._key_buffer.narrow(-2, 0, self._length)
+        self.values = self._value_buffer.narrow(-2, 0, self._length)
+
     def joined(self, other: GrowingLayer, shifts: tuple[int, int], limit: int) -> GrowingLayer:
         """Return a layer of this one's rows then ``other``'s, each moved ``shifts`` positions later (zeros before)."""
         length = self._length + shifts[0]
@@ -122,3 +134,9 @@ def _stacked(
     buffer[: a.size(0)].narrow(-2, shifts[0], length_a).copy_(a.narrow(-2, 0, length_a))
     buffer[a.size(0) :].narrow(-2, shifts[1], length_b).copy_(b.narrow(-2, 0, length_b).to(a.device, a.dtype))
     return buffer
+
+
+def drop_front(cache: DynamicCache, count: int) -> None:
+    """Forget the first ``count`` positions of every row of every layer of a ``growing_cache``."""
+    for layer in cache.layers:
+        _growing(layer).drop_front(count)
