@@ -344,21 +344,21 @@ class Batcher:
         finally:
             with self._lock:
                 self._running.pop(replica, None)
-        # The call's time for what it was planned with: later joiners may have kept it running.
-        elapsed = max((p.made for p in group), default=0.0) - started
-        if elapsed <= 0:
-            elapsed = time.perf_counter() - started
-        self.planner.ran(group, elapsed)
+        elapsed = time.perf_counter() - started
+        # The planner learns the call's time for what it was planned with: joiners may have kept it running.
+        told = max((p.made for p in group), default=0.0)
+        self.planner.ran(group, told - started if told > started else elapsed)
+        made = [*group, *call.joined]
         with self._lock:
             self.batches += 1
-            self.items += len(group)
+            self.items += len(made)
         for index, wave in enumerate(waves):  # those ``ready`` was not told of (a run that never tells it)
             _deliver(group, index, wave, rate)
         # A joined segment has its waveform by now, unless its host died and the call was retried on another.
         _fail(call.joined, SynthesisError(f"the {spec.name} call it joined was lost (its model host died)"))
         if self._observe is not None:
             try:
-                self._observe(spec.name, len(group), sum(len(p.request.text) for p in group), elapsed)
+                self._observe(spec.name, len(made), sum(len(p.request.text) for p in made), elapsed)
             except Exception:  # observing must never break serving
                 log.exception("batch observer failed")
 
