@@ -236,7 +236,7 @@ class ChatTTSEngine(Engine):
             return texts
         params = chat.RefineTextParams(show_tqdm=False)
         prompts = chat.speaker.decorate_text_prompts([texts[i] for i in quality], params.prompt)
-        result = generate(
+        prepared = prepare(
             chat,
             prompts,
             params,
@@ -245,19 +245,11 @@ class ChatTTSEngine(Engine):
             max_tokens=[params.max_new_token] * len(quality),
             infer_text=True,
         )
+        result = generate(chat, prepared, params, infer_text=True)
         refined = chat.tokenizer.decode([ids[ids.less(chat.tokenizer.break_0_ids)] for ids in result.ids])
         for i, text in zip(quality, refined, strict=True):
             texts[i] = text
         return texts
-
-    def _code_settings(self, batch: list[SynthesisRequest], budgets: list[int]) -> dict[str, Any]:
-        return {
-            "seeds": [_seed(r) for r in batch],
-            "min_tokens": budgets if self._fixed_budget else [1] * len(batch),
-            "max_tokens": budgets,
-            "infer_text": False,
-            "speakers": [self._speaker(r.voice) for r in batch],
-        }
 
     def _prompts(self, chat: Any, batch: list[SynthesisRequest], texts: list[str]) -> list[str]:
         return [
@@ -268,9 +260,17 @@ class ChatTTSEngine(Engine):
     def _code_prompts(
         self, chat: Any, batch: list[SynthesisRequest], texts: list[str], budgets: list[int]
     ) -> decode.Joining:
-        """Return segments ready to join a running speech-code pass."""
-        params = chat.InferCodeParams(show_tqdm=False)
-        return prepare(chat, self._prompts(chat, batch, texts), params, **self._code_settings(batch, budgets))
+        """Return segments ready for a speech-code pass (its first batch, or to join it while it runs)."""
+        return prepare(
+            chat,
+            self._prompts(chat, batch, texts),
+            chat.InferCodeParams(show_tqdm=False),
+            seeds=[_seed(r) for r in batch],
+            min_tokens=budgets if self._fixed_budget else [1] * len(batch),
+            max_tokens=budgets,
+            infer_text=False,
+            speakers=[self._speaker(r.voice) for r in batch],
+        )
 
     def _code_hiddens(
         self,
@@ -282,12 +282,11 @@ class ChatTTSEngine(Engine):
         made: Callable[[int, torch.Tensor], None],
         joins: decode.Joins,
     ) -> list[torch.Tensor]:
-        params = chat.InferCodeParams(show_tqdm=False)
         result = generate(
             chat,
-            self._prompts(chat, batch, texts),
-            params,
-            **self._code_settings(batch, budgets),
+            self._code_prompts(chat, batch, texts, budgets),
+            chat.InferCodeParams(show_tqdm=False),
+            infer_text=False,
             finished=lambda index, ids, hidden: made(index, hidden) if hidden is not None else None,
             joins=joins,
         )

@@ -78,24 +78,18 @@ def _eos(chat: Any, infer_text: bool) -> int:
 
 def generate(
     chat: Any,
-    prompts: list[str],
+    first: decode.Joining,
     params: Any,
     *,
-    seeds: list[int],
-    min_tokens: list[int],
-    max_tokens: list[int],
     infer_text: bool,
-    speakers: list[str | None] | None = None,
     finished: Finished | None = None,
     joins: Joins | None = None,
 ) -> Any:
-    """Run one pass of ChatTTS's GPT over ``prompts``; each item is sampled on its own seed and ends at its budget.
+    """Run one pass of ChatTTS's GPT over ``first`` (made by ``prepare``); each item ends at its budget.
 
     ``finished`` is told each item's output as the item ends (not on ChatTTS's own loop, which ends them together).
     ``joins`` (made with ``prepare``) is asked between steps for items to add; ChatTTS's own loop never asks.
     """
-    first = prepare(chat, prompts, params, seeds=seeds, min_tokens=min_tokens, max_tokens=max_tokens,
-                    infer_text=infer_text, speakers=speakers)  # fmt: skip
     eos = _eos(chat, infer_text)
     temperature = torch.tensor([params.temperature] * (1 if infer_text else chat.config.gpt.num_vq), device=chat.device)
     if decode.supports(chat.gpt):  # ended items leave the batch
