@@ -151,16 +151,22 @@ def test_dropping_ended_items_from_the_batch_gives_what_chattts_own_loop_gives(
         np.testing.assert_allclose(mine, upstream, rtol=0, atol=1e-5)
 
 
-def test_an_item_leaves_the_batch_the_step_it_ends(engine: ChatTTSEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+def llama_inputs(engine: ChatTTSEngine, monkeypatch: pytest.MonkeyPatch, name: str, dim: int) -> list[int]:
+    """Return a list that gets, at each call of the engine's Llama, the size of dimension ``dim`` of its ``name``."""
     llama = engine._chat.gpt.gpt  # type: ignore[union-attr]
     forward = llama.forward
-    rows: list[int] = []
+    sizes: list[int] = []
 
-    def counting(*args: object, **kwargs: torch.Tensor) -> object:
-        rows.append(kwargs["inputs_embeds"].size(0))
+    def measuring(*args: object, **kwargs: torch.Tensor) -> object:
+        sizes.append(kwargs[name].size(dim))
         return forward(*args, **kwargs)
 
-    monkeypatch.setattr(llama, "forward", counting)
+    monkeypatch.setattr(llama, "forward", measuring)
+    return sizes
+
+
+def test_an_item_leaves_the_batch_the_step_it_ends(engine: ChatTTSEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = llama_inputs(engine, monkeypatch, "inputs_embeds", 0)
     budgets = [engine.token_budget(text) for text in TEXTS]
     engine.synthesize(requests(voice="default"))
     assert len(set(budgets)) == len(TEXTS)
@@ -380,15 +386,7 @@ def test_segments_join_at_different_steps_and_each_ends_at_its_own_budget(engine
 def test_a_call_that_others_keep_joining_attends_only_over_what_its_rows_still_use(
     engine: ChatTTSEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    llama = engine._chat.gpt.gpt  # type: ignore[union-attr]
-    forward = llama.forward
-    widths: list[int] = []
-
-    def measuring(*args: object, **kwargs: torch.Tensor) -> object:
-        widths.append(kwargs["attention_mask"].size(1))
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(llama, "forward", measuring)
+    widths = llama_inputs(engine, monkeypatch, "attention_mask", 1)
     # "ok" lasts 24 tokens; a new one joins every 20 steps, for 300 steps.
     asks, arrivals = arriving({n: [SynthesisRequest("ok", seed=n)] for n in range(20, 300, 20)})
     waves = engine.synthesize_each([SynthesisRequest("ok", seed=0)], lambda index, wave: None, arrivals)  # type: ignore[arg-type]
