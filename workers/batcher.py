@@ -216,13 +216,14 @@ class Batcher:
 
     def _offer(self, inbox: Inbox, backlog: list[Pending]) -> None:
         """Offer the waiting segments that cannot wait for a call to end to the calls running, least busy first."""
-        urgent = self.planner.joinable(backlog)
+        urgent = [p for p in self.planner.joinable(backlog) if not p.future.cancelled()]
         if not urgent:
             return
         with self._lock:
             running = sorted(((c.live(), r, c) for r, c in self._running.items() if c.joinable()), key=lambda t: t[:2])
         for live, replica, call in running:
-            take, urgent = urgent[: self.max_batch - live], urgent[max(0, self.max_batch - live) :]
+            room = max(0, self.max_batch - live)
+            take, urgent = urgent[:room], urgent[room:]
             if take:
                 chosen = {id(p) for p in take}
                 backlog[:] = [p for p in backlog if id(p) not in chosen]
