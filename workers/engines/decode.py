@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch.nn.utils import parametrize
 
-from workers.engines.kv_cache import drop_front, growing_cache, joined_cache
+from workers.engines.kv_cache import drop_front, growing_cache, joined_cache, shifted_stack
 from workers.engines.sampling import PENALTY_WINDOW, PerItemSampler
 
 #: Told an item's output the step it ends: (its index in the batch, its tokens, its hidden states or None).
@@ -316,25 +316,12 @@ class _Rows:
         shifts = (length - self.length, length - other.length)
         capacity = max(self.capacity + shifts[0], other.capacity + shifts[1])
         self.past = joined_cache(self.past, other.past, shifts=shifts, limit=capacity)
-        self.ids = _padded(self.ids, other.ids, self.length, shifts, capacity, fill=0)
-        self.mask = _padded(self.mask, other.mask, self.length, shifts, capacity, fill=True)
+        lengths = (self.length, other.length)
+        self.ids = shifted_stack(self.ids, other.ids, lengths, shifts, capacity, dim=1)
+        self.mask = shifted_stack(self.mask, other.mask, lengths, shifts, capacity, dim=1, after=True)
         if self.hiddens is not None and other.hiddens is not None:
-            self.hiddens = _padded(self.hiddens, other.hiddens, self.length, shifts, capacity, fill=0)
+            self.hiddens = shifted_stack(self.hiddens, other.hiddens, lengths, shifts, capacity, dim=1)
         self.begin = torch.cat([self.begin + shifts[0], other.begin + shifts[1]])
         self.end = torch.cat([self.end + shifts[0], other.end + shifts[1]])
         self.items = torch.cat([self.items, other.items])
         self.length, self.capacity = length, capacity
-
-
-def _padded(
-    a: torch.Tensor, b: torch.Tensor, length_a: int, shifts: tuple[int, int], capacity: int, *, fill: float | bool
-) -> torch.Tensor:
-    """Stack ``a``'s rows on ``b``'s, each one's filled positions moved ``shifts`` later; the new positions before
-    them masked (``False``) or zero, those after them ``fill``."""
-    length_b = length_a + shifts[0] - shifts[1]
-    stacked = torch.full((a.size(0) + b.size(0), capacity, *a.shape[2:]), fill, dtype=a.dtype, device=a.device)
-    for rows, source, shift, length in ((stacked[: a.size(0)], a, shifts[0], length_a),
-                                        (stacked[a.size(0) :], b, shifts[1], length_b)):  # fmt: skip
-        rows.narrow(1, 0, shift).zero_()
-        rows.narrow(1, shift, length).copy_(source.narrow(1, 0, length))
-    return stacked

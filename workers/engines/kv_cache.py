@@ -41,8 +41,7 @@ class GrowingLayer(DynamicLayer):  # type: ignore[misc,no-untyped-call]
         self._key_buffer.narrow(-2, self._length, key_states.size(-2)).copy_(key_states)
         self._value_buffer.narrow(-2, self._length, value_states.size(-2)).copy_(value_states)
         self._length = new_length
-        self.keys = self._key_buffer.narrow(-2, 0, new_length)
-        self.values = self._value_buffer.narrow(-2, 0, new_length)
+        self._show_filled()
         return self.keys, self.values
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
@@ -51,8 +50,7 @@ class GrowingLayer(DynamicLayer):  # type: ignore[misc,no-untyped-call]
             return
         self._key_buffer = self._key_buffer.index_select(0, indices.to(self._key_buffer.device))
         self._value_buffer = self._value_buffer.index_select(0, indices.to(self._value_buffer.device))
-        self.keys = self._key_buffer.narrow(-2, 0, self._length)
-        self.values = self._value_buffer.narrow(-2, 0, self._length)
+        self._show_filled()
 
     def drop_front(self, count: int) -> None:
         """Forget the first ``count`` positions of every row (padding no row attends to any more); no copy."""
@@ -63,8 +61,7 @@ class GrowingLayer(DynamicLayer):  # type: ignore[misc,no-untyped-call]
         self._value_buffer = self._value_buffer.narrow(-2, count, room)
         self._length -= count
         self.limit -= count
-        self.keys = self._key_buffer.narrow(-2, 0, self._length)
-        self.values = self._value_buffer.narrow(-2, 0, self._length)
+        self._show_filled()
 
     def joined(self, other: GrowingLayer, shifts: tuple[int, int], limit: int) -> GrowingLayer:
         """Return a layer of this one's rows then ``other``'s, each moved ``shifts`` positions later (zeros before)."""
@@ -72,15 +69,28 @@ class GrowingLayer(DynamicLayer):  # type: ignore[misc,no-untyped-call]
         if other._length + shifts[1] != length:
             raise ValueError(f"caches of {self._length}+{shifts[0]} and {other._length}+{shifts[1]} positions "
                              "do not line up")  # fmt: skip
+        if (
+            self._key_buffer is None
+            or self._value_buffer is None
+            or other._key_buffer is None
+            or (other._value_buffer is None)
+        ):
+            raise ValueError("only caches that hold positions can be joined")
         layer = GrowingLayer(max(limit, length))
         room = min(layer.limit, length + FIRST_ROOM)
-        layer._key_buffer = _stacked(self._key_buffer, other._key_buffer, self._length, shifts, room)
-        layer._value_buffer = _stacked(self._value_buffer, other._value_buffer, self._length, shifts, room)
+        lengths = (self._length, other._length)
+        layer._key_buffer = shifted_stack(self._key_buffer, other._key_buffer, lengths, shifts, room, dim=2)
+        layer._value_buffer = shifted_stack(self._value_buffer, other._value_buffer, lengths, shifts, room, dim=2)
         layer.lazy_initialization(layer._key_buffer, layer._value_buffer)
         layer._length = length
-        layer.keys = layer._key_buffer.narrow(-2, 0, length)
-        layer.values = layer._value_buffer.narrow(-2, 0, length)
+        layer._show_filled()
         return layer
+
+    def _show_filled(self) -> None:
+        """Point ``keys`` and ``values`` (what attention reads) at the filled positions of the buffers."""
+        assert self._key_buffer is not None and self._value_buffer is not None
+        self.keys = self._key_buffer.narrow(-2, 0, self._length)
+        self.values = self._value_buffer.narrow(-2, 0, self._length)
 
     def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
         room = needed + FIRST_ROOM if self._key_buffer is None else 2 * needed
@@ -123,17 +133,26 @@ def _growing(layer: object) -> GrowingLayer:
     return layer
 
 
-def _stacked(
-    a: torch.Tensor | None, b: torch.Tensor | None, length_a: int, shifts: tuple[int, int], room: int
+def shifted_stack(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    lengths: tuple[int, int],
+    shifts: tuple[int, int],
+    size: int,
+    *,
+    dim: int,
+    after: float | bool = 0,
 ) -> torch.Tensor:
-    if a is None or b is None:
-        raise ValueError("only caches that hold positions can be joined")
-    length_b = length_a + shifts[0] - shifts[1]
-    shape = (a.size(0) + b.size(0), a.size(1), room, a.size(3))
-    buffer = torch.zeros(shape, dtype=a.dtype, device=a.device)
-    buffer[: a.size(0)].narrow(-2, shifts[0], length_a).copy_(a.narrow(-2, 0, length_a))
-    buffer[a.size(0) :].narrow(-2, shifts[1], length_b).copy_(b.narrow(-2, 0, length_b).to(a.device, a.dtype))
-    return buffer
+    """Stack ``a``'s rows on ``b``'s (dimension 0), each one's first ``lengths`` positions (dimension ``dim``)
+    moved ``shifts`` later in ``size`` positions: zeros (``False``) before them, ``after`` past them."""
+    shape = list(a.shape)
+    shape[0], shape[dim] = a.size(0) + b.size(0), size
+    stacked = torch.full(shape, after, dtype=a.dtype, device=a.device)
+    for rows, source, length, shift in ((stacked[: a.size(0)], a, lengths[0], shifts[0]),
+                                        (stacked[a.size(0) :], b, lengths[1], shifts[1])):  # fmt: skip
+        rows.narrow(dim, 0, shift).zero_()
+        rows.narrow(dim, shift, length).copy_(source.narrow(dim, 0, length).to(a.device, a.dtype))
+    return stacked
 
 
 def drop_front(cache: DynamicCache, count: int) -> None:

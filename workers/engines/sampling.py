@@ -48,7 +48,6 @@ class PerItemSampler:
         self._top_p = top_p
         self._top_k = top_k
         self._penalty = repetition_penalty
-        self._device = device
         self._steps = [0] * len(seeds)  # each item's own step: items may join a generation already running
         self._noise: list[torch.Tensor | None] = [None] * len(seeds)  # per item: (NOISE_BLOCK, rows, candidates)
 

@@ -26,6 +26,13 @@ log = logging.getLogger(__name__)
 _SPAWN = multiprocessing.get_context("spawn")
 
 
+def refused() -> Future[bool]:
+    """Return the answer to an offer that no call takes: already resolved, False."""
+    answer: Future[bool] = Future()
+    answer.set_result(False)
+    return answer
+
+
 class _Call:
     """The call in flight on a host: where each part goes, and the joins not yet answered."""
 
@@ -185,12 +192,11 @@ class ModelHost:
         then fails, they are not told. Refused (no call running, one ending, an engine that cannot take them),
         they were never started.
         """
-        joined: Future[bool] = Future()
         with self._state:
             call = self._call
             if not self.takes_arrivals or call is None or not call.open:
-                joined.set_result(False)
-                return joined
+                return refused()
+            joined: Future[bool] = Future()
             join_id = next(self._join_ids)
             call.pending[join_id] = (len(requests), ready, joined)
             try:

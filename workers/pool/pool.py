@@ -14,7 +14,7 @@ from typing import Any
 from core.metrics import MODEL_EVICTIONS, MODEL_LOAD_SECONDS, MODEL_LOADS
 from core.registry import ModelSpec
 from workers.engines.base import RateReady, SynthesisRequest, Waveform
-from workers.pool.handle import HostCrashed, HostHung, ModelHost
+from workers.pool.handle import HostCrashed, HostHung, ModelHost, refused
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +83,7 @@ class ModelPool:
         with self._lock:
             host = self._hosts.get((spec.name, replica))
         if host is None:
-            refused: Future[bool] = Future()
-            refused.set_result(False)
-            return refused
+            return refused()
         return host.join(requests, functools.partial(_tell, ready, host.sample_rate))
 
     def _host(self, spec: ModelSpec, key: HostKey) -> ModelHost:
