@@ -86,6 +86,26 @@ def test_the_urgent_horizon_counts_from_the_models_own_call_time() -> None:
     assert len(planner.plan(list(items))[0]) == 1, "due within one call: it must start now, alone"
 
 
+def test_segments_join_running_calls_only_while_at_most_a_batch_is_waiting() -> None:
+    planner = BatchPlanner(max_batch=2, max_ratio=1.5, timing=BatchTiming(), clock=lambda: 100.0)
+    assert not planner.behind([_pending("abc", 100.0), _pending("abd", 100.0)])
+    assert planner.behind([_pending("abc", 100.0), _pending("abd", 100.0), _pending("abe", 100.0)]), (
+        "three waiting for batches of two: the next call to end starts a full batch, so none joins"
+    )
+
+
+def test_a_call_still_making_a_playing_streams_nearly_due_segment_takes_no_joiners() -> None:
+    planner = BatchPlanner(max_batch=8, max_ratio=1.5, timing=BatchTiming(), clock=lambda: 100.0)
+    planner.ran([_pending("abc", 0.0)], elapsed=1.5)  # a call of this model lasts 1.5 s
+    first = _pending("abc", 99.0)  # a job's first segment, already late: its listener has not started
+    playing_soon, playing_later = (
+        Pending(SPEC, SynthesisRequest(text="abd"), due, early=True) for due in (101.0, 102.0)
+    )
+    assert not planner.can_slow([first, playing_soon]), "due within one call: joiners would make its listener stall"
+    assert planner.can_slow([first, playing_later]), "more than a call of slack: it can afford them"
+    assert planner.can_slow([first]) and planner.can_slow([])
+
+
 class RecordingEngine:
     """Stand-in engine call that records batch sizes and returns len(text) samples per item."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -85,6 +86,21 @@ def test_without_joining_an_urgent_segment_waits_for_the_running_call(pool: Mode
         short = batcher.submit(tiny, SHORT)
         short.result(60)
         assert long.done(), "it started only once the long call had ended"
+        assert batcher.joined == 0
+    finally:
+        batcher.close()
+
+
+def test_a_call_making_a_playing_streams_due_segment_takes_no_joiner(pool: ModelPool, tiny: ModelSpec) -> None:
+    pool.synthesize(tiny, [SynthesisRequest(text="warm")])
+    batcher = Batcher(pool.synthesize, max_batch=8, max_wait_s=0.0, timing=BatchTiming(hold_s=0),
+                      join_batch=pool.join)  # fmt: skip
+    try:
+        playing = batcher.submit(tiny, LONG, deadline=time.time(), early=True)  # its listener needs it now
+        _running_call(pool, tiny.name)
+        short = batcher.submit(tiny, SHORT)
+        short.result(60)
+        assert playing.done(), "the short segment waited rather than slow a stream already playing"
         assert batcher.joined == 0
     finally:
         batcher.close()

@@ -69,9 +69,13 @@ class _Running:
         that others keep joining still ends, within about two of its segments' time, and is measured)."""
         return self.open and any(not p.future.done() for p in self.group)
 
+    def unfinished(self) -> list[Pending]:
+        """Return its segments still being made."""
+        return [p for p in (*self.group, *self.joined) if not p.future.done()]
+
     def live(self) -> int:
         """Return how many of its segments are still being made (or offered to it)."""
-        return self.offered + sum(1 for p in (*self.group, *self.joined) if not p.future.done())
+        return self.offered + len(self.unfinished())
 
 
 def _fail(pendings: list[Pending], error: Exception) -> None:
@@ -108,7 +112,9 @@ class Batcher:
     engine call (``BatchPlanner.joinable``: a job's first segment, a stream's next one about to be late)
     joins the running call with the fewest segments still being made, up to ``max_batch``, instead of
     waiting for a call to end; a call takes such segments only while what it started with is still
-    being made, so that it ends.
+    being made, so that it ends. Segments join only while at most a batch is waiting (more, and the engines
+    are behind: the next call to end starts a full batch anyway), and never a call still making a playing
+    stream's segment due within one engine call (``BatchPlanner.can_slow``): joiners slow every row.
     """
 
     def __init__(
@@ -215,13 +221,19 @@ class Batcher:
                 backlog.append(nxt)
 
     def _offer(self, inbox: Inbox, backlog: list[Pending]) -> None:
-        """Offer the waiting segments that cannot wait for a call to end to the calls running, least busy first."""
+        """Offer the waiting segments that cannot wait for a call to end to the calls running, least busy first.
+
+        Not when more than a batch is waiting (the engines are behind: joins would only reorder the queue, at the
+        cost of a prompt pass each), and not to a call still making a playing stream's segment that is nearly due.
+        """
         urgent = [p for p in self.planner.joinable(backlog) if not p.future.cancelled()]
-        if not urgent:
+        if not urgent or self.planner.behind(backlog):
             return
         with self._lock:
-            running = sorted(((c.live(), r, c) for r, c in self._running.items() if c.joinable()), key=lambda t: t[:2])
-        for live, replica, call in running:
+            running = [(c.live(), r, c, c.unfinished()) for r, c in self._running.items() if c.joinable()]
+        for live, replica, call, rows in sorted(running, key=lambda t: t[:2]):
+            if not self.planner.can_slow(rows):
+                continue
             room = max(0, self.max_batch - live)
             take, urgent = urgent[:room], urgent[room:]
             if take:

@@ -102,6 +102,19 @@ class BatchPlanner:
             urgent = [p for p in items if due[id(p)] <= start_by and p.request not in self._suspects]
         return sorted(urgent, key=lambda p: (due[id(p)], p.submitted))
 
+    def behind(self, items: list[Pending]) -> bool:
+        """Say whether more than a batch is waiting: the next call to end starts a full one anyway, so a segment
+        that joins a running call only moves ahead of others, and each join costs a prompt pass of its own."""
+        return len(items) > self.max_batch
+
+    def can_slow(self, rows: list[Pending]) -> bool:
+        """Say whether a running call's unfinished ``rows`` can afford joiners, which slow every step of it: none
+        continues a stream due within one engine call (a listener already playing would stall)."""
+        if not rows:
+            return True
+        start_by = self._clock() + self._batch_s.get(rows[0].spec.name, 0.0)
+        return all(self.due(p) > start_by for p in rows if p.early)
+
     def _horizon(self, head: Pending, head_due: float, *, waiting: int) -> float:
         """Return how much later than the head a segment may be due and still join its batch.
 
