@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = None if args.skip_engine else measure_engine(env, plan, args, out)
     if engine is not None and "TTS_BATCH_MAX_SIZE" not in {**os.environ, **env}:
         env["TTS_BATCH_MAX_SIZE"] = str(engine["service_batch"])
-        print(f"service batch size: {engine['service_batch']} (the engine's best)")
+        print(f"service batch size: {engine['service_batch']} (within 10% of the engine's best)")
     results, cache_line = drive(args, plan, env, out)
     batching_off = batching_off_level(args, plan, env, out) if args.batching_off else None
     meta = {"args": args, "plan": plan, "elapsed": time.monotonic() - started, "batching_off": batching_off}

@@ -89,8 +89,8 @@ def engine_table(engine: dict[str, Any] | None, levels: list[dict[str, Any]]) ->
     lines.append(f"Engine limit: batch {engine['best_batch']}, {engine['best_chars_per_s']:.1f} chars/s.")
     if "service_batch" in engine:
         lines.append(
-            f"The service ran with TTS_BATCH_MAX_SIZE={engine['service_batch']}, the engine's best batch (under "
-            "light load its batches stay smaller)."
+            f"The service ran with TTS_BATCH_MAX_SIZE={engine['service_batch']}, the largest batch within 10% of "
+            "the engine's best (under light load its batches stay smaller)."
         )
     for level in levels:
         after = level.get("after")
