@@ -86,11 +86,13 @@ def test_the_urgent_horizon_counts_from_the_models_own_call_time() -> None:
     assert len(planner.plan(list(items))[0]) == 1, "due within one call: it must start now, alone"
 
 
-def test_segments_join_running_calls_only_while_at_most_a_batch_is_waiting() -> None:
+def test_segments_join_running_calls_only_while_at_most_a_batch_of_them_must_start_now() -> None:
     planner = BatchPlanner(max_batch=2, max_ratio=1.5, timing=BatchTiming(), clock=lambda: 100.0)
-    assert not planner.behind([_pending("abc", 100.0), _pending("abd", 100.0)])
-    assert planner.behind([_pending("abc", 100.0), _pending("abd", 100.0), _pending("abe", 100.0)]), (
-        "three waiting for batches of two: the next call to end starts a full batch, so none joins"
+    later = [_pending("abf", 150.0), _pending("abg", 160.0), _pending("abh", 170.0)]  # work with slack waiting
+    two = [_pending("abc", 100.0), _pending("abd", 99.0)]
+    assert [p.due for p in planner.joinable([*two, *later])] == [99.0, 100.0], "only the urgent, most urgent first"
+    assert planner.joinable([*two, _pending("abe", 100.0), *later]) == [], (
+        "three must start now and a batch holds two: the next call to end starts a full batch of them anyway"
     )
 
 

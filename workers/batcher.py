@@ -112,9 +112,10 @@ class Batcher:
     engine call (``BatchPlanner.joinable``: a job's first segment, a stream's next one about to be late)
     joins the running call with the fewest segments still being made, up to ``max_batch``, instead of
     waiting for a call to end; a call takes such segments only while what it started with is still
-    being made, so that it ends. Segments join only while at most a batch is waiting (more, and the engines
-    are behind: the next call to end starts a full batch anyway), and never a call still making a playing
-    stream's segment due within one engine call (``BatchPlanner.can_slow``): joiners slow every row.
+    being made, so that it ends. Segments join only while at most a batch of them must start now (more, and
+    the engines are behind: the next call to end starts a full batch of them anyway), and never a call still
+    making a playing stream's segment due within one engine call (``BatchPlanner.can_slow``): joiners slow
+    every row.
     """
 
     def __init__(
@@ -213,21 +214,21 @@ class Batcher:
                 return free.get()
             self._offer(inbox, backlog)
             nxt = inbox.get()  # an arrival, a replica freeing (_WAKE), or the end
-            if nxt is None:
+            if isinstance(nxt, Pending):
+                backlog.append(nxt)
+            # What else has arrived meanwhile is offered with it: one join (one prompt pass) for them all.
+            if nxt is None or not self._gather(inbox, backlog, 0.0):
                 replica = free.get()
                 inbox.put(None)  # stop once the backlog is done
                 return replica
-            if isinstance(nxt, Pending):
-                backlog.append(nxt)
 
     def _offer(self, inbox: Inbox, backlog: list[Pending]) -> None:
         """Offer the waiting segments that cannot wait for a call to end to the calls running, least busy first.
 
-        Not when more than a batch is waiting (the engines are behind: joins would only reorder the queue, at the
-        cost of a prompt pass each), and not to a call still making a playing stream's segment that is nearly due.
+        Not to a call still making a playing stream's segment that is nearly due: joiners slow every row.
         """
         urgent = [p for p in self.planner.joinable(backlog) if not p.future.cancelled()]
-        if not urgent or self.planner.behind(backlog):
+        if not urgent:
             return
         with self._lock:
             running = [(c.live(), r, c, c.unfinished()) for r, c in self._running.items() if c.joinable()]

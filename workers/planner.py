@@ -92,7 +92,9 @@ class BatchPlanner:
         """Return the waiting segments that must start within one engine call, most urgent first.
 
         They would be late if they waited for a running call to end, so they join one (``Batcher``). A segment
-        that was in a failed batch never joins: it runs alone.
+        that was in a failed batch never joins: it runs alone. None does while more than a batch of them waits:
+        the engines are behind, the next call to end starts a full batch of them anyway, and a join would only
+        move some ahead of others, at the cost of a prompt pass of its own.
         """
         if not items:
             return []
@@ -100,12 +102,9 @@ class BatchPlanner:
         start_by = self._clock() + self._batch_s.get(items[0].spec.name, 0.0)
         with self._lock:
             urgent = [p for p in items if due[id(p)] <= start_by and p.request not in self._suspects]
+        if len(urgent) > self.max_batch:
+            return []
         return sorted(urgent, key=lambda p: (due[id(p)], p.submitted))
-
-    def behind(self, items: list[Pending]) -> bool:
-        """Say whether more than a batch is waiting: the next call to end starts a full one anyway, so a segment
-        that joins a running call only moves ahead of others, and each join costs a prompt pass of its own."""
-        return len(items) > self.max_batch
 
     def can_slow(self, rows: list[Pending]) -> bool:
         """Say whether a running call's unfinished ``rows`` can afford joiners, which slow every step of it: none
