@@ -91,16 +91,22 @@ def test_without_joining_an_urgent_segment_waits_for_the_running_call(pool: Mode
         batcher.close()
 
 
-def test_a_call_making_a_playing_streams_due_segment_takes_no_joiner(pool: ModelPool, tiny: ModelSpec) -> None:
+@pytest.mark.parametrize("continues_a_stream", [False, True])
+def test_a_call_making_a_playing_streams_due_segment_takes_another_streams_next_segment_but_no_first_one(
+    pool: ModelPool, tiny: ModelSpec, continues_a_stream: bool
+) -> None:
     pool.synthesize(tiny, [SynthesisRequest(text="warm")])
     batcher = Batcher(pool.synthesize, max_batch=8, max_wait_s=0.0, timing=BatchTiming(hold_s=0),
                       join_batch=pool.join)  # fmt: skip
     try:
         playing = batcher.submit(tiny, LONG, deadline=time.time(), early=True)  # its listener needs it now
         _running_call(pool, tiny.name)
-        short = batcher.submit(tiny, SHORT)
+        short = batcher.submit(tiny, SHORT, early=continues_a_stream)
         short.result(60)
-        assert playing.done(), "the short segment waited rather than slow a stream already playing"
-        assert batcher.joined == 0
+        if continues_a_stream:  # its listener is playing too: it joins rather than wait for the call to end
+            assert not playing.done() and batcher.joined == 1
+        else:  # a newcomer waits rather than slow a stream already playing
+            assert playing.done() and batcher.joined == 0
+        playing.result(60)
     finally:
         batcher.close()

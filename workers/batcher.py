@@ -225,7 +225,9 @@ class Batcher:
     def _offer(self, inbox: Inbox, backlog: list[Pending]) -> None:
         """Offer the waiting segments that cannot wait for a call to end to the calls running, least busy first.
 
-        Not to a call still making a playing stream's segment that is nearly due: joiners slow every row.
+        A job's first segment is not offered to a call still making a playing stream's segment that is nearly due
+        (joiners slow every row, and a listener who has started must not stall for a newcomer); a stream's next
+        segment is: its own listener is playing too.
         """
         urgent = [p for p in self.planner.joinable(backlog) if not p.future.cancelled()]
         if not urgent:
@@ -233,13 +235,13 @@ class Batcher:
         with self._lock:
             running = [(c.live(), r, c, c.unfinished()) for r, c in self._running.items() if c.joinable()]
         for live, replica, call, rows in sorted(running, key=lambda t: t[:2]):
-            if not self.planner.can_slow(rows):
-                continue
             room = max(0, self.max_batch - live)
-            take, urgent = urgent[:room], urgent[room:]
+            allowed = urgent if self.planner.can_slow(rows) else [p for p in urgent if p.early]
+            take = allowed[:room]
             if take:
                 chosen = {id(p) for p in take}
                 backlog[:] = [p for p in backlog if id(p) not in chosen]
+                urgent = [p for p in urgent if id(p) not in chosen]
                 self._join(call, replica, take, inbox)
 
     def _join(self, call: _Running, replica: int, group: list[Pending], inbox: Inbox) -> None:
