@@ -11,7 +11,7 @@ import pytest
 
 from bench.goodput import goodput, summarize
 from bench.loadgen import JobResult
-from bench.openloop import Arrival, OpenRun, arrival_times, gaps
+from bench.openloop import Arrival, OpenRun, arrival_times, gaps, lanes
 
 
 def test_poisson_arrivals_come_at_the_asked_rate_with_exponential_gaps() -> None:
@@ -55,3 +55,11 @@ def test_the_work_offered_is_counted_in_characters_with_the_batch_lanes_share() 
     assert summary["offered_per_s"] == pytest.approx(0.3), "three jobs in ten seconds"
     assert summary["offered_chars_per_s"] == pytest.approx(68.0), "one long text is most of the work"
     assert summary["batch_chars_share"] == pytest.approx(600 / 680)
+
+
+def test_the_batch_lanes_arrivals_are_spread_evenly_so_every_window_carries_its_share() -> None:
+    for seed in range(20):
+        chosen = lanes(200, 0.02, random.Random(seed))
+        at = [n for n, lane in enumerate(chosen) if lane == "batch"]
+        assert len(at) == 4 and all(b - a == 50 for a, b in itertools.pairwise(at)), f"seed {seed}: {at}"
+    assert lanes(10, 0.0, random.Random(0)) == ["realtime"] * 10
