@@ -52,13 +52,14 @@ class OpenRun:
 
 
 def arrival_times(rate: float, window_s: float, rng: random.Random) -> list[float]:
-    """Return the offsets (seconds from the window's start) of a Poisson process of ``rate`` per second."""
-    times: list[float] = []
-    clock = rng.expovariate(rate)
-    while clock < window_s:
-        times.append(clock)
-        clock += rng.expovariate(rate)
-    return times
+    """Return the offsets (seconds from the window's start) of a Poisson process of ``rate`` per second, given that
+    it brings ``rate`` × ``window_s`` arrivals (rounded).
+
+    Such a process puts its arrivals uniformly at random in the window, so the gaps are as bursty as ever
+    (exponential), but every window offers the rate asked. Unconditioned, one 20 s window at 5 arrivals/s brought
+    57 to 114 arrivals by seed, and in one run the rates 0.75×, 0.85× and 1× the capacity brought 78 each.
+    """
+    return sorted(rng.uniform(0.0, window_s) for _ in range(round(rate * window_s)))
 
 
 def lanes(count: int, batch_share: float, rng: random.Random) -> list[str]:

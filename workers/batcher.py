@@ -113,9 +113,9 @@ class Batcher:
     joins the running call with the fewest segments still being made, up to ``max_batch``, instead of
     waiting for a call to end; a call takes such segments only while what it started with is still
     being made, so that it ends. Segments join only while at most a batch of them must start now (more, and
-    the engines are behind: the next call to end starts a full batch of them anyway), and never a call still
-    making a playing stream's segment due within one engine call (``BatchPlanner.can_slow``): joiners slow
-    every row.
+    the engines are behind: the next call to end starts a full batch of them anyway), and a job's first
+    segment never joins a call still making a playing stream's segment due within one engine call
+    (``BatchPlanner.can_slow``): joiners slow every row.
     """
 
     def __init__(
