@@ -1,6 +1,7 @@
 """Speak while the text is still being written: text streams fed at an LLM's pace, against whole jobs.
 
-Run with ``python -m bench.text_stream`` (``make bench-textstream``); the table goes to
+Run with ``python -m bench.text_stream [--levels 1,10] [--transports pieces,client,websocket]``
+(``make bench-textstream``, every level and transport); the table goes to
 ``bench/results/text-stream.md``. One stack (Redis, one worker with the tiny ChatTTS on the CPU, the API); the
 worker runs one model host per core on a CPU (``REPLICAS``), as ``make bench`` does and the README advises.
 At 1 and then 10 concurrent callers, each caller in turn:
@@ -20,6 +21,7 @@ Callers start spread over the first ``RAMP_S`` seconds of each level.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import itertools
 import json
@@ -294,6 +296,10 @@ TRANSPORTS: dict[str, Callable[[Stack, str, int], StreamRun]] = {
 }
 
 
+#: The transports by the names ``--transports`` takes.
+BY_SHORT_NAME = dict(zip(("pieces", "client", "websocket"), TRANSPORTS, strict=True))
+
+
 def _fmt(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}"
 
@@ -375,15 +381,34 @@ def summarize(callers: int, runs: list[StreamRun], whole: list[float]) -> dict[s
     }
 
 
-def main() -> None:
-    """Run both kinds at each level and write the table."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Read the levels and transports to run (all of them by default, which the README's table is)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrent streams per level")
+    parser.add_argument(
+        "--transports", default=",".join(BY_SHORT_NAME), help=f"which ways in: {', '.join(BY_SHORT_NAME)}"
+    )
+    args = parser.parse_args(argv)
+    args.levels = [int(n) for n in args.levels.split(",")]
+    asked = [name.strip() for name in args.transports.split(",")]
+    unknown = sorted(set(asked) - set(BY_SHORT_NAME))
+    if unknown:
+        parser.error(f"unknown transport(s) {unknown}; choose from {', '.join(BY_SHORT_NAME)}")
+    args.transports = [BY_SHORT_NAME[name] for name in asked]
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the transports asked at each level and write the table."""
+    args = parse_args(argv)
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     with running_stack("text-stream", TTS_MODEL_REPLICAS=str(REPLICAS)) as stack:
         http_stream(stack, _texts()[0], seed=1)  # warm-up, not counted
-        for callers in LEVELS:
+        for callers in args.levels:
             whole = whole_jobs_at(stack, callers)
-            for transport, stream in TRANSPORTS.items():
+            for transport in args.transports:
+                stream = TRANSPORTS[transport]
                 before = snapshot()
                 runs = streams_at(stack, callers, stream)
                 cpu = by_role(before, snapshot())  # % of one core; the load generator shares the machine
