@@ -23,9 +23,10 @@ def test_engines_side_by_side_add_up_batch_size_by_batch_size() -> None:
     assert combined["best_batch"] == 8 and combined["best_chars_per_s"] == 310
 
 
-def test_the_service_gets_the_engines_best_batch() -> None:
-    assert combine_engines([_engine({1: 50, 8: 150, 16: 155, 32: 140})])["service_batch"] == 16
-    assert combine_engines([_engine({1: 50, 8: 160, 16: 155})])["service_batch"] == 8
+def test_the_service_gets_the_largest_batch_within_a_tenth_of_the_engines_best() -> None:
+    assert combine_engines([_engine({1: 50, 8: 150, 16: 155, 32: 140})])["service_batch"] == 32
+    assert combine_engines([_engine({1: 50, 8: 150, 16: 155, 32: 139})])["service_batch"] == 16
+    assert combine_engines([_engine({1: 50, 8: 160, 16: 130})])["service_batch"] == 8
 
 
 def test_the_efficiency_line_splits_into_the_hosts_cpu_share_and_their_audio_per_cpu_second() -> None:
