@@ -160,7 +160,22 @@ def summarize(run: OpenRun) -> dict[str, Any]:
         "batch_admitted": sum(1 for a in batch if a.admitted is not None),
         "batch_done_p95": percentile([r.done - r.submitted for r in batch_done if r.done is not None], 95),
         "unfinished": run.unfinished + sum(1 for a in run.arrivals if a.first is None),
+        "underran_jobs": [trace(r) for r, g in zip(played, job_gaps, strict=True) if any(x > UNDERRUN_S for x in g)],
     }
+
+
+def trace(result: JobResult) -> dict[str, Any]:
+    """Return what a listener who underran saw, to find its job in the worker's log: each segment's arrival and
+    duration (seconds from the first audio) and the wait before it."""
+    start = result.first_audio if result.first_audio is not None else result.submitted
+    clock, segments = start, []
+    for n, (ready, duration) in enumerate(result.segments):
+        wait = max(0.0, ready - clock) if n else 0.0
+        clock = max(clock, ready) + duration if n else start + duration
+        segments.append({"ready_s": round(ready - start, 3), "duration_s": round(duration, 3),
+                         "wait_s": round(wait, 3)})  # fmt: skip
+    return {"job_id": result.job_id, "chars": result.chars, "first_audio_s": round(start - result.submitted, 3),
+            "segments": segments}  # fmt: skip
 
 
 def failures(results: list[JobResult]) -> dict[str, int]:

@@ -94,6 +94,7 @@ class ServedClient:
         try:
             job = self._submit(text, seed, result)
             if job is not None:
+                result.job_id = str(job["id"])
                 with self._lock:
                     self._following[me] = str(job["id"])
                 result.cached_segments = int(str(job.get("cached_segments", 0)))

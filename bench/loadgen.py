@@ -32,6 +32,8 @@ class JobResult:
     #: A refusal at the door (admission control), when the client does not retry it itself: status, Retry-After.
     refused: int | None = None
     retry_after: float | None = None
+    #: The job's id once admitted, to find it in the service's logs.
+    job_id: str | None = None
 
     @property
     def ok(self) -> bool:

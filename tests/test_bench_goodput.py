@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bench.goodput import goodput, summarize
+from bench.goodput import goodput, summarize, trace
 from bench.loadgen import JobResult
 from bench.openloop import Arrival, OpenRun, arrival_times, gaps, lanes
 
@@ -29,6 +29,19 @@ def test_a_gap_is_a_wait_for_a_segment_after_playback_began_and_none_when_segmen
     late = JobResult(chars=10, submitted=0.0, first_audio=1.0, segments=[(1.0, 2.0), (3.25, 1.0), (4.25, 1.0)])
     assert gaps(late) == [0.25], "the second arrives 0.25 s after the first ends; the third is then on time"
     assert gaps(JobResult(chars=1, submitted=0.0)) == []
+
+
+def test_a_listener_who_underran_is_traced_by_job_with_each_segments_arrival_and_the_wait_before_it() -> None:
+    late = JobResult(chars=10, submitted=0.0, first_audio=1.0, segments=[(1.0, 2.0), (3.25, 1.0), (4.25, 1.0)])
+    late.job_id = "j1"
+    run = OpenRun(rate=1.0, window_start=0.0, window_end=10.0)
+    run.arrivals = [Arrival(0.0, "realtime", 10, first=late)]
+    late.done = 5.0
+    traced = summarize(run)["underran_jobs"]
+    assert traced == [trace(late)]
+    assert traced[0]["job_id"] == "j1" and traced[0]["first_audio_s"] == 1.0
+    assert [s["wait_s"] for s in traced[0]["segments"]] == [0.0, 0.25, 0.0], "the waits gaps() finds"
+    assert [s["ready_s"] for s in traced[0]["segments"]] == [0.0, 2.25, 3.25]
 
 
 def _row(multiple: float, rate: float, *, underruns: float, p95: float, scheduler: str = "deadline") -> dict[str, Any]:

@@ -136,19 +136,21 @@ class SegmentMetrics(SegmentObserver):
             if made.index == 0:
                 TIME_TO_FIRST_SEGMENT.observe(max(0.0, time.time() - made.accepted_at))
         log.info(
-            "segment %s/%d %s: %d chars, %.2fs audio in %.2fs",
+            "segment %s/%d %s: %d chars, %.2fs audio in %.2fs, finished %+.2fs from its deadline",
             made.job_id,
             made.index,
             outcome,
             len(made.text),
             made.duration_s,
             made.synth_s,
+            made.finished_at - made.deadline,
             extra={
                 "job_id": made.job_id,
                 "segment": made.index,
                 "chars": len(made.text),
                 "audio_s": round(made.duration_s, 3),
                 "synth_s": round(made.synth_s, 3),
+                "lateness_s": round(made.finished_at - made.deadline, 3),
                 "outcome": outcome,
             },
         )
