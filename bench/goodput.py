@@ -153,6 +153,8 @@ def summarize(run: OpenRun) -> dict[str, Any]:
         "done_p95": percentile([r.done - r.submitted for r in played if r.done is not None], 95),
         "completed_per_s": len(played) / window,
         "completed_chars_per_s": sum(r.chars for r in played) / window,
+        # Every lane's: the capacity is the engines' work, and the batch lane's long texts are a share of it.
+        "completed_all_chars_per_s": sum(r.chars for r in served) / window,
         "good_per_s": sum(1 for g in job_gaps if not any(x > UNDERRUN_S for x in g)) / window,
         "audio_s_per_s": sum(sum(d for _, d in r.segments) for r in served) / window,
         "admitted_failed": failures(admitted),
@@ -201,8 +203,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         "| rate (× capacity) | scheduler | seed | offered/s | offered chars/s (batch lane's share) "
         "| realtime admitted / offered | refused (status: n) "
         "| retried → admitted | p50 / p95 / p99 first audio (s) | admitted with a gap > 100 ms | p99 total gap (s) "
-        "| p95 end to end (s) | completed jobs/s | good jobs/s | audio s/s | batch admitted / offered, p95 done (s) "
-        "| failed |",
+        "| p95 end to end (s) | completed jobs/s (chars/s: realtime / both lanes) | good jobs/s | audio s/s "
+        "| batch admitted / offered, p95 done (s) | failed |",
         "|" + "---|" * 17,
     ]
     for row in rows:
@@ -214,7 +216,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{s['realtime_admitted']} / {s['realtime_offered']} | {refused} | "
             f"{s['retried_admitted']} / {s['retried']} | {_f(s['first_audio_p50'])} / {_f(s['first_audio_p95'])} / "
             f"{_f(s['first_audio_p99'])} | {_f(s['underrun_share'], '.1%')} | {_f(s['gap_p99_s'])} | "
-            f"{_f(s['done_p95'])} | {s['completed_per_s']:.1f} | {s['good_per_s']:.1f} | {s['audio_s_per_s']:.1f} | "
+            f"{_f(s['done_p95'])} | {s['completed_per_s']:.1f} ({s['completed_chars_per_s']:.0f} / "
+            f"{s['completed_all_chars_per_s']:.0f}) | {s['good_per_s']:.1f} | {s['audio_s_per_s']:.1f} | "
             f"{s['batch_admitted']} / {s['batch_offered']}, {_f(s['batch_done_p95'], '.1f')} | "
             f"{sum(s['admitted_failed'].values()) + s['unfinished']} |"
         )
@@ -255,9 +258,9 @@ def verdicts(rows: list[dict[str, Any]], capacity: float, schedulers: list[str])
                     s["first_audio_p95"] is not None and s["first_audio_p95"] <= FIRST_AUDIO_GATE_S,
                 ),
                 (
-                    f"completed realtime work {s['completed_chars_per_s']:.0f} chars/s "
-                    f"({s['completed_per_s']:.1f} jobs/s) ≥ 0.9× capacity",
-                    s["completed_chars_per_s"] >= 0.9 * capacity,
+                    f"completed work {s['completed_all_chars_per_s']:.0f} chars/s, both lanes (realtime "
+                    f"{s['completed_chars_per_s']:.0f} chars/s, {s['completed_per_s']:.1f} jobs/s) ≥ 0.9× capacity",
+                    s["completed_all_chars_per_s"] >= 0.9 * capacity,
                 ),
                 (
                     f"{s['refusals_with_retry_after']} of {refusals} refusals a 429/503 with Retry-After",

@@ -70,6 +70,15 @@ def test_the_work_offered_is_counted_in_characters_with_the_batch_lanes_share() 
     assert summary["batch_chars_share"] == pytest.approx(600 / 680)
 
 
+def test_completed_work_counts_both_lanes_since_the_capacity_is_all_the_engines_work() -> None:
+    run = OpenRun(rate=2.0, window_start=0.0, window_end=10.0)
+    done = [JobResult(chars=n, submitted=0.0, first_audio=1.0, done=2.0, segments=[(1.0, 1.0)]) for n in (40, 600)]
+    run.arrivals = [Arrival(1.0, "realtime", 40, first=done[0]), Arrival(3.0, "batch", 600, first=done[1])]
+    summary = summarize(run)
+    assert summary["completed_chars_per_s"] == pytest.approx(4.0), "realtime alone"
+    assert summary["completed_all_chars_per_s"] == pytest.approx(64.0)
+
+
 def test_the_batch_lanes_arrivals_are_spread_evenly_so_every_window_carries_its_share() -> None:
     for seed in range(20):
         chosen = lanes(200, 0.02, random.Random(seed))
