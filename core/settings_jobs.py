@@ -31,8 +31,9 @@ class JobSettings(BaseSettings):
     first_segment_max_chars: int = Field(
         24,
         ge=5,
-        description="The first segment is kept this short (a clause); each next one is at most as long as all "
-        "before it together.",
+        description="The first segment is kept this short (a clause; a lead clause under half of it takes the next "
+        "clause when that is more than twice as long, up to 1.5x this); each next one is at most this long or as "
+        "long as all before it together.",
     )
     batch_lane_chars: int = Field(2000, ge=1, description="Jobs longer than this default to the batch lane.")
     enqueue_window_batch: int = Field(
