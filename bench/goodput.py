@@ -32,7 +32,7 @@ from bench.headline_levels import progress, run_level
 from bench.headline_stack import ServiceStack
 from bench.http_clients import ServedClient
 from bench.loadgen import Client, JobResult
-from bench.openloop import UNDERRUN_S, OpenRun, gaps, run_open_loop
+from bench.openloop import UNDERRUN_S, OpenRun, gaps, run_open_loop, waits
 from bench.report import RESULTS, percentile, write_run
 from bench.stack_args import Plan, corpus_texts, default_replicas, service_env
 from bench.texts import STORY
@@ -126,7 +126,8 @@ def summarize(run: OpenRun) -> dict[str, Any]:
     played = [r for r in admitted if r.ok]
     first_audio = [r.first_audio - r.submitted for r in played if r.first_audio is not None]
     job_gaps = [gaps(r) for r in played]
-    underran = sum(1 for g in job_gaps if any(x > UNDERRUN_S for x in g)) + len(admitted) - len(played)
+    heard = [any(x > UNDERRUN_S for x in g) for g in job_gaps]  # per played job: did its listener hear a gap
+    underran = sum(heard) + len(admitted) - len(played)
     retried = [a for a in run.arrivals if a.retry is not None]
     served = [r for a in run.arrivals if (r := a.admitted) is not None and r.ok]
     batch_done = [r for a in batch if (r := a.admitted) is not None and r.ok]
@@ -155,14 +156,14 @@ def summarize(run: OpenRun) -> dict[str, Any]:
         "completed_chars_per_s": sum(r.chars for r in played) / window,
         # Every lane's: the capacity is the engines' work, and the batch lane's long texts are a share of it.
         "completed_all_chars_per_s": sum(r.chars for r in served) / window,
-        "good_per_s": sum(1 for g in job_gaps if not any(x > UNDERRUN_S for x in g)) / window,
+        "good_per_s": heard.count(False) / window,
         "audio_s_per_s": sum(sum(d for _, d in r.segments) for r in served) / window,
         "admitted_failed": failures(admitted),
         "batch_offered": len(batch),
         "batch_admitted": sum(1 for a in batch if a.admitted is not None),
         "batch_done_p95": percentile([r.done - r.submitted for r in batch_done if r.done is not None], 95),
         "unfinished": run.unfinished + sum(1 for a in run.arrivals if a.first is None),
-        "underran_jobs": [trace(r) for r, g in zip(played, job_gaps, strict=True) if any(x > UNDERRUN_S for x in g)],
+        "underran_jobs": [trace(r) for r, gap in zip(played, heard, strict=True) if gap],
     }
 
 
@@ -170,12 +171,10 @@ def trace(result: JobResult) -> dict[str, Any]:
     """Return what a listener who underran saw, to find its job in the worker's log: each segment's arrival and
     duration (seconds from the first audio) and the wait before it."""
     start = result.first_audio if result.first_audio is not None else result.submitted
-    clock, segments = start, []
-    for n, (ready, duration) in enumerate(result.segments):
-        wait = max(0.0, ready - clock) if n else 0.0
-        clock = max(clock, ready) + duration if n else start + duration
-        segments.append({"ready_s": round(ready - start, 3), "duration_s": round(duration, 3),
-                         "wait_s": round(wait, 3)})  # fmt: skip
+    segments = [
+        {"ready_s": round(ready - start, 3), "duration_s": round(duration, 3), "wait_s": round(wait, 3)}
+        for (ready, duration), wait in zip(result.segments, waits(result), strict=True)
+    ]
     return {"job_id": result.job_id, "chars": result.chars, "first_audio_s": round(start - result.submitted, 3),
             "segments": segments}  # fmt: skip
 

@@ -74,18 +74,22 @@ def lanes(count: int, batch_share: float, rng: random.Random) -> list[str]:
     return ["batch" if every and n % every == first else "realtime" for n in range(count)]
 
 
-def gaps(result: JobResult) -> list[float]:
-    """Return every wait for a segment not there yet, for a listener who plays from the first audio on."""
+def waits(result: JobResult) -> list[float]:
+    """Return, per segment, how long a listener who plays from the first audio on waits for it (0 when it is
+    there in time; the first is never waited for); empty before any audio."""
     if result.first_audio is None or not result.segments:
         return []
     clock = result.first_audio + result.segments[0][1]
-    found = []
+    found = [0.0]
     for ready, duration in result.segments[1:]:
-        if ready > clock:
-            found.append(ready - clock)
-            clock = ready
-        clock += duration
+        found.append(max(0.0, ready - clock))
+        clock = max(clock, ready) + duration
     return found
+
+
+def gaps(result: JobResult) -> list[float]:
+    """Return every wait for a segment not there yet, for a listener who plays from the first audio on."""
+    return [w for w in waits(result) if w > 0]
 
 
 def run_open_loop(

@@ -52,6 +52,11 @@ class MadeSegment:
     accepted_at: float
     worker: str
 
+    @property
+    def lateness_s(self) -> float:
+        """Return how long after its deadline it was finished (negative: before)."""
+        return self.finished_at - self.deadline
+
     def meta(self) -> dict[str, float | str]:
         """Return the metadata stored beside the audio (the job's own times included)."""
         return {
@@ -59,7 +64,7 @@ class MadeSegment:
             "synth_s": round(self.synth_s, 4),
             "worker": self.worker,
             "finished_at": round(self.finished_at, 4),
-            "lateness_s": round(self.finished_at - self.deadline, 4),
+            "lateness_s": round(self.lateness_s, 4),
         }
 
 
@@ -132,7 +137,7 @@ class SegmentMetrics(SegmentObserver):
         if made.duration_s > 0:
             REAL_TIME_FACTOR.labels(made.spec.name).observe(made.synth_s / made.duration_s)
         if outcome == "written":
-            SEGMENT_LATENESS.labels(made.request.priority).observe(made.finished_at - made.deadline)
+            SEGMENT_LATENESS.labels(made.request.priority).observe(made.lateness_s)
             if made.index == 0:
                 TIME_TO_FIRST_SEGMENT.observe(max(0.0, time.time() - made.accepted_at))
         log.info(
@@ -143,14 +148,14 @@ class SegmentMetrics(SegmentObserver):
             len(made.text),
             made.duration_s,
             made.synth_s,
-            made.finished_at - made.deadline,
+            made.lateness_s,
             extra={
                 "job_id": made.job_id,
                 "segment": made.index,
                 "chars": len(made.text),
                 "audio_s": round(made.duration_s, 3),
                 "synth_s": round(made.synth_s, 3),
-                "lateness_s": round(made.finished_at - made.deadline, 3),
+                "lateness_s": round(made.lateness_s, 3),
                 "outcome": outcome,
             },
         )

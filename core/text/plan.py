@@ -26,8 +26,9 @@ class _Packer:
     def limit(self) -> int:
         """Return the cap of the segment being filled now: the first cap, then the length of all before it.
 
-        No segment is longer than the segments before it together, so it can be made while they
-        play; the caps grow from the first cap to the full cap as the buffered audio grows.
+        No segment after the first is longer than the first cap or the segments before it together,
+        whichever is more, so it can be made while they play; the caps grow from the first cap to the
+        full cap as the buffered audio grows.
         """
         return min(self.cap, max(self.first_cap, self.planned_chars))
 
@@ -41,7 +42,7 @@ class _Packer:
         second of about 20.) So a first segment shorter than half the first cap takes the next unit with it when
         that unit is more than twice as long.
         """
-        if self.segments or self.planned_chars or not has_speakable(piece):
+        if self.planned_chars or not has_speakable(piece):  # not the job's first segment, or nothing to say yet
             return False
         lead, both = len(_tidy(piece)), len(_tidy(joined))
         return lead < self.first_cap / 2 and both - lead > 2 * lead and both <= min(self.cap, self.first_cap * 3 // 2)
