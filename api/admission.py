@@ -24,6 +24,10 @@ PAST_S = 60.0
 HORIZON_S = 120.0
 #: ... and at most this many (more is an overload whatever their deadlines).
 MOST_WEIGHED = 2000
+#: The first-audio check reads the first segments made this recently ...
+FIRST_AUDIO_WINDOW_S = 5
+#: ... and only when there were at least this many (fewer say little; an idle service is let in).
+FIRST_AUDIO_SAMPLES = 3
 
 
 class Admission:
@@ -49,6 +53,7 @@ class Admission:
         self.replicas = settings.model_replicas  # busy seconds overlap on a worker's replicas
         self.limits = {"realtime": settings.admission_realtime_wait_s, "batch": settings.admission_batch_wait_s}
         self.lateness_s = settings.admission_lateness_s
+        self.first_audio_s = settings.admission_first_audio_s
 
     def pace(self, *, workers_alive: int) -> tuple[float, float]:
         """Return the engines' recent pace: seconds per segment, all of them together, and seconds per engine
@@ -102,6 +107,36 @@ class Admission:
                 estimated_excess_s=round(excess, 2),
             )
 
+    def estimated_first_audio_s(self, first_chars: int) -> float:
+        """Return how long a first segment of ``first_chars`` would take to make at the pace recent first segments
+        took, per character; 0 when too few were made lately to say."""
+        recent = self.stats.window(seconds=FIRST_AUDIO_WINDOW_S)
+        if recent.firsts < FIRST_AUDIO_SAMPLES:
+            return 0.0
+        return first_chars * recent.first_audio_s_per_char
+
+    def check_first_audio(self, first_chars: int) -> None:
+        """Raise ServiceUnavailable (503) when a realtime job's first segment would take longer than
+        ``TTS_ADMISSION_FIRST_AUDIO_S`` to make, judged by how long recent first segments took per character.
+
+        The deadline check (``check_listeners``) counts the work queued ahead of a newcomer; this one sees what a
+        queue estimate cannot: a first segment shares its engine call with every row in it, so under load it takes
+        longer to make whatever is ahead of it. Refusing newcomers then shrinks the calls, and first segments speed
+        up again. Retry-After is the time first segments take now: by then the calls running now have ended.
+        """
+        if self.first_audio_s <= 0 or first_chars <= 0:
+            return
+        estimate = self.estimated_first_audio_s(first_chars)
+        if estimate > self.first_audio_s:
+            ADMISSION_REJECTIONS.labels("first_audio").inc()
+            raise ServiceUnavailable(
+                f"the engines are at capacity: this realtime job's first audio would take about {estimate:.1f} s to "
+                f"make (limit TTS_ADMISSION_FIRST_AUDIO_S={self.first_audio_s:g} s); retry after Retry-After, or "
+                'submit with priority "batch"',
+                retry_after=max(1, math.ceil(estimate)),
+                estimated_first_audio_s=round(estimate, 2),
+            )
+
     def check_room(self) -> None:
         """Raise StoreFull (503, Retry-After) when the job store is past its budget's full mark: every job, even
         one whose audio is all cached, writes its audio into the store."""
@@ -114,13 +149,15 @@ class Admission:
                 retry_after=10,
             )
 
-    def admit(self, lane: str, deadlines: Sequence[float] = ()) -> float:
+    def admit(self, lane: str, deadlines: Sequence[float] = (), first_chars: int = 0) -> float:
         """Raise ServiceUnavailable (503, Retry-After) unless a job on ``lane`` can start in time; return its wait.
 
         ``deadlines`` are the playback deadlines of the job's segments still to make (the first one now when
-        none are given). A realtime job is refused when it or an admitted stream would miss a deadline
-        (``check_listeners``) or its first segment would wait longer than the lane's limit; a batch job,
-        which yields to realtime work, only past the batch limit, and otherwise accepted with the estimate stated.
+        none are given), and ``first_chars`` the length of its first segment when the engines must make it. A
+        realtime job is refused when it or an admitted stream would miss a deadline (``check_listeners``), its
+        first segment would take too long to make (``check_first_audio``) or wait longer than the lane's limit;
+        a batch job, which yields to realtime work, only past the batch limit, and otherwise accepted with the
+        estimate stated.
         """
         alive = len(self.workers.alive())
         verdict = self.breaker.check(workers_alive=alive)
@@ -130,6 +167,7 @@ class Admission:
         due = deadlines[0] if deadlines else time.time()
         if lane == "realtime":
             self.check_listeners(deadlines or [due], workers_alive=alive)
+            self.check_first_audio(first_chars)
         wait = self.estimated_wait_s(due, workers_alive=alive)
         limit = self.limits[lane]
         if wait > limit:

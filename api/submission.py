@@ -66,8 +66,9 @@ class Admitted:
 class Submitter:
     """Submit jobs with one set of dependencies.
 
-    ``admit(lane, deadlines to make)`` raises ServiceUnavailable when the job cannot be made in time, and otherwise
-    returns the estimated seconds until its first segment starts. ``check_room()`` raises StoreFull when the job
+    ``admit(lane, deadlines to make, characters of the first segment if it is to make)`` raises
+    ServiceUnavailable when the job cannot be made in time, and otherwise returns the estimated seconds until its
+    first segment starts. ``check_room()`` raises StoreFull when the job
     store has no room for another job's audio.
     """
 
@@ -78,7 +79,7 @@ class Submitter:
     enqueue: Enqueue
     book: ScheduleBook
     policy: SchedulingPolicy
-    admit: Callable[[str, Sequence[float]], float] | None = None
+    admit: Callable[[str, Sequence[float], int], float] | None = None
     check_room: Callable[[], None] | None = None
     text_streams: TextStreams | None = None
 
@@ -173,7 +174,8 @@ class Submitter:
         wait = 0.0
         if (looked.misses or planned.tail is not None) and self.admit is not None:
             window = looked.misses[: self.policy.window(planned.request.priority)]  # what enters the queue now
-            wait = self.admit(planned.request.priority, [deadlines[i] for i in window])
+            first_chars = len(planned.texts[0]) if looked.misses and looked.misses[0] == 0 else 0
+            wait = self.admit(planned.request.priority, [deadlines[i] for i in window], first_chars)
         return Admitted(deadlines, pace, wait)
 
     def persist(self, planned: Planned, looked: Looked, admitted: Admitted, *, owner: str) -> tuple[str, list[int]]:

@@ -12,9 +12,9 @@
    underruns (a playback gap over 100 ms after the first audio), end to end, audio s/s, and the goodput: the
    highest rate at which admitted realtime jobs have no underrun and p95 first audio ≤ 1.5 s, in every seed.
 
-Settings changed from the defaults: ``TTS_ADMISSION_LATENESS_S=1``, the admission policy under test (off by
-default), and ``TTS_MAX_STREAMS_PER_CALLER``: every listener here is one caller (no API keys), where real
-listeners are many.
+Settings changed from the defaults: ``TTS_ADMISSION_LATENESS_S=1`` and ``TTS_ADMISSION_FIRST_AUDIO_S=1``, the
+admission policy under test (both off by default), and ``TTS_MAX_STREAMS_PER_CALLER``: every listener here is
+one caller (no API keys), where real listeners are many.
 """
 
 from __future__ import annotations
@@ -65,8 +65,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.device, args.torch_threads = "cpu" if args.model == "chattts-tiny" else "auto", 1
     args.replicas = default_replicas(args.device, args.torch_threads)
     args.service_env.append("TTS_MAX_STREAMS_PER_CALLER=5000")
-    if not any(pair.startswith("TTS_ADMISSION_LATENESS_S=") for pair in args.service_env):
-        args.service_env.append("TTS_ADMISSION_LATENESS_S=1")  # the policy under test (off by default)
+    # The policy under test (both checks are off by default), unless the command line sets them.
+    for name, value in (("TTS_ADMISSION_LATENESS_S", "1"), ("TTS_ADMISSION_FIRST_AUDIO_S", "1")):
+        if not any(pair.startswith(f"{name}=") for pair in args.service_env):
+            args.service_env.append(f"{name}={value}")
     return args
 
 
@@ -84,7 +86,7 @@ def batch_texts() -> list[tuple[str, int]]:
 
 def measure_capacity(env: dict[str, str], out: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Return the closed loop's summary at 50 callers on a stack that refuses nothing at the door (deadline
-    scheduling, TTS_ADMISSION_LATENESS_S=0): the characters/s it completes are the service's capacity.
+    scheduling, both admission checks off): the characters/s it completes are the service's capacity.
 
     In characters, not jobs: the engines' work follows the text's length, a closed loop completes more of the
     short texts than it was given (a long one still running at the window's end is not counted), and the open
@@ -93,7 +95,8 @@ def measure_capacity(env: dict[str, str], out: Path, args: argparse.Namespace) -
     """
     plan = Plan(20, 4, 60, "", 0, 0, 0)
     (out / "capacity").mkdir(exist_ok=True)
-    stack = ServiceStack({**env, "TTS_ADMISSION_LATENESS_S": "0"}, out / "capacity", api_processes=2)
+    refuse_nothing = {"TTS_ADMISSION_LATENESS_S": "0", "TTS_ADMISSION_FIRST_AUDIO_S": "0"}
+    stack = ServiceStack({**env, **refuse_nothing}, out / "capacity", api_processes=2)
     try:
         stack.start()
         summary = run_level(ServedClient(stack.api.url, model=args.model), corpus_texts(args.model), 50, plan,
@@ -164,6 +167,8 @@ def summarize(run: OpenRun) -> dict[str, Any]:
         "batch_done_p95": percentile([r.done - r.submitted for r in batch_done if r.done is not None], 95),
         "unfinished": run.unfinished + sum(1 for a in run.arrivals if a.first is None),
         "underran_jobs": [trace(r) for r, gap in zip(played, heard, strict=True) if gap],
+        # Admitted listeners whose first audio came after the gate, with the service's own estimate of its start.
+        "slow_first_jobs": [trace(r) for r in played if (r.first_audio or 0.0) - r.submitted > FIRST_AUDIO_GATE_S],
     }
 
 
@@ -176,7 +181,7 @@ def trace(result: JobResult) -> dict[str, Any]:
         for (ready, duration), wait in zip(result.segments, waits(result), strict=True)
     ]
     return {"job_id": result.job_id, "chars": result.chars, "first_audio_s": round(start - result.submitted, 3),
-            "segments": segments}  # fmt: skip
+            "start_estimate_s": result.start_estimate_s, "segments": segments}  # fmt: skip
 
 
 def failures(results: list[JobResult]) -> dict[str, int]:

@@ -98,6 +98,8 @@ class ServedClient:
                 with self._lock:
                     self._following[me] = str(job["id"])
                 result.cached_segments = int(str(job.get("cached_segments", 0)))
+                estimate = job.get("start_estimate_s")
+                result.start_estimate_s = None if estimate is None else float(str(estimate))
                 self._follow(str(job["id"]), result)
         except (OSError, http.client.HTTPException, ValueError) as e:
             result.error = type(e).__name__

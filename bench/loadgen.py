@@ -34,6 +34,8 @@ class JobResult:
     retry_after: float | None = None
     #: The job's id once admitted, to find it in the service's logs.
     job_id: str | None = None
+    #: The service's estimate, when it admitted the job, of the seconds until its first segment starts.
+    start_estimate_s: float | None = None
 
     @property
     def ok(self) -> bool:

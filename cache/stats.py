@@ -27,6 +27,11 @@ class Window:
     calls: float = 0.0
     ok: float = 0.0
     failed: float = 0.0
+    #: Realtime jobs' first segments made by the engines: how many, their characters, and the seconds each took in
+    #: its worker (its wait for a batch and its engine call: nearly all of its listener's wait for the first audio).
+    firsts: float = 0.0
+    first_chars: float = 0.0
+    first_s: float = 0.0
 
     @property
     def chars_per_busy_second(self) -> float:
@@ -44,6 +49,11 @@ class Window:
         return self.chars / self.segments if self.segments else 0.0
 
     @property
+    def first_audio_s_per_char(self) -> float:
+        """Return the seconds recent first segments took to be made, per character (0 when unknown)."""
+        return self.first_s / self.first_chars if self.first_chars > 0 else 0.0
+
+    @property
     def failure_rate(self) -> float:
         """Return the share of segment attempts that failed."""
         total = self.ok + self.failed
@@ -58,13 +68,16 @@ class Stats:
         self._sum = client.register_script(scripts.SUM_BUCKETS)
 
     def record(
-        self, *, chars: int = 0, busy_s: float = 0.0, segments: int = 0, calls: int = 0, ok: int = 0, failed: int = 0
-    ) -> None:
-        """Add one engine call's work, or one segment's outcome, to the current bucket."""
+        self, *, chars: int = 0, busy_s: float = 0.0, segments: int = 0, calls: int = 0, ok: int = 0, failed: int = 0,
+        first_chars: int = 0, first_s: float = 0.0,
+    ) -> None:  # fmt: skip
+        """Add one engine call's work, or one segment's outcome (with a realtime first segment's characters and the
+        seconds it took to make), to the current bucket."""
         key = keys.stats(int(time.time()) // BUCKET_S)
         pipe = self.redis.pipeline(transaction=False)
         for name, value in (("chars", chars), ("busy_s", busy_s), ("segments", segments), ("calls", calls),
-                            ("ok", ok), ("failed", failed)):  # fmt: skip
+                            ("ok", ok), ("failed", failed), ("firsts", 1 if first_chars else 0),
+                            ("first_chars", first_chars), ("first_s", first_s)):  # fmt: skip
             if value:
                 pipe.hincrbyfloat(key, name, value)
         pipe.expire(key, WINDOW_S * 3)

@@ -51,6 +51,14 @@ class ApiSettings(BaseSettings):
         "and later first audio. 0 (the default, until its pace estimate stops refusing work the engines could do) "
         "leaves only the wait limit.",
     )
+    admission_first_audio_s: float = Field(
+        0.0,
+        ge=0,
+        description="When above 0, refuse realtime jobs (503) whose first segment, at the seconds per character "
+        "recent first segments took to be made (the last few seconds' of them), would take longer than this: under "
+        "load a first segment shares its engine call with every row in it, and so takes longer than the queue "
+        "ahead of it says. Smaller: earlier first audio and more refusals. 0 (the default) turns it off.",
+    )
     admission_batch_wait_s: float = Field(
         3600.0, gt=0, description="Refuse batch jobs (503) when their estimated queue wait is longer."
     )

@@ -223,3 +223,62 @@ def test_the_stats_window_sums_every_bucket_in_it_and_none_before_since(redis_cl
     assert (window.chars, window.busy_s, window.segments, window.ok, window.failed) == (17, 0.375, 2, 2, 1)
     assert stats.window(since=now - 2).chars == 10
     assert Stats(redis_client).window(since=now + 5) == Window()
+
+
+def test_a_realtime_job_is_refused_when_recent_first_segments_say_its_own_would_take_longer_than_the_limit(
+    settings_env: dict[str, str],
+) -> None:
+    isolated = settings_env["REDIS_URL"].rsplit("/", 1)[0] + "/3"  # no real worker: first segments written by hand
+    client = redis.Redis.from_url(isolated)
+    client.flushdb()
+    WorkerRegistry(client, ttl_s=30).beat("w1", {})
+    stats = Stats(client)
+    stats.record(chars=200, busy_s=2.0, segments=10, ok=10)
+    loaded = load_settings(redis_url=isolated, admission_first_audio_s=1.0)
+    admission = Admission(stats=stats, breaker=_breaker(client), workers=WorkerRegistry(client, ttl_s=30),
+                          book=ScheduleBook(client, default_seconds_per_char=0.2), settings=loaded,
+                          policy=scheduling_policy(loaded))  # fmt: skip
+    now = time.time()
+    stats.record(first_chars=20, first_s=2.0)
+    stats.record(first_chars=20, first_s=2.0)
+    assert admission.admit("realtime", [now], first_chars=20) == 0.0, "two first segments say too little yet"
+    stats.record(first_chars=10, first_s=1.0)  # 5 s for 50 characters: 0.1 s each
+    assert admission.estimated_first_audio_s(20) == pytest.approx(2.0)
+    with pytest.raises(ServiceUnavailable) as refused:
+        admission.admit("realtime", [now], first_chars=20)
+    assert refused.value.details["estimated_first_audio_s"] == pytest.approx(2.0)
+    assert refused.value.retry_after == 2, "the time first segments take now: the calls running now end by then"
+    assert "TTS_ADMISSION_FIRST_AUDIO_S" in refused.value.message
+    admission.admit("realtime", [now], first_chars=8)  # a shorter first segment is made within the limit
+    admission.admit("realtime", [now], first_chars=0)  # its first segment is cached: nothing to make
+    admission.admit("batch", [now + 60], first_chars=20)  # the batch lane is not held to first audio
+    off = Admission(stats=stats, breaker=_breaker(client), workers=WorkerRegistry(client, ttl_s=30),
+                    book=ScheduleBook(client, default_seconds_per_char=0.2), settings=load_settings(redis_url=isolated),
+                    policy=scheduling_policy(loaded))  # fmt: skip
+    off.admit("realtime", [now], first_chars=20)  # off by default
+    client.flushdb()
+
+
+def test_the_api_passes_the_first_segments_length_to_the_first_audio_check(settings_env: dict[str, str]) -> None:
+    isolated = settings_env["REDIS_URL"].rsplit("/", 1)[0] + "/3"
+    client = redis.Redis.from_url(isolated)
+    client.flushdb()
+    WorkerRegistry(client, ttl_s=30).beat("w1", {})
+    for _ in range(3):
+        Stats(client).record(first_chars=10, first_s=2.0)  # 0.2 s a character
+    app = create_app(
+        {
+            "redis_url": isolated,
+            "models_file": settings_env["TTS_MODELS_FILE"],
+            "tiny_model_dir": settings_env["TTS_TINY_MODEL_DIR"],
+            "default_model": "espeak-en",
+            "admission_first_audio_s": 1.0,
+        }
+    )
+    response = app.test_client().post("/v1/jobs", json={"text": "Am I let in at all?"})
+    assert response.status_code == 503
+    error = response.get_json()["error"]
+    assert error["estimated_first_audio_s"] > 1.0
+    assert int(response.headers["Retry-After"]) == math.ceil(error["estimated_first_audio_s"])
+    assert app.test_client().post("/v1/jobs", json={"text": "Hi."}).status_code == 202, "a short one is made in time"
+    client.flushdb()

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import pytest
 
 from cache.records import JobRecord, JobRequest, JobStatus, SegmentStart, StartState
 from core.audio import PackedAudio
 from core.registry import ModelSpec
-from workers.observers import MadeSegment, Observers, SegmentObserver
+from workers.observers import MadeSegment, Observers, SegmentMetrics, SegmentObserver
 
 REQUEST = JobRequest(model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav",
                      priority="realtime", seed=None, cache=False)  # fmt: skip
@@ -71,3 +72,25 @@ def test_a_failing_observer_is_logged_and_the_ones_after_it_still_run(caplog: py
 def test_a_made_segment_keeps_its_lateness_against_the_deadline_in_its_metadata() -> None:
     meta = _made().meta()
     assert meta == {"duration_s": 0.01, "synth_s": 0.002, "worker": "w1", "finished_at": 101.0, "lateness_s": 0.5}
+
+
+class _Tally:
+    """Stands in for the stats' one method a metrics observer calls, keeping what it was given."""
+
+    def __init__(self) -> None:
+        self.recorded: list[dict[str, float]] = []
+
+    def record(self, **amounts: float) -> None:
+        self.recorded.append(amounts)
+
+
+def test_only_a_realtime_jobs_first_segment_is_counted_for_the_first_audio_check() -> None:
+    tally = _Tally()
+    metrics = SegmentMetrics(tally)  # type: ignore[arg-type]
+    first = _made()
+    metrics.written(first, "written")
+    metrics.written(replace(first, index=1), "written")
+    metrics.written(replace(first, request=replace(REQUEST, priority="batch")), "written")
+    metrics.written(first, "duplicate")
+    assert tally.recorded[0] == {"ok": 1, "first_chars": len("Hello."), "first_s": 0.002}
+    assert [r["first_chars"] for r in tally.recorded[1:]] == [0, 0, 0], "a later, batch or repeated segment"

@@ -132,7 +132,9 @@ class SegmentMetrics(SegmentObserver):
     def written(self, made: MadeSegment, outcome: str) -> None:
         """Count the outcome, the audio made, its real-time factor, lateness and first-segment time."""
         SEGMENTS.labels(outcome).inc()
-        self.stats.record(ok=1)
+        # A realtime first segment's making time: what admission's first-audio check reads.
+        first = made.index == 0 and outcome == "written" and made.request.priority == "realtime"
+        self.stats.record(ok=1, first_chars=len(made.text) if first else 0, first_s=made.synth_s if first else 0.0)
         AUDIO_SECONDS.labels(made.spec.name).inc(made.duration_s)
         if made.duration_s > 0:
             REAL_TIME_FACTOR.labels(made.spec.name).observe(made.synth_s / made.duration_s)
