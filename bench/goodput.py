@@ -119,11 +119,13 @@ def summarize(run: OpenRun) -> dict[str, Any]:
     realtime = [a for a in run.arrivals if a.lane == "realtime"]
     batch = [a for a in run.arrivals if a.lane == "batch"]
     refusals: Counter[str] = Counter()
+    checks: Counter[str] = Counter()
     with_retry_after = 0
     for arrival in run.arrivals:
         for attempt in (arrival.first, arrival.retry):
             if attempt is not None and attempt.refused is not None:
                 refusals[str(attempt.refused)] += 1
+                checks[attempt.refused_by or "other"] += 1
                 with_retry_after += attempt.retry_after is not None
     admitted = [a.admitted for a in realtime if a.admitted is not None]
     played = [r for r in admitted if r.ok]
@@ -145,6 +147,7 @@ def summarize(run: OpenRun) -> dict[str, Any]:
         "realtime_offered": len(realtime),
         "realtime_admitted": len(admitted),
         "refused": dict(refusals),
+        "refused_by": dict(checks),
         "refusals_with_retry_after": with_retry_after,
         "retried": len(retried),
         "retried_admitted": sum(1 for a in retried if a.retry is not None and a.retry.refused is None),
@@ -205,7 +208,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     """Return one markdown row per rate, scheduler and seed."""
     lines = [
         "| rate (× capacity) | scheduler | seed | offered/s | offered chars/s (batch lane's share) "
-        "| realtime admitted / offered | refused (status: n) "
+        "| realtime admitted / offered | refused (status: n; by check) "
         "| retried → admitted | p50 / p95 / p99 first audio (s) | admitted with a gap > 100 ms | p99 total gap (s) "
         "| p95 end to end (s) | completed jobs/s (chars/s: realtime / both lanes) | good jobs/s | audio s/s "
         "| batch admitted / offered, p95 done (s) | failed |",
@@ -214,6 +217,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         s = row["summary"]
         refused = ", ".join(f"{k}: {v}" for k, v in sorted(s["refused"].items())) or "0"
+        if s.get("refused_by"):
+            refused += " (" + ", ".join(f"{k} {v}" for k, v in sorted(s["refused_by"].items())) + ")"
         lines.append(
             f"| {row['multiple']:g} | {row['scheduler']} | {row['seed']} | {s['offered_per_s']:.1f} | "
             f"{s['offered_chars_per_s']:.0f} ({s['batch_chars_share']:.0%}) | "

@@ -15,6 +15,19 @@ from client.api import parse_sse
 ADMISSION_STATUSES = frozenset({429, 503})
 
 
+#: The estimate each admission check puts in its 503's error body, and the check's name.
+CHECKS = {"estimated_first_audio_s": "first audio", "estimated_excess_s": "deadlines", "estimated_wait_s": "wait"}
+
+
+def refusing_check(body: bytes) -> str | None:
+    """Return which admission check a refusal's JSON error body comes from, or None when it does not say."""
+    try:
+        error = json.loads(body).get("error", {})
+    except (ValueError, AttributeError):
+        return None
+    return next((name for key, name in CHECKS.items() if key in error), None)
+
+
 class Http:
     """One keep-alive HTTP connection per thread, reopened once if the server closed an idle one."""
 
@@ -128,6 +141,7 @@ class ServedClient:
             if status in ADMISSION_STATUSES and not self.retry:
                 result.refused = status
                 result.retry_after = None if retry_after is None else float(retry_after)
+                result.refused_by = refusing_check(data)
                 result.error = f"POST {status}"
                 return None
             if status in ADMISSION_STATUSES and retry_after is not None and time.monotonic() < deadline:

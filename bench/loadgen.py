@@ -32,6 +32,8 @@ class JobResult:
     #: A refusal at the door (admission control), when the client does not retry it itself: status, Retry-After.
     refused: int | None = None
     retry_after: float | None = None
+    #: Which admission check refused it, from the estimate its error body gives (None: not said).
+    refused_by: str | None = None
     #: The job's id once admitted, to find it in the service's logs.
     job_id: str | None = None
     #: The service's estimate, when it admitted the job, of the seconds until its first segment starts.

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from bench.goodput import goodput, summarize, trace
+from bench.http_clients import refusing_check
 from bench.loadgen import JobResult
 from bench.openloop import Arrival, OpenRun, arrival_times, gaps, lanes
 
@@ -85,3 +86,17 @@ def test_the_batch_lanes_arrivals_are_spread_evenly_so_every_window_carries_its_
         at = [n for n, lane in enumerate(chosen) if lane == "batch"]
         assert len(at) == 4 and all(b - a == 50 for a, b in itertools.pairwise(at)), f"seed {seed}: {at}"
     assert lanes(10, 0.0, random.Random(0)) == ["realtime"] * 10
+
+
+def test_refusals_are_counted_by_the_admission_check_that_made_them() -> None:
+    first_audio = b'{"error": {"code": "unavailable", "estimated_first_audio_s": 1.8}}'
+    deadlines = b'{"error": {"code": "unavailable", "estimated_excess_s": 0.4}}'
+    assert refusing_check(first_audio) == "first audio" and refusing_check(deadlines) == "deadlines"
+    assert refusing_check(b"<html>busy</html>") is None and refusing_check(b"[]") is None
+    run = OpenRun(rate=1.0, window_start=0.0, window_end=10.0)
+    refused = [JobResult(chars=5, submitted=0.0, refused=503, retry_after=2.0, refused_by=by)
+               for by in ("first audio", "first audio", "deadlines", None)]  # fmt: skip
+    run.arrivals = [Arrival(0.0, "realtime", 5, first=r) for r in refused]
+    summary = summarize(run)
+    assert summary["refused"] == {"503": 4}
+    assert summary["refused_by"] == {"first audio": 2, "deadlines": 1, "other": 1}
