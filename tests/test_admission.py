@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from flask import Flask
 
 from api import create_app
 from api.admission import Admission
@@ -165,17 +166,23 @@ def test_with_fifo_scheduling_every_outstanding_segment_is_ahead(queues: redis.R
     WorkerRegistry(queues, ttl_s=5).remove("w1")
 
 
-def test_with_no_worker_alive_the_api_answers_503_with_retry_after(settings_env: dict[str, str]) -> None:
-    isolated = settings_env["REDIS_URL"].rsplit("/", 1)[0] + "/3"  # a database no worker announces itself in
-    redis.Redis.from_url(isolated).flushdb()
-    app = create_app(
+def _app_on(redis_url: str, settings_env: dict[str, str], **settings: object) -> Flask:
+    """Return the API on a Redis database of its own, with the test models and ``settings``."""
+    return create_app(
         {
-            "redis_url": isolated,
+            "redis_url": redis_url,
             "models_file": settings_env["TTS_MODELS_FILE"],
             "tiny_model_dir": settings_env["TTS_TINY_MODEL_DIR"],
             "default_model": "espeak-en",
+            **settings,
         }
     )
+
+
+def test_with_no_worker_alive_the_api_answers_503_with_retry_after(settings_env: dict[str, str]) -> None:
+    isolated = settings_env["REDIS_URL"].rsplit("/", 1)[0] + "/3"  # a database no worker announces itself in
+    redis.Redis.from_url(isolated).flushdb()
+    app = _app_on(isolated, settings_env)
     response = app.test_client().post("/v1/jobs", json={"text": "Is anyone there?"})
     assert response.status_code == 503
     assert response.get_json()["error"]["code"] == "unavailable"
@@ -194,15 +201,7 @@ def test_an_overloaded_api_answers_a_realtime_job_503_with_retry_after_and_the_d
     Stats(client).record(chars=200, busy_s=2.0, segments=10, ok=10)  # 100 characters a second
     now = time.time()
     ScheduleBook(client, default_seconds_per_char=0.2).add("behind", {i: now for i in range(50)})  # 10 s due now
-    app = create_app(
-        {
-            "redis_url": isolated,
-            "models_file": settings_env["TTS_MODELS_FILE"],
-            "tiny_model_dir": settings_env["TTS_TINY_MODEL_DIR"],
-            "default_model": "espeak-en",
-            "admission_lateness_s": 1.0,
-        }
-    )
+    app = _app_on(isolated, settings_env, admission_lateness_s=1.0)
     response = app.test_client().post("/v1/jobs", json={"text": "Am I let in?"})
     assert response.status_code == 503
     error = response.get_json()["error"]
@@ -266,15 +265,7 @@ def test_the_api_passes_the_first_segments_length_to_the_first_audio_check(setti
     WorkerRegistry(client, ttl_s=30).beat("w1", {})
     for _ in range(3):
         Stats(client).record(first_chars=10, first_s=2.0)  # 0.2 s a character
-    app = create_app(
-        {
-            "redis_url": isolated,
-            "models_file": settings_env["TTS_MODELS_FILE"],
-            "tiny_model_dir": settings_env["TTS_TINY_MODEL_DIR"],
-            "default_model": "espeak-en",
-            "admission_first_audio_s": 1.0,
-        }
-    )
+    app = _app_on(isolated, settings_env, admission_first_audio_s=1.0)
     response = app.test_client().post("/v1/jobs", json={"text": "Am I let in at all?"})
     assert response.status_code == 503
     error = response.get_json()["error"]
