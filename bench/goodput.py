@@ -42,6 +42,9 @@ SCHEDULERS = ("deadline", "fifo")
 RATES = "0.25,0.5,0.75,0.85,1,1.25,1.5"
 #: Goodput's gate on first audio (p95 of admitted realtime jobs, seconds).
 FIRST_AUDIO_GATE_S = 1.5
+#: The admission policy under test: both checks, off by default, at the measured setting (the capacity's own
+#: stack turns them off: it refuses nothing at the door).
+ADMISSION_CHECKS = {"TTS_ADMISSION_LATENESS_S": "1", "TTS_ADMISSION_FIRST_AUDIO_S": "1"}
 #: The share of arrivals that are long texts on the batch lane, and their length (characters).
 BATCH_SHARE = 0.02
 BATCH_CHARS = 600
@@ -65,8 +68,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.device, args.torch_threads = "cpu" if args.model == "chattts-tiny" else "auto", 1
     args.replicas = default_replicas(args.device, args.torch_threads)
     args.service_env.append("TTS_MAX_STREAMS_PER_CALLER=5000")
-    # The policy under test (both checks are off by default), unless the command line sets them.
-    for name, value in (("TTS_ADMISSION_LATENESS_S", "1"), ("TTS_ADMISSION_FIRST_AUDIO_S", "1")):
+    for name, value in ADMISSION_CHECKS.items():  # unless the command line sets them
         if not any(pair.startswith(f"{name}=") for pair in args.service_env):
             args.service_env.append(f"{name}={value}")
     return args
@@ -95,8 +97,7 @@ def measure_capacity(env: dict[str, str], out: Path, args: argparse.Namespace) -
     """
     plan = Plan(20, 4, 60, "", 0, 0, 0)
     (out / "capacity").mkdir(exist_ok=True)
-    refuse_nothing = {"TTS_ADMISSION_LATENESS_S": "0", "TTS_ADMISSION_FIRST_AUDIO_S": "0"}
-    stack = ServiceStack({**env, **refuse_nothing}, out / "capacity", api_processes=2)
+    stack = ServiceStack({**env, **dict.fromkeys(ADMISSION_CHECKS, "0")}, out / "capacity", api_processes=2)
     try:
         stack.start()
         summary = run_level(ServedClient(stack.api.url, model=args.model), corpus_texts(args.model), 50, plan,
@@ -176,8 +177,9 @@ def summarize(run: OpenRun) -> dict[str, Any]:
 
 
 def trace(result: JobResult) -> dict[str, Any]:
-    """Return what a listener who underran saw, to find its job in the worker's log: each segment's arrival and
-    duration (seconds from the first audio) and the wait before it."""
+    """Return what a listener saw (one who underran, or waited past the gate for the first audio), to find its job
+    in the worker's log: each segment's arrival and duration (seconds from the first audio) and the wait before it,
+    and the service's estimate, when it admitted the job, of its start."""
     start = result.first_audio if result.first_audio is not None else result.submitted
     segments = [
         {"ready_s": round(ready - start, 3), "duration_s": round(duration, 3), "wait_s": round(wait, 3)}
