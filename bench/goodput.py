@@ -28,7 +28,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.headline_levels import progress, run_level
+from bench.headline_cpu import meter_window
+from bench.headline_levels import progress, run_level, worker_view
 from bench.headline_stack import ServiceStack
 from bench.http_clients import ServedClient
 from bench.loadgen import Client, JobResult
@@ -189,6 +190,24 @@ def trace(result: JobResult) -> dict[str, Any]:
             "start_estimate_s": result.start_estimate_s, "segments": segments}  # fmt: skip
 
 
+def engines(meter: dict[str, Any], window_s: float, replicas: int) -> dict[str, Any]:
+    """Return what the engines did during the arrival window, and the machine under them: the share of the
+    engines' time spent in calls, the audio made, the mean batch, and the CPU others (steal included) took.
+
+    A window with many refusals and busy engines is an overload refused at the door; one with idle engines
+    refused work they could have done.
+    """
+    view = worker_view(meter.get("counters", {}), window_s)
+    busy = view.get("engine_busy")
+    return {
+        "busy_share": busy / replicas if busy is not None else None,
+        "audio_made_per_s": view.get("audio_made_per_s"),
+        "mean_batch_size": view.get("mean_batch_size"),
+        "cpu_busy_pct": meter.get("busy_pct"),
+        "steal_pct": meter.get("steal_pct"),
+    }
+
+
 def failures(results: list[JobResult]) -> dict[str, int]:
     """Return the admitted jobs that did not finish, by what went wrong."""
     return dict(Counter(r.error or "unfinished" for r in results if not r.ok))
@@ -213,11 +232,12 @@ def table(rows: list[dict[str, Any]]) -> str:
         "| realtime admitted / offered | refused (status: n; by check) "
         "| retried → admitted | p50 / p95 / p99 first audio (s) | admitted with a gap > 100 ms | p99 total gap (s) "
         "| p95 end to end (s) | completed jobs/s (chars/s: realtime / both lanes) | good jobs/s | audio s/s "
-        "| batch admitted / offered, p95 done (s) | failed |",
-        "|" + "---|" * 17,
+        "| batch admitted / offered, p95 done (s) | failed | engines busy in the window (mean batch) | CPU steal |",
+        "|" + "---|" * 19,
     ]
     for row in rows:
         s = row["summary"]
+        e = s.get("engines") or {}
         refused = ", ".join(f"{k}: {v}" for k, v in sorted(s["refused"].items())) or "0"
         if s.get("refused_by"):
             refused += " (" + ", ".join(f"{k} {v}" for k, v in sorted(s["refused_by"].items())) + ")"
@@ -230,7 +250,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{_f(s['done_p95'])} | {s['completed_per_s']:.1f} ({s['completed_chars_per_s']:.0f} / "
             f"{s['completed_all_chars_per_s']:.0f}) | {s['good_per_s']:.1f} | {s['audio_s_per_s']:.1f} | "
             f"{s['batch_admitted']} / {s['batch_offered']}, {_f(s['batch_done_p95'], '.1f')} | "
-            f"{sum(s['admitted_failed'].values()) + s['unfinished']} |"
+            f"{sum(s['admitted_failed'].values()) + s['unfinished']} | {_f(e.get('busy_share'), '.0%')} "
+            f"({_f(e.get('mean_batch_size'), '.1f')}) | {_f(e.get('steal_pct'), '.0f')}% |"
         )
     return "\n".join(lines)
 
@@ -309,14 +330,19 @@ def drive(stacks: dict[str, ServiceStack], args: argparse.Namespace, capacity: f
                     lane: ServedClient(url, model=args.model, retry=False, priority=lane, timeout_s=120)
                     for lane in ("realtime", "batch")
                 }
+                start = time.monotonic() + 0.5  # when run_open_loop starts its window
+                metering = meter_window(start, start + args.window, counters=stacks[name].worker_totals)
                 run = run_open_loop(clients, texts, rate=multiple * capacity / per_arrival, window_s=args.window,
                                     drain_s=args.drain, seed=100 * n + seed, batch_share=BATCH_SHARE)  # fmt: skip
                 summary = summarize(run)
+                summary["engines"] = engines(metering.result(), args.window, args.replicas)
                 rows.append({"multiple": multiple, "scheduler": name, "seed": seed, "summary": summary})
                 print(f"  {multiple:g}× {name} seed {seed}: offered {summary['offered_per_s']:.1f}/s, admitted "
                       f"{summary['realtime_admitted']}/{summary['realtime_offered']}, p95 first audio "
                       f"{_f(summary['first_audio_p95'])} s, underruns {_f(summary['underrun_share'], '.1%')}, "
-                      f"completed {summary['completed_per_s']:.1f}/s", flush=True)  # fmt: skip
+                      f"completed {summary['completed_per_s']:.1f}/s, engines busy "
+                      f"{_f(summary['engines']['busy_share'], '.0%')}, steal "
+                      f"{_f(summary['engines']['steal_pct'], '.0f')}%", flush=True)  # fmt: skip
     return rows
 
 
@@ -379,7 +405,10 @@ def document(args: argparse.Namespace, capacity: float, rows: list[dict[str, Any
             f"Arrivals: corpus texts on the realtime lane, {BATCH_SHARE:.0%} story excerpts of about {BATCH_CHARS} "
             "characters on the batch lane; a refused job retries once after its Retry-After. Service settings: the "
             "defaults, and " + ", ".join(f"`{pair}`" for pair in args.service_env) + " (one caller plays every "
-            "listener). An underrun is a playback gap over 100 ms after the first audio.",
+            "listener). An underrun is a playback gap over 100 ms after the first audio. Engines busy: the share of "
+            "the model hosts' time spent in engine calls during the arrival window (low while refusing means the "
+            "door turned away work the engines could have done); CPU steal: the machine's time the hypervisor gave "
+            "other guests in that window.",
             "",
             table(rows),
             "",

@@ -28,15 +28,16 @@ class Snapshot:
     total: int
     busy: int
     ours: int
+    steal: int
     driver: int
     roles: dict[int, tuple[str, int]]
 
 
-def _machine() -> tuple[int, int]:
+def _machine() -> tuple[int, int, int]:
     fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     idle = fields[3] + fields[4]  # idle + iowait
     total = sum(fields[:8])  # guest time is already inside user
-    return total, total - idle
+    return total, total - idle, fields[7]  # steal: time the hypervisor gave another guest
 
 
 def _role(pid: int, root: int) -> str:
@@ -77,9 +78,9 @@ def _tree_ticks(root: int) -> tuple[int, int, dict[int, tuple[str, int]]]:
 
 def snapshot() -> Snapshot:
     """Return the CPU ticks of the machine and of this process and its descendants."""
-    total, busy = _machine()
+    total, busy, steal = _machine()
     ours, driver, roles = _tree_ticks(os.getpid())
-    return Snapshot(total=total, busy=busy, ours=ours, driver=driver, roles=roles)
+    return Snapshot(total=total, busy=busy, ours=ours, driver=driver, roles=roles, steal=steal)
 
 
 def by_role(first: Snapshot, last: Snapshot) -> dict[str, float]:
@@ -97,7 +98,10 @@ def by_role(first: Snapshot, last: Snapshot) -> dict[str, float]:
 
 
 def usage(first: Snapshot, last: Snapshot) -> dict[str, float]:
-    """Return busy, ours (driver: the load generator itself) and others' shares, in percent of all cores."""
+    """Return busy, ours (driver: the load generator itself), others' and stolen shares, in percent of all cores.
+
+    Steal (time the hypervisor ran another guest on our cores) counts as busy and as others'.
+    """
     total = max(1, last.total - first.total)
     busy = 100 * (last.busy - first.busy) / total
     # Ticks of processes of ours that ended in between are lost; clamp rather than go negative.
@@ -108,6 +112,7 @@ def usage(first: Snapshot, last: Snapshot) -> dict[str, float]:
         "ours_pct": round(ours, 1),
         "driver_pct": round(driver, 1),
         "others_pct": round(busy - ours, 1),
+        "steal_pct": round(100 * (last.steal - first.steal) / total, 1),
     }
 
 

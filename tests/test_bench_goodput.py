@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bench.goodput import goodput, summarize, trace
+from bench.goodput import engines, goodput, summarize, trace
 from bench.http_clients import refusing_check
 from bench.loadgen import JobResult
 from bench.openloop import Arrival, OpenRun, arrival_times, gaps, lanes
@@ -100,3 +100,21 @@ def test_refusals_are_counted_by_the_admission_check_that_made_them() -> None:
     summary = summarize(run)
     assert summary["refused"] == {"503": 4}
     assert summary["refused_by"] == {"first audio": 2, "deadlines": 1, "other": 1}
+
+
+def test_a_windows_engine_figures_give_the_busy_share_of_all_replicas_and_the_machines_steal() -> None:
+    meter = {
+        "counters": {
+            "tts_synthesis_seconds_sum": 30.0,
+            "tts_batch_size_sum": 60.0,
+            "tts_batch_size_count": 20.0,
+            "tts_audio_seconds_total": 400.0,
+        },
+        "busy_pct": 99.0,
+        "steal_pct": 12.5,
+    }
+    found = engines(meter, window_s=20.0, replicas=2)
+    assert found["busy_share"] == 0.75, "30 s of calls in 20 s on 2 replicas"
+    assert found["mean_batch_size"] == 3.0 and found["audio_made_per_s"] == 20.0
+    assert found["steal_pct"] == 12.5
+    assert engines({}, window_s=20.0, replicas=2)["busy_share"] is None, "a failed scrape says nothing, not 0"
