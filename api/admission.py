@@ -10,6 +10,7 @@ from cache.breaker import CircuitBreaker
 from cache.budget import StoreBudget
 from cache.schedule import ScheduleBook
 from cache.stats import Stats
+from cache.tickets import RetryTickets
 from cache.workers import WorkerRegistry
 from core.errors import ServiceUnavailable, StoreFull
 from core.metrics import ADMISSION_REJECTIONS
@@ -43,9 +44,11 @@ class Admission:
         settings: Settings,
         policy: SchedulingPolicy,
         budget: StoreBudget | None = None,
+        tickets: RetryTickets | None = None,
     ) -> None:
         self.stats = stats
         self.budget = budget
+        self.tickets = tickets
         self.breaker = breaker
         self.workers = workers
         self.book = book
@@ -80,6 +83,9 @@ class Admission:
         if segment_s <= 0 or not deadlines:
             return 0.0
         ahead, outstanding, overdue = self.book.window(now - PAST_S, now + HORIZON_S, limit=MOST_WEIGHED)
+        if self.tickets is not None:  # places kept for refused jobs' retries count as admitted work
+            kept = self.tickets.reserved(now, now + HORIZON_S)
+            ahead, outstanding = [*ahead, *kept], outstanding + len(kept)
         # Also ahead of everything weighed: the long-overdue, and under FIFO everything not weighed.
         before = outstanding - len(ahead) if not self.policy.by_deadline else overdue
         new = [d for d in deadlines if d <= now + HORIZON_S]
@@ -137,6 +143,26 @@ class Admission:
                 estimated_first_audio_s=round(estimate, 2),
             )
 
+    def check_realtime(
+        self, deadlines: Sequence[float], first_chars: int, *, ticket: str | None, workers_alive: int
+    ) -> None:
+        """Raise ServiceUnavailable unless a realtime job keeps every listener on time and its own first audio
+        in the limit; a refusal carries a retry ticket when the deadline check is on. A good ``ticket`` stands
+        for the deadline check, which counted its place."""
+        now = time.time()
+        kept = ticket is not None and self.tickets is not None and self.tickets.redeem(ticket, now)
+        try:
+            if not kept:
+                self.check_listeners(deadlines, workers_alive=workers_alive)
+            self.check_first_audio(first_chars)
+        except ServiceUnavailable as refused:
+            if self.tickets is not None and self.lateness_s > 0:
+                granted = self.tickets.grant(now + refused.retry_after, [max(0.0, d - now) for d in deadlines])
+                if granted is not None:
+                    refused.details["retry_ticket"] = granted
+                    refused.message += "; send the answer's retry_ticket with the retry: a place is kept for it"
+            raise
+
     def check_room(self) -> None:
         """Raise StoreFull (503, Retry-After) when the job store is past its budget's full mark: every job, even
         one whose audio is all cached, writes its audio into the store."""
@@ -149,7 +175,9 @@ class Admission:
                 retry_after=10,
             )
 
-    def admit(self, lane: str, deadlines: Sequence[float] = (), first_chars: int = 0) -> float:
+    def admit(
+        self, lane: str, deadlines: Sequence[float] = (), first_chars: int = 0, ticket: str | None = None
+    ) -> float:
         """Raise ServiceUnavailable (503, Retry-After) unless a job on ``lane`` can start in time; return its wait.
 
         ``deadlines`` are the playback deadlines of the job's segments still to make (the first one now when
@@ -158,6 +186,10 @@ class Admission:
         first segment would take too long to make (``check_first_audio``) or wait longer than the lane's limit;
         a batch job, which yields to realtime work, only past the batch limit, and otherwise accepted with the
         estimate stated.
+
+        A realtime job refused by the first two checks gets a retry ticket (``retry_ticket`` in the answer): its
+        place is kept from Retry-After on, and a retry that brings ``ticket`` then skips the deadline check, which
+        already counted it (see cache/tickets.py).
         """
         alive = len(self.workers.alive())
         verdict = self.breaker.check(workers_alive=alive)
@@ -166,8 +198,7 @@ class Admission:
             raise ServiceUnavailable(f"not accepting jobs: {verdict.reason}", retry_after=verdict.retry_after)
         due = deadlines[0] if deadlines else time.time()
         if lane == "realtime":
-            self.check_listeners(deadlines or [due], workers_alive=alive)
-            self.check_first_audio(first_chars)
+            self.check_realtime(deadlines or [due], first_chars, ticket=ticket, workers_alive=alive)
         wait = self.estimated_wait_s(due, workers_alive=alive)
         limit = self.limits[lane]
         if wait > limit:

@@ -36,6 +36,7 @@ def job_of(body: SpeechBody) -> JobBody:
         priority="realtime",
         seed=None,
         cache=True,
+        retry_ticket=body.retry_ticket,
     )
 
 

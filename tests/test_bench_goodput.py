@@ -118,3 +118,13 @@ def test_a_windows_engine_figures_give_the_busy_share_of_all_replicas_and_the_ma
     assert found["mean_batch_size"] == 3.0 and found["audio_made_per_s"] == 20.0
     assert found["steal_pct"] == 12.5
     assert engines({}, window_s=20.0, replicas=2)["busy_share"] is None, "a failed scrape says nothing, not 0"
+
+
+def test_a_caller_let_in_on_its_retry_has_its_first_audio_counted_from_its_first_try_as_well() -> None:
+    refused = JobResult(chars=10, submitted=0.0, refused=503, retry_after=2.0)
+    retry = JobResult(chars=10, submitted=2.0, first_audio=2.5, segments=[(2.5, 1.0)], done=2.6)
+    run = OpenRun(rate=1.0, window_start=0.0, window_end=10.0)
+    run.arrivals = [Arrival(0.0, "realtime", 10, first=refused, retry=retry)]
+    summary = summarize(run)
+    assert summary["first_audio_p95"] == pytest.approx(0.5), "from the POST that was admitted"
+    assert summary["first_audio_from_first_try_p95"] == pytest.approx(2.5), "the caller waited Retry-After too"
