@@ -147,13 +147,14 @@ class Admission:
         self, deadlines: Sequence[float], first_chars: int, *, ticket: str | None, workers_alive: int
     ) -> None:
         """Raise ServiceUnavailable unless a realtime job keeps every listener on time and its own first audio
-        in the limit; a refusal carries a retry ticket when the deadline check is on. A good ``ticket`` stands
-        for the deadline check, which counted its place."""
+        in the limit; a refusal carries a retry ticket when tickets are on. A good ``ticket`` gives up the place
+        kept for it before the job is weighed, so that the job is not counted twice: newcomers were refused
+        while the place was kept, and the retry is weighed as any job, against the work admitted."""
         now = time.time()
-        kept = ticket is not None and self.tickets is not None and self.tickets.redeem(ticket, now)
+        if ticket is not None and self.tickets is not None:
+            self.tickets.redeem(ticket, now)
         try:
-            if not kept:
-                self.check_listeners(deadlines, workers_alive=workers_alive)
+            self.check_listeners(deadlines, workers_alive=workers_alive)
             self.check_first_audio(first_chars)
         except ServiceUnavailable as refused:
             if self.tickets is not None and self.lateness_s > 0:
@@ -187,9 +188,9 @@ class Admission:
         a batch job, which yields to realtime work, only past the batch limit, and otherwise accepted with the
         estimate stated.
 
-        A realtime job refused by the first two checks gets a retry ticket (``retry_ticket`` in the answer): its
-        place is kept from Retry-After on, and a retry that brings ``ticket`` then skips the deadline check, which
-        already counted it (see cache/tickets.py).
+        A realtime job refused by the first two checks gets a retry ticket (``retry_ticket`` in the answer) when
+        tickets are on: its place is kept from Retry-After on, and a retry that brings ``ticket`` gives it up
+        as it is weighed (see cache/tickets.py).
         """
         alive = len(self.workers.alive())
         verdict = self.breaker.check(workers_alive=alive)

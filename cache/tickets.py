@@ -3,9 +3,9 @@
 A realtime job refused because the engines could not keep every listener on time is answered 503 with a
 Retry-After and a ticket. Until the retry comes, the deadlines the job would have had, counted from its
 Retry-After, stay in the admission check as work already admitted: newcomers in the meantime see that
-capacity as taken. A retry that brings its ticket within the ticket's window takes the kept place and skips
-the deadline check, which already counted it. A ticket not used within ``GRACE_S`` of its time lapses, and its
-place with it.
+capacity as taken. A retry that brings its ticket within the ticket's window gives the kept place up and is
+weighed as any job, so that it is not counted twice; it finds the capacity the newcomers were refused. A ticket
+not used within ``GRACE_S`` of its time lapses, and its place with it.
 """
 
 from __future__ import annotations

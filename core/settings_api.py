@@ -63,8 +63,9 @@ class ApiSettings(BaseSettings):
         False,
         description="With TTS_ADMISSION_LATENESS_S on, answer a realtime job refused at the door with a retry "
         "ticket, and keep its place from its Retry-After on: until the retry comes (or 5 s after), newcomers see "
-        "that capacity as taken, and the retry that brings the ticket skips the deadline check. Under overload a "
-        "retry is then likely to be let in, in arrival order, but newcomers wait their turn behind earlier callers.",
+        "that capacity as taken, and the retry that brings the ticket finds it. Under overload a retry is then "
+        "likelier to be let in, and callers are served nearer their arrival order: newcomers wait behind earlier "
+        "ones.",
     )
     admission_batch_wait_s: float = Field(
         3600.0, gt=0, description="Refuse batch jobs (503) when their estimated queue wait is longer."
