@@ -83,14 +83,13 @@ class Admission:
         if segment_s <= 0 or not deadlines:
             return 0.0
         ahead, outstanding, overdue = self.book.window(now - PAST_S, now + HORIZON_S, limit=MOST_WEIGHED)
-        if self.tickets is not None:  # places kept for refused jobs' retries count as admitted work
-            kept = self.tickets.reserved(now, now + HORIZON_S)
-            ahead, outstanding = [*ahead, *kept], outstanding + len(kept)
+        kept = self.tickets.reserved(now, now + HORIZON_S) if self.tickets is not None else []
         # Also ahead of everything weighed: the long-overdue, and under FIFO everything not weighed.
         before = outstanding - len(ahead) if not self.policy.by_deadline else overdue
         new = [d for d in deadlines if d <= now + HORIZON_S]
         return admission_excess(now, ahead, new, segment_s=segment_s, allowance_s=self.lateness_s,
-                                by_deadline=self.policy.by_deadline, before=before, call_s=call_s)  # fmt: skip
+                                by_deadline=self.policy.by_deadline, before=before, call_s=call_s,
+                                kept=kept)  # fmt: skip
 
     def check_listeners(self, deadlines: Sequence[float], *, workers_alive: int) -> None:
         """Raise ServiceUnavailable (503) when admitting a realtime job would make a listener wait: a segment of a

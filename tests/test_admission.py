@@ -296,14 +296,15 @@ def test_a_refused_realtime_job_gets_a_ticket_whose_retry_takes_the_place_kept_f
     assert queues.zscore(TICKET_KEYS[0], ticket) == pytest.approx(now + refused.value.retry_after, abs=1)
     book.remove("playing", range(20))
     queues.delete(*TICKET_KEYS)
-    # A place kept for 3 s of work due now: a newcomer due now waits behind it, as behind admitted work.
+    # A place kept for 3 s of work due now: a newcomer due after it waits behind it, as behind admitted work.
     kept = tickets.grant(time.time(), [0.0] * int(3.0 / step))
     assert kept is not None
+    soon = time.time() + 0.5
     admission.tickets = None
-    admission.admit("realtime", [now])  # not counting the kept place, it is let in
+    admission.admit("realtime", [soon])  # not counting the kept place, it is let in
     admission.tickets = tickets
     with pytest.raises(ServiceUnavailable) as newcomer:
-        admission.admit("realtime", [now])
+        admission.admit("realtime", [soon])
     queues.zrem(TICKET_KEYS[0], newcomer.value.details["retry_ticket"])  # its own place: not wanted below
     # The retry that holds the ticket gives the place up as it is weighed, so it is not counted twice and is let
     # in; the newcomer after it is weighed against the work admitted (none here), not the place.
