@@ -10,7 +10,6 @@ from cache.breaker import CircuitBreaker
 from cache.budget import StoreBudget
 from cache.schedule import ScheduleBook
 from cache.stats import Stats
-from cache.tickets import RetryTickets
 from cache.workers import WorkerRegistry
 from core.errors import ServiceUnavailable, StoreFull
 from core.metrics import ADMISSION_REJECTIONS
@@ -44,11 +43,9 @@ class Admission:
         settings: Settings,
         policy: SchedulingPolicy,
         budget: StoreBudget | None = None,
-        tickets: RetryTickets | None = None,
     ) -> None:
         self.stats = stats
         self.budget = budget
-        self.tickets = tickets
         self.breaker = breaker
         self.workers = workers
         self.book = book
@@ -83,13 +80,11 @@ class Admission:
         if segment_s <= 0 or not deadlines:
             return 0.0
         ahead, outstanding, overdue = self.book.window(now - PAST_S, now + HORIZON_S, limit=MOST_WEIGHED)
-        kept = self.tickets.reserved(now, now + HORIZON_S) if self.tickets is not None else []
         # Also ahead of everything weighed: the long-overdue, and under FIFO everything not weighed.
         before = outstanding - len(ahead) if not self.policy.by_deadline else overdue
         new = [d for d in deadlines if d <= now + HORIZON_S]
         return admission_excess(now, ahead, new, segment_s=segment_s, allowance_s=self.lateness_s,
-                                by_deadline=self.policy.by_deadline, before=before, call_s=call_s,
-                                kept=kept)  # fmt: skip
+                                by_deadline=self.policy.by_deadline, before=before, call_s=call_s)  # fmt: skip
 
     def check_listeners(self, deadlines: Sequence[float], *, workers_alive: int) -> None:
         """Raise ServiceUnavailable (503) when admitting a realtime job would make a listener wait: a segment of a
@@ -142,27 +137,6 @@ class Admission:
                 estimated_first_audio_s=round(estimate, 2),
             )
 
-    def check_realtime(
-        self, deadlines: Sequence[float], first_chars: int, *, ticket: str | None, workers_alive: int
-    ) -> None:
-        """Raise ServiceUnavailable unless a realtime job keeps every listener on time and its own first audio
-        in the limit; a refusal carries a retry ticket when tickets are on. A good ``ticket`` gives up the place
-        kept for it before the job is weighed, so that the job is not counted twice: newcomers were refused
-        while the place was kept, and the retry is weighed as any job, against the work admitted."""
-        now = time.time()
-        if ticket is not None and self.tickets is not None:
-            self.tickets.redeem(ticket, now)
-        try:
-            self.check_listeners(deadlines, workers_alive=workers_alive)
-            self.check_first_audio(first_chars)
-        except ServiceUnavailable as refused:
-            if self.tickets is not None and self.lateness_s > 0:
-                granted = self.tickets.grant(now + refused.retry_after, [max(0.0, d - now) for d in deadlines])
-                if granted is not None:
-                    refused.details["retry_ticket"] = granted
-                    refused.message += "; send the answer's retry_ticket with the retry: a place is kept for it"
-            raise
-
     def check_room(self) -> None:
         """Raise StoreFull (503, Retry-After) when the job store is past its budget's full mark: every job, even
         one whose audio is all cached, writes its audio into the store."""
@@ -175,9 +149,7 @@ class Admission:
                 retry_after=10,
             )
 
-    def admit(
-        self, lane: str, deadlines: Sequence[float] = (), first_chars: int = 0, ticket: str | None = None
-    ) -> float:
+    def admit(self, lane: str, deadlines: Sequence[float] = (), first_chars: int = 0) -> float:
         """Raise ServiceUnavailable (503, Retry-After) unless a job on ``lane`` can start in time; return its wait.
 
         ``deadlines`` are the playback deadlines of the job's segments still to make (the first one now when
@@ -186,10 +158,6 @@ class Admission:
         first segment would take too long to make (``check_first_audio``) or wait longer than the lane's limit;
         a batch job, which yields to realtime work, only past the batch limit, and otherwise accepted with the
         estimate stated.
-
-        A realtime job refused by the first two checks gets a retry ticket (``retry_ticket`` in the answer) when
-        tickets are on: its place is kept from Retry-After on, and a retry that brings ``ticket`` gives it up
-        as it is weighed (see cache/tickets.py).
         """
         alive = len(self.workers.alive())
         verdict = self.breaker.check(workers_alive=alive)
@@ -198,7 +166,8 @@ class Admission:
             raise ServiceUnavailable(f"not accepting jobs: {verdict.reason}", retry_after=verdict.retry_after)
         due = deadlines[0] if deadlines else time.time()
         if lane == "realtime":
-            self.check_realtime(deadlines or [due], first_chars, ticket=ticket, workers_alive=alive)
+            self.check_listeners(deadlines or [due], workers_alive=alive)
+            self.check_first_audio(first_chars)
         wait = self.estimated_wait_s(due, workers_alive=alive)
         limit = self.limits[lane]
         if wait > limit:

@@ -42,11 +42,6 @@ def _speakable(value: str, info: ValidationInfo) -> str:
     return value
 
 
-#: A retry ticket (cache/tickets.py), as a 503 gives it.
-TICKET_PATTERN = r"^[0-9a-f]{32}$"
-RETRY_TICKET = "A 503's retry_ticket, sent with the retry at its Retry-After: the place kept for it."
-
-
 class JobBody(BaseModel):
     """POST /v1/jobs: the text and how to say it. Model and voice are names the registry resolves."""
 
@@ -66,7 +61,6 @@ class JobBody(BaseModel):
     priority: Priority | None = Field(None, description="The lane; long texts go to batch when absent.")
     seed: int | None = Field(None, ge=0, le=SEED_MAX, description="Fixes sampling: the same seed, the same audio.")
     cache: bool = Field(True, description="Reuse and fill the sentence cache.")
-    retry_ticket: str | None = Field(None, pattern=TICKET_PATTERN, description=RETRY_TICKET)
 
     _text = field_validator("text")(_speakable)
 
@@ -82,7 +76,6 @@ class SpeechBody(BaseModel):
     voice: Name | None = Field(None, description="An OpenAI voice name (mapped to ours) or one of the model's.")
     response_format: SpeechFormat = "mp3"
     speed: Speed = 1.0
-    retry_ticket: str | None = Field(None, pattern=TICKET_PATTERN, description=RETRY_TICKET)
 
     _input = field_validator("input")(_speakable)
 

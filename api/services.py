@@ -20,7 +20,6 @@ from cache.sentences import SentenceCache, build_cache
 from cache.stats import Stats
 from cache.streams import CallerStreams
 from cache.text_streams import TextStreams, build_text_streams
-from cache.tickets import RetryTickets
 from cache.workers import WorkerRegistry
 from core.apikeys import KeyRing
 from core.policy import SchedulingPolicy, scheduling_policy
@@ -92,9 +91,9 @@ def _admission(
         min_failures=settings.breaker_min_failures,
         cooldown_s=settings.breaker_cooldown_s,
     )
-    return Admission(stats=stats, breaker=breaker, workers=workers, book=book, settings=settings, budget=budget,
-                     policy=policy,
-                     tickets=RetryTickets(client) if settings.admission_retry_tickets else None)  # fmt: skip
+    return Admission(
+        stats=stats, breaker=breaker, workers=workers, book=book, settings=settings, budget=budget, policy=policy
+    )
 
 
 def _holds(client: redis.Redis, settings: Settings) -> StreamHolds:

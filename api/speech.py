@@ -36,7 +36,6 @@ def job_of(body: SpeechBody) -> JobBody:
         priority="realtime",
         seed=None,
         cache=True,
-        retry_ticket=body.retry_ticket,
     )
 
 

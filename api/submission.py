@@ -42,8 +42,6 @@ class Planned:
     #: A text stream's opening text not yet speakable (None: the job took its whole text at once).
     tail: str | None = None
     text_chars: int = 0
-    #: The retry ticket a refused job's answer gave it, brought back with the retry.
-    ticket: str | None = None
 
 
 @dataclass(frozen=True)
@@ -68,7 +66,7 @@ class Admitted:
 class Submitter:
     """Submit jobs with one set of dependencies.
 
-    ``admit(lane, deadlines to make, characters of the first segment if it is to make, retry ticket)`` raises
+    ``admit(lane, deadlines to make, characters of the first segment if it is to make)`` raises
     ServiceUnavailable when the job cannot be made in time, and otherwise returns the estimated seconds until its
     first segment starts. ``check_room()`` raises StoreFull when the job
     store has no room for another job's audio.
@@ -81,7 +79,7 @@ class Submitter:
     enqueue: Enqueue
     book: ScheduleBook
     policy: SchedulingPolicy
-    admit: Callable[[str, Sequence[float], int, str | None], float] | None = None
+    admit: Callable[[str, Sequence[float], int], float] | None = None
     check_room: Callable[[], None] | None = None
     text_streams: TextStreams | None = None
 
@@ -137,7 +135,7 @@ class Submitter:
             cache=job.cache,
             cache_scope=cache_scope,
         )
-        return Planned(spec, request, texts, tail, len(job.text), job.retry_ticket)
+        return Planned(spec, request, texts, tail, len(job.text))
 
     def look_up(self, planned: Planned) -> Looked:
         """Return the segments the sentence cache has, stamped as arriving now, and those to make."""
@@ -177,7 +175,7 @@ class Submitter:
         if (looked.misses or planned.tail is not None) and self.admit is not None:
             window = looked.misses[: self.policy.window(planned.request.priority)]  # what enters the queue now
             first_chars = len(planned.texts[0]) if looked.misses and looked.misses[0] == 0 else 0
-            wait = self.admit(planned.request.priority, [deadlines[i] for i in window], first_chars, planned.ticket)
+            wait = self.admit(planned.request.priority, [deadlines[i] for i in window], first_chars)
         return Admitted(deadlines, pace, wait)
 
     def persist(self, planned: Planned, looked: Looked, admitted: Admitted, *, owner: str) -> tuple[str, list[int]]:

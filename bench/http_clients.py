@@ -19,18 +19,12 @@ ADMISSION_STATUSES = frozenset({429, 503})
 CHECKS = {"estimated_first_audio_s": "first audio", "estimated_excess_s": "deadlines", "estimated_wait_s": "wait"}
 
 
-def refusal_error(body: bytes) -> dict[str, object]:
-    """Return a refusal's JSON error object ({} when the body is not one)."""
+def refusing_check(body: bytes) -> str | None:
+    """Return which admission check a refusal's JSON error body comes from, or None when it does not say."""
     try:
         error = json.loads(body).get("error", {})
     except (ValueError, AttributeError):
-        return {}
-    return error if isinstance(error, dict) else {}
-
-
-def refusing_check(body: bytes) -> str | None:
-    """Return which admission check a refusal's JSON error body comes from, or None when it does not say."""
-    error = refusal_error(body)
+        return None
     return next((name for key, name in CHECKS.items() if key in error), None)
 
 
@@ -106,12 +100,12 @@ class ServedClient:
         self._following: dict[int, str] = {}
         self._lock = threading.Lock()
 
-    def run_job(self, text: str, chars: int, seed: int, *, ticket: str | None = None) -> JobResult:
-        """Submit ``text`` (with a refusal's retry ``ticket``, if any), then play it as its segments arrive."""
+    def run_job(self, text: str, chars: int, seed: int) -> JobResult:
+        """Submit ``text``, then play it as its segments arrive."""
         result = JobResult(chars=chars, submitted=time.monotonic())
         me = threading.get_ident()
         try:
-            job = self._submit(text, seed, result, ticket)
+            job = self._submit(text, seed, result)
             if job is not None:
                 result.job_id = str(job["id"])
                 with self._lock:
@@ -127,15 +121,13 @@ class ServedClient:
                 self._following.pop(me, None)
         return result
 
-    def _submit(self, text: str, seed: int, result: JobResult, ticket: str | None) -> dict[str, object] | None:
+    def _submit(self, text: str, seed: int, result: JobResult) -> dict[str, object] | None:
         if self.fixed_seed is not None:
             seed = self.fixed_seed  # the same seed for every job, so repeated texts can hit the cache
         body: dict[str, object] = {"text": text, "model": self.model, "seed": seed, "cache": self.cache}
         body["format"] = "wav"
         if self.priority:
             body["priority"] = self.priority
-        if ticket is not None:
-            body["retry_ticket"] = ticket
         payload = json.dumps(body, ensure_ascii=False).encode()
         deadline = result.submitted + self.timeout_s
         while True:
@@ -150,8 +142,6 @@ class ServedClient:
                 result.refused = status
                 result.retry_after = None if retry_after is None else float(retry_after)
                 result.refused_by = refusing_check(data)
-                granted = refusal_error(data).get("retry_ticket")
-                result.retry_ticket = granted if isinstance(granted, str) else None
                 result.error = f"POST {status}"
                 return None
             if status in ADMISSION_STATUSES and retry_after is not None and time.monotonic() < deadline:
@@ -215,9 +205,8 @@ class BaselineClient:
     def __init__(self, base_url: str, *, timeout_s: float = 600) -> None:
         self.http = Http(base_url, timeout_s=timeout_s)
 
-    def run_job(self, text: str, chars: int, seed: int, *, ticket: str | None = None) -> JobResult:
-        """Post ``text``; the answer is the audio, so the first byte comes when synthesis is over (the
-        synchronous server refuses nothing, so gives no ``ticket``)."""
+    def run_job(self, text: str, chars: int, seed: int) -> JobResult:
+        """Post ``text``; the answer is the audio, so the first byte comes when synthesis is over."""
         result = JobResult(chars=chars, submitted=time.monotonic())
         payload = json.dumps({"text": text, "seed": seed}, ensure_ascii=False).encode()
         try:

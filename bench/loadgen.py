@@ -34,8 +34,6 @@ class JobResult:
     retry_after: float | None = None
     #: Which admission check refused it, from the estimate its error body gives (None: not said).
     refused_by: str | None = None
-    #: The retry ticket the refusal gave: the retry brings it back to take the place kept for it.
-    retry_ticket: str | None = None
     #: The job's id once admitted, to find it in the service's logs.
     job_id: str | None = None
     #: The service's estimate, when it admitted the job, of the seconds until its first segment starts.
@@ -68,8 +66,8 @@ def playback_stall(first_audio: float | None, segments: list[tuple[float, float]
 class Client(Protocol):
     """Anything that runs one job to its end and reports what a listener saw."""
 
-    def run_job(self, text: str, chars: int, seed: int, *, ticket: str | None = None) -> JobResult:
-        """Submit ``text`` (a retry with the refusal's ``ticket``, if it gave one) and follow it to its end."""
+    def run_job(self, text: str, chars: int, seed: int) -> JobResult:
+        """Submit ``text`` and follow it to its end."""
         ...
 
     def abandon_all(self) -> None:

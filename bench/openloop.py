@@ -123,7 +123,7 @@ def run_open_loop(
             return  # came back after the drain: counted unfinished, and kept out of the figures
         arrival.first = first
         if first.refused is not None and wait is not None and wait <= RETRY_AFTER_MAX_S and not over.wait(wait):
-            retry = client.run_job(text, chars, job_seed + 1, ticket=first.retry_ticket)
+            retry = client.run_job(text, chars, job_seed + 1)
             if not over.is_set():
                 arrival.retry = retry
 

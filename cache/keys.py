@@ -163,10 +163,6 @@ def stats(bucket: int) -> str:
 
 BREAKER = f"{PREFIX}:breaker"
 
-#: Retry tickets: a sorted set (ticket → when its retry is due) and a hash (ticket → its reserved deadlines).
-TICKETS = f"{PREFIX}:tickets"
-TICKET_WORK = f"{PREFIX}:tickets:work"
-
 
 def streams(caller: str) -> str:
     """Return the key of a caller's open streams (a sorted set: slot id → when it lapses unless renewed, in ms)."""

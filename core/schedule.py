@@ -163,40 +163,29 @@ def admission_excess(
     by_deadline: bool,
     before: int = 0,
     call_s: float = 0.0,
-    kept: Sequence[float] = (),
 ) -> float:
     """Return by how many seconds admitting ``new`` would delay some listener past ``allowance_s``; 0 if it would not.
 
     ``ahead`` are the deadlines of segments already admitted and ``new`` those of a job asking to be; ``before``
-    more admitted segments run ahead of all of them (overdue ones, or under FIFO those beyond the horizon), and
-    ``kept`` are places kept for refused jobs' retries (retry tickets), weighed as admitted work that no
-    listener waits for yet. The engines make one segment every ``segment_s`` seconds (their measured capacity),
-    each ready ``call_s`` (one engine call, which makes a whole batch at once) after its turn comes, earliest
-    deadline first, or under FIFO the admitted ones first and the new job last: the scheduler's own order and
-    deadlines.
+    more admitted segments run ahead of all of them (overdue ones, or under FIFO those beyond the horizon). The
+    engines make one segment every ``segment_s`` seconds (their measured capacity), each ready ``call_s`` (one
+    engine call, which makes a whole batch at once) after its turn comes, earliest deadline first, or under
+    FIFO the admitted ones first and the new job last: the scheduler's own order and deadlines.
 
     Admitting the job may delay none of the admitted segments past its deadline (or, if it is late anyway,
     past when it would be made without the new job): a stream that is playing is never made to wait for a
     newcomer, and one that is already late closes the door only to jobs that would run before it. The new
-    job's own segments may be made up to ``allowance_s`` later than on an idle service. A kept place takes its
-    turn but is no one's stream yet, so how late it would be closes no door. The excess is the longest overrun:
-    the seconds of work the engines must clear before the job fits, an honest Retry-After.
+    job's own segments may be made up to ``allowance_s`` later than on an idle service. The excess is the
+    longest overrun: the seconds of work the engines must clear before the job fits, an honest Retry-After.
     """
-    tagged = sorted([(d, "admitted") for d in ahead] + [(d, "kept") for d in kept], key=lambda x: x[0])
-    mine = [(d, "new") for d in new]
+    tagged = sorted([(d, False) for d in ahead], key=lambda x: x[0])
+    mine = [(d, True) for d in new]
     order = sorted(tagged + mine, key=lambda x: x[0]) if by_deadline else tagged + mine
     worst = 0.0
-    others, own = before, 0  # each side's own position: where it would run without the other side
-    for position, (due, kind) in enumerate(order, start=before + 1):
-        if kind == "new":
-            own += 1
-            rank = own
-        else:
-            others += 1
-            rank = others
-        if kind == "kept":
-            continue
+    ranks = {False: before, True: 0}  # each kind's own position: where it would run without the other kind
+    for position, (due, is_new) in enumerate(order, start=before + 1):
+        ranks[is_new] += 1
         late = now + position * segment_s + call_s - due
-        anyway = now + rank * segment_s + call_s - due
-        worst = max(worst, late - max(0.0, anyway) - (allowance_s if kind == "new" else 0.0))
+        anyway = now + ranks[is_new] * segment_s + call_s - due
+        worst = max(worst, late - max(0.0, anyway) - (allowance_s if is_new else 0.0))
     return worst

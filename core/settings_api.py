@@ -59,14 +59,6 @@ class ApiSettings(BaseSettings):
         "load a first segment shares its engine call with every row in it, and so takes longer than the queue "
         "ahead of it says. Smaller: earlier first audio and more refusals. 0 (the default) turns it off.",
     )
-    admission_retry_tickets: bool = Field(
-        False,
-        description="With TTS_ADMISSION_LATENESS_S on, answer a realtime job refused at the door with a retry "
-        "ticket, and keep its place from its Retry-After on: until the retry comes (or 5 s after), newcomers see "
-        "that capacity as taken, and the retry that brings the ticket finds it. Under overload a retry is then "
-        "likelier to be let in, and callers are served nearer their arrival order: newcomers wait behind earlier "
-        "ones.",
-    )
     admission_batch_wait_s: float = Field(
         3600.0, gt=0, description="Refuse batch jobs (503) when their estimated queue wait is longer."
     )

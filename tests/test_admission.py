@@ -16,7 +16,6 @@ from cache import keys
 from cache.breaker import CircuitBreaker
 from cache.schedule import ScheduleBook
 from cache.stats import Stats, Window
-from cache.tickets import RetryTickets
 from cache.workers import WorkerRegistry
 from core.errors import ServiceUnavailable
 from core.policy import scheduling_policy
@@ -24,7 +23,6 @@ from core.settings import load_settings
 from tests.support.processes import wait_for
 
 QUEUES = ("test-realtime", "test-batch")
-TICKET_KEYS = ("test:tickets", "test:tickets:work")
 
 
 @pytest.fixture
@@ -274,83 +272,4 @@ def test_the_api_passes_the_first_segments_length_to_the_first_audio_check(setti
     assert error["estimated_first_audio_s"] > 1.0
     assert int(response.headers["Retry-After"]) == math.ceil(error["estimated_first_audio_s"])
     assert app.test_client().post("/v1/jobs", json={"text": "Hi."}).status_code == 202, "a short one is made in time"
-    client.flushdb()
-
-
-def test_a_refused_realtime_job_gets_a_ticket_whose_retry_takes_the_place_kept_for_it(
-    queues: redis.Redis, book: ScheduleBook
-) -> None:
-    admission, stats, alive = _admission(queues, book, admission_lateness_s=0.5)
-    queues.delete(*TICKET_KEYS)
-    tickets = RetryTickets(queues, key=TICKET_KEYS[0], work_key=TICKET_KEYS[1])
-    admission.tickets = tickets
-    stats.record(chars=200, busy_s=2.0, segments=10, calls=10)
-    step = admission.segment_s(workers_alive=alive)
-    now = time.time()
-    book.add("playing", {i: now + (i + 1) * step + 1.0 for i in range(20)})  # just in time, as above
-    crowd = [now + i * step for i in range(int(2.0 / step))]  # 2 s of work due at once
-    with pytest.raises(ServiceUnavailable) as refused:
-        admission.admit("realtime", crowd)
-    ticket = refused.value.details["retry_ticket"]
-    assert "retry_ticket" in refused.value.message
-    assert queues.zscore(TICKET_KEYS[0], ticket) == pytest.approx(now + refused.value.retry_after, abs=1)
-    book.remove("playing", range(20))
-    queues.delete(*TICKET_KEYS)
-    # A place kept for 3 s of work due now: a newcomer due after it waits behind it, as behind admitted work.
-    kept = tickets.grant(time.time(), [0.0] * int(3.0 / step))
-    assert kept is not None
-    soon = time.time() + 0.5
-    admission.tickets = None
-    admission.admit("realtime", [soon])  # not counting the kept place, it is let in
-    admission.tickets = tickets
-    with pytest.raises(ServiceUnavailable) as newcomer:
-        admission.admit("realtime", [soon])
-    queues.zrem(TICKET_KEYS[0], newcomer.value.details["retry_ticket"])  # its own place: not wanted below
-    # The retry that holds the ticket gives the place up as it is weighed, so it is not counted twice and is let
-    # in; the newcomer after it is weighed against the work admitted (none here), not the place.
-    admission.admit("realtime", [now] * int(3.0 / step), ticket=kept)
-    admission.admit("realtime", [now])
-    book.add("playing", {i: now + (i + 1) * step + 1.0 for i in range(20)})
-    with pytest.raises(ServiceUnavailable) as again:
-        admission.admit("realtime", crowd, ticket=kept)  # a ticket is taken once
-    assert again.value.details["retry_ticket"] not in (kept, ticket), "a new place, a new ticket"
-    assert admission.admit("batch", crowd) >= 0, "the batch lane is not refused, so gets no ticket"
-    # With the deadline check off, nothing is kept.
-    admission.lateness_s = 0
-    admission.first_audio_s = 1.0
-    for _ in range(3):
-        stats.record(first_chars=10, first_s=2.0)
-    with pytest.raises(ServiceUnavailable) as unkept:
-        admission.admit("realtime", [now], first_chars=20)
-    assert "retry_ticket" not in unkept.value.details
-    queues.delete(*TICKET_KEYS)
-    WorkerRegistry(queues, ttl_s=5).remove("w1")
-
-
-def test_the_api_answers_a_refusal_with_a_retry_ticket_and_takes_it_back_in_the_retry(
-    settings_env: dict[str, str],
-) -> None:
-    isolated = settings_env["REDIS_URL"].rsplit("/", 1)[0] + "/3"
-    client = redis.Redis.from_url(isolated)
-    client.flushdb()
-    WorkerRegistry(client, ttl_s=30).beat("w1", {})
-    for _ in range(3):
-        Stats(client).record(first_chars=10, first_s=2.0)  # 0.2 s a character
-    untaken = _app_on(isolated, settings_env, admission_first_audio_s=1.0, admission_lateness_s=1.0)
-    plain = untaken.test_client().post("/v1/jobs", json={"text": "Am I let in at all?"})
-    assert plain.status_code == 503 and "retry_ticket" not in plain.get_json()["error"], "off by default"
-    app = _app_on(isolated, settings_env, admission_first_audio_s=1.0, admission_lateness_s=1.0,
-                  admission_retry_tickets=True)  # fmt: skip
-    refused = app.test_client().post("/v1/jobs", json={"text": "Am I let in at all?"})
-    assert refused.status_code == 503
-    ticket = refused.get_json()["error"]["retry_ticket"]
-    assert client.zscore(keys.TICKETS, ticket) == pytest.approx(
-        time.time() + int(refused.headers["Retry-After"]), abs=2
-    )
-    bad = app.test_client().post("/v1/jobs", json={"text": "Hi.", "retry_ticket": "../etc"})
-    assert bad.status_code == 422 and bad.get_json()["error"]["field"] == "retry_ticket"
-    retried = app.test_client().post("/v1/jobs", json={"text": "Hi.", "retry_ticket": ticket})
-    assert retried.status_code == 202, "a ticket not good yet is no harm: the job is weighed as any other"
-    speech = app.test_client().post("/v1/audio/speech", json={"input": "Am I let in at all?", "retry_ticket": ticket})
-    assert speech.status_code == 503 and "retry_ticket" in speech.get_json()["error"], "OpenAI's route too"
     client.flushdb()

@@ -208,15 +208,3 @@ def test_a_segment_is_ready_one_engine_call_after_its_turn_comes() -> None:
     with_call = admission_excess(100.0, [100.3], [100.0], segment_s=0.1, allowance_s=1, by_deadline=True, call_s=0.5)
     assert with_call == pytest.approx(0.1)
     assert admission_excess(100.0, [100.3], [100.0], segment_s=0.1, allowance_s=1, by_deadline=True) == 0
-
-
-def test_a_place_kept_for_a_retry_takes_its_turn_but_how_late_it_would_be_closes_no_door() -> None:
-    # Two places kept, due now: a newcomer due now waits behind them (2 s past its allowance of 0) ...
-    assert (
-        admission_excess(100.0, [], [100.0], segment_s=1.0, allowance_s=0.0, by_deadline=True, kept=[99.0, 99.5]) == 2
-    )
-    # ... and one due later goes first, pushing the kept places back, which no listener waits for yet.
-    assert admission_excess(100.0, [], [100.0], segment_s=1.0, allowance_s=0.0, by_deadline=True, kept=[101.0]) == 0
-    # An admitted stream behind the kept places is weighed with them as the baseline: the newcomer adds one step.
-    stream = [101.0, 102.0]
-    assert admission_excess(100.0, stream, [100.0], segment_s=1.0, allowance_s=5.0, by_deadline=True, kept=[100.5]) == 1
