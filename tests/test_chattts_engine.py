@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import subprocess
 import sys
@@ -16,6 +17,8 @@ from tests.support.servers import ROOT
 from workers.engines import decode
 from workers.engines.base import SynthesisRequest, Waveform
 from workers.engines.chattts import ChatTTSEngine, speed_prompt
+from workers.engines.chattts_presets import FULL, PRESETS, TINY
+from workers.engines.chattts_random import build_random_model
 from workers.engines.chattts_tiny import build_tiny_model, main, read_tiny_config
 from workers.engines.errors import EngineLoadError, SynthesisError
 
@@ -393,3 +396,21 @@ def test_a_call_that_others_keep_joining_attends_only_over_what_its_rows_still_u
     assert len(waves) == 15 and len(asks) > 290
     # Without dropping the positions no row uses any more, the call would attend over all 300 steps and more.
     assert max(widths) < widths[0] + 2 * 24 + 20
+
+
+def test_a_model_whose_text_ids_run_past_the_audio_vocabulary_speaks_with_the_repetition_penalty_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The tiny model's 117 text tokens all have ids under the 626 audio tokens; ChatTTS's real ones (21,178) do not,
+    # and its prompt's text ids sit in the repetition penalty's window for an item's first steps.
+    wide = dataclasses.replace(TINY, name="tiny-wide", vocab_size=FULL.vocab_size)
+    monkeypatch.setitem(PRESETS, "tiny-wide", wide)
+    build_random_model(tmp_path, preset="tiny-wide")
+    loaded = make_engine(tmp_path)
+    try:
+        waves = loaded.synthesize(
+            [SynthesisRequest(text="今天天气很好", seed=3), SynthesisRequest(text="你好", seed=4)]
+        )
+    finally:
+        loaded.unload()
+    assert [w.size > 0 for w in waves] == [True, True]

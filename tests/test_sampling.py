@@ -137,3 +137,17 @@ def test_an_item_that_joins_late_samples_what_it_would_have_alone() -> None:
         assert torch.equal(token[4:], expected[mine]), mine
         history = torch.cat([history, token.unsqueeze(1)], dim=1)
     assert (expected[-1] == EOS).all(), "it ends at its own maximum, counted from when it joined"
+
+
+def test_prompt_tokens_in_the_penalty_window_are_ignored_even_when_their_ids_are_past_the_audio_vocabulary() -> None:
+    generator = torch.Generator().manual_seed(5)
+    logits = torch.randn(ROWS, VOCAB, generator=generator) * 4
+    own = torch.randint(0, VOCAB, (ROWS, 3), generator=generator)
+    text_prompt = torch.randint(VOCAB, 21178, (ROWS, 13), generator=generator)  # ChatTTS's text token ids
+    in_range = torch.randint(0, VOCAB, (ROWS, 13), generator=generator)
+    sampler = _sampler(repetition_penalty=1.05)
+    with_text = sampler.distribution(torch.cat([text_prompt, own], dim=1), logits.clone(), steps=3)
+    with_other = sampler.distribution(torch.cat([in_range, own], dim=1), logits.clone(), steps=3)
+    assert torch.equal(with_text[0], with_other[0]) and torch.allclose(with_text[1], with_other[1])
+    alone = sampler.distribution(own, logits.clone(), steps=3)
+    assert torch.equal(with_text[0], alone[0]) and torch.allclose(with_text[1], alone[1]), "only its own count"

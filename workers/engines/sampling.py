@@ -123,10 +123,13 @@ class PerItemSampler:
         if self._penalty == 1.0 or input_ids.size(1) == 0:
             return logits
         window = input_ids[:, -PENALTY_WINDOW:].to(logits.device)
-        # A row's window holds only its own tokens: the last ``steps`` of it (a joined row's earlier ones are prompt).
+        # A row's window holds only its own tokens: the last ``steps`` of it. The earlier ones are its prompt's
+        # text tokens, whose ids run past the audio vocabulary: they weigh nothing and point at token 0.
         width = window.size(1)
-        weights = (torch.arange(width, device=logits.device) >= width - steps.view(-1, 1)).to(logits.dtype)
-        counts = torch.zeros_like(logits).scatter_add_(1, window, weights.expand(window.size(0), -1).contiguous())
+        own = torch.arange(width, device=logits.device) >= width - steps.view(-1, 1)
+        own = own.expand(window.size(0), -1)
+        weights = own.to(logits.dtype).contiguous()
+        counts = torch.zeros_like(logits).scatter_add_(1, window.masked_fill(~own, 0), weights)
         alpha = torch.pow(self._penalty, counts)
         return torch.where(logits < 0, logits * alpha, logits / alpha)
 
