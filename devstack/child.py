@@ -5,10 +5,25 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import FrameType
 
 from devstack.local import ROOT
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    sys.exit(128 + signum)
+
+
+def stop_children_on_sigterm() -> None:
+    """Make SIGTERM (``kill``, ``timeout``) end this process as an exception does, so that the ``finally`` that
+    stops its children runs: by default SIGTERM ends it at once and leaves them running. Only from the main
+    thread (where Python runs handlers), and only where nobody has set a handler of their own."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
 
 class ChildProcess:
@@ -24,6 +39,7 @@ class ChildProcess:
 
     def spawn(self, command: Sequence[str]) -> subprocess.Popen[bytes]:
         """Start ``command`` in the checkout; its output goes to the log file."""
+        stop_children_on_sigterm()
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(list(command), cwd=ROOT, env=self.env, stdout=log, stderr=log)
         return self.process
