@@ -199,7 +199,8 @@ def trace(result: JobResult) -> dict[str, Any]:
 
 def engines(meter: dict[str, Any], window_s: float, replicas: int) -> dict[str, Any]:
     """Return what the engines did during the arrival window, and the machine under them: the share of the
-    engines' time spent in calls, the audio made, the mean batch, and the CPU others (steal included) took.
+    engines' time in calls (those ending in the window), the audio made, the mean batch, how busy the CPUs
+    were, and the share the hypervisor gave other guests (steal).
 
     A window with many refusals and busy engines is an overload refused at the door; one with idle engines
     refused work they could have done.
