@@ -33,7 +33,7 @@ from bench.headline_levels import progress, run_level, worker_view
 from bench.headline_stack import ServiceStack
 from bench.http_clients import ServedClient
 from bench.loadgen import Client, JobResult
-from bench.openloop import UNDERRUN_S, OpenRun, gaps, run_open_loop, waits
+from bench.openloop import LEAD_S, UNDERRUN_S, OpenRun, gaps, run_open_loop, waits
 from bench.report import RESULTS, percentile, write_run
 from bench.stack_args import Plan, corpus_texts, default_replicas, service_env
 from bench.texts import STORY
@@ -340,7 +340,7 @@ def drive(stacks: dict[str, ServiceStack], args: argparse.Namespace, capacity: f
                     lane: ServedClient(url, model=args.model, retry=False, priority=lane, timeout_s=120)
                     for lane in ("realtime", "batch")
                 }
-                start = time.monotonic() + 0.5  # when run_open_loop starts its window
+                start = time.monotonic() + LEAD_S  # when run_open_loop starts its window
                 metering = meter_window(start, start + args.window, counters=stacks[name].worker_totals)
                 run = run_open_loop(clients, texts, rate=multiple * capacity / per_arrival, window_s=args.window,
                                     drain_s=args.drain, seed=100 * n + seed, batch_share=BATCH_SHARE)  # fmt: skip

@@ -17,6 +17,8 @@ from bench.loadgen import Client, JobResult
 
 #: A gap in playback longer than this is an underrun a listener hears (vLLM-Omni's continuity threshold).
 UNDERRUN_S = 0.1
+#: A window's arrivals start this long after the call, once every listener's thread is set up.
+LEAD_S = 0.5
 #: A refused job retries once after its Retry-After, unless that is longer than this.
 RETRY_AFTER_MAX_S = 10.0
 
@@ -110,7 +112,7 @@ def run_open_loop(
     """
     rng = random.Random(seed)
     offsets = arrival_times(rate, window_s, rng)
-    start = time.monotonic() + 0.5
+    start = time.monotonic() + LEAD_S
     run = OpenRun(rate, start, start + window_s)
 
     over = threading.Event()  # the drain is over: no more retries
