@@ -34,6 +34,7 @@ from bench.headline_stack import ServiceStack
 from bench.http_clients import ServedClient
 from bench.loadgen import Client, JobResult
 from bench.openloop import LEAD_S, UNDERRUN_S, OpenRun, gaps, run_open_loop, waits
+from bench.pace_probe import probe, relative
 from bench.report import RESULTS, percentile, write_run
 from bench.stack_args import Plan, corpus_texts, default_replicas, service_env
 from bench.texts import STORY
@@ -241,8 +242,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         "| retried → admitted | p50 / p95 / p99 first audio (s) | p95 first audio from the first try (s) "
         "| admitted with a gap > 100 ms | p99 total gap (s) "
         "| p95 end to end (s) | completed jobs/s (chars/s: realtime / both lanes) | good jobs/s | audio s/s "
-        "| batch admitted / offered, p95 done (s) | failed | engines busy in the window (mean batch) | CPU steal |",
-        "|" + "---|" * 20,
+        "| batch admitted / offered, p95 done (s) | failed | engines busy in the window (mean batch) | CPU steal "
+        "| machine pace |",
+        "|" + "---|" * 21,
     ]
     for row in rows:
         s = row["summary"]
@@ -261,7 +263,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{s['completed_all_chars_per_s']:.0f}) | {s['good_per_s']:.1f} | {s['audio_s_per_s']:.1f} | "
             f"{s['batch_admitted']} / {s['batch_offered']}, {_f(s['batch_done_p95'], '.1f')} | "
             f"{sum(s['admitted_failed'].values()) + s['unfinished']} | {_f(e.get('busy_share'), '.0%')} "
-            f"({_f(e.get('mean_batch_size'), '.1f')}) | {_f(e.get('steal_pct'), '.0f')}% |"
+            f"({_f(e.get('mean_batch_size'), '.1f')}) | {_f(e.get('steal_pct'), '.0f')}% | "
+            f"{_f(e.get('machine_pace'))}× |"
         )
     return "\n".join(lines)
 
@@ -322,8 +325,11 @@ def offered_chars_per_arrival(texts: dict[str, list[tuple[str, int]]]) -> float:
     return (1 - BATCH_SHARE) * mean["realtime"] + BATCH_SHARE * mean["batch"]
 
 
-def drive(stacks: dict[str, ServiceStack], args: argparse.Namespace, capacity: float) -> list[dict[str, Any]]:
-    """Run every rate and seed against each stack, alternating which goes first."""
+def drive(
+    stacks: dict[str, ServiceStack], args: argparse.Namespace, capacity: float, *, reference: float | None = None
+) -> list[dict[str, Any]]:
+    """Run every rate and seed against each stack, alternating which goes first; before each window, with every
+    stack idle, probe the machine's pace (relative to ``reference``, the run's first probe)."""
     realtime = corpus_texts(args.model)
     texts = {"realtime": realtime, "batch": batch_texts()}
     per_arrival = offered_chars_per_arrival(texts)
@@ -335,6 +341,7 @@ def drive(stacks: dict[str, ServiceStack], args: argparse.Namespace, capacity: f
             for name in order:
                 for stack in stacks.values():
                     stack.wait_idle()
+                pace = relative(probe(), reference)
                 url = stacks[name].api.url
                 clients: dict[str, Client] = {
                     lane: ServedClient(url, model=args.model, retry=False, priority=lane, timeout_s=120)
@@ -345,14 +352,15 @@ def drive(stacks: dict[str, ServiceStack], args: argparse.Namespace, capacity: f
                 run = run_open_loop(clients, texts, rate=multiple * capacity / per_arrival, window_s=args.window,
                                     drain_s=args.drain, seed=100 * n + seed, batch_share=BATCH_SHARE)  # fmt: skip
                 summary = summarize(run)
-                summary["engines"] = engines(metering.result(), args.window, args.replicas)
+                summary["engines"] = {**engines(metering.result(), args.window, args.replicas), "machine_pace": pace}
                 rows.append({"multiple": multiple, "scheduler": name, "seed": seed, "summary": summary})
                 print(f"  {multiple:g}× {name} seed {seed}: offered {summary['offered_per_s']:.1f}/s, admitted "
                       f"{summary['realtime_admitted']}/{summary['realtime_offered']}, p95 first audio "
                       f"{_f(summary['first_audio_p95'])} s, underruns {_f(summary['underrun_share'], '.1%')}, "
                       f"completed {summary['completed_per_s']:.1f}/s, engines busy "
                       f"{_f(summary['engines']['busy_share'], '.0%')}, steal "
-                      f"{_f(summary['engines']['steal_pct'], '.0f')}%", flush=True)  # fmt: skip
+                      f"{_f(summary['engines']['steal_pct'], '.0f')}%, machine pace {_f(pace)}×",
+                      flush=True)  # fmt: skip
     return rows
 
 
@@ -367,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"goodput benchmark: {args.model}, {os.cpu_count()} CPUs, load {load:.2f}, rates {args.rates}× capacity, "
           f"{args.window:g}s each, {args.seeds} seed(s); results in {out}", flush=True)  # fmt: skip
     started = time.monotonic()
+    reference = probe()  # before any stack runs: the machine's pace that every window's is read against
     closed = None
     if args.capacity:
         capacity = args.capacity
@@ -382,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for stack in stacks.values():
             stack.start()
-        rows = drive(stacks, args, capacity)
+        rows = drive(stacks, args, capacity, reference=reference)
     finally:
         for stack in stacks.values():
             stack.stop()
@@ -390,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(out / name / "redis", ignore_errors=True)
     text = document(args, capacity, rows, schedulers, closed=closed,
                     footer=f"Whole run: {time.monotonic() - started:.0f}s. Files: {out}")  # fmt: skip
-    write_run(out, "goodput", text, {"capacity": capacity, "closed_loop": closed, "rows": rows})
+    write_run(out, "goodput", text, {"capacity": capacity, "closed_loop": closed, "rows": rows,
+                                     "pace_probe_reference": reference})  # fmt: skip
     print()
     print(text)
     return 0
@@ -420,7 +430,9 @@ def document(args: argparse.Namespace, capacity: float, rows: list[dict[str, Any
             "Retry-After included. Engines busy: the share of "
             "the model hosts' time spent in engine calls during the arrival window (low while refusing means the "
             "door turned away work the engines could have done); CPU steal: the machine's time the hypervisor gave "
-            "other guests in that window.",
+            "other guests in that window; machine pace: how fast a fixed single-thread workload of small tensor "
+            "operations ran just before the window, with the stacks idle, as a multiple of its pace before the "
+            "capacity run (a shared machine slows without showing steal; bench/pace_probe.py).",
             "",
             table(rows),
             "",

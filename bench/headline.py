@@ -26,6 +26,8 @@ from bench.headline_engine import measure_engine
 from bench.headline_levels import BatchCounter, progress, run_level
 from bench.headline_stack import BaselineProcess, ServiceStack
 from bench.http_clients import BaselineClient, ServedClient
+from bench.pace_probe import probe as pace_probe
+from bench.pace_probe import relative
 from bench.report import write_run
 from bench.stack_args import (
     HEARTBEAT_S,
@@ -81,12 +83,16 @@ def drive_level(
     plan: Plan,
     callers: int,
     seed: int,
+    reference: float | None = None,
 ) -> dict[str, Any]:
-    """Run one level against the service, then against the baseline if one is given."""
+    """Run one level against the service, then against the baseline if one is given; before each, with both
+    idle, probe the machine's pace (relative to ``reference``, the run's first probe)."""
     level: dict[str, Any] = {"callers": callers}
     stack.wait_idle()
+    pace = relative(pace_probe(), reference)
     after = level["after"] = run_level(served, texts, callers, plan, window_s=plan.window_s, seed=seed,
                                        probe=stack.queued, counters=stack.worker_totals)  # fmt: skip
+    after["machine_pace"] = pace
     from_heartbeat = counter.after_level(after["segments_total"])
     if after.get("mean_batch_size") is None:
         after["mean_batch_size"] = from_heartbeat
@@ -94,14 +100,18 @@ def drive_level(
     if baseline:
         baseline.wait_idle()
         client = BaselineClient(baseline.url)
+        pace = relative(pace_probe(), reference)
         before = level["before"] = run_level(
             client, texts, callers, plan, window_s=plan.window_s, seed=seed, counters=baseline.totals
         )
+        before["machine_pace"] = pace
         progress("before", before)
     return level
 
 
-def drive(args: argparse.Namespace, plan: Plan, env: dict[str, str], out: Path) -> tuple[list[dict[str, Any]], Any]:
+def drive(
+    args: argparse.Namespace, plan: Plan, env: dict[str, str], out: Path, *, reference: float | None = None
+) -> tuple[list[dict[str, Any]], Any]:
     """Start both servers and run every level against each; return the levels and the cache-on line."""
     texts = corpus_texts(args.model, max_chars=args.max_chars)
     levels = [int(x) for x in args.levels.split(",")]
@@ -122,7 +132,8 @@ def drive(args: argparse.Namespace, plan: Plan, env: dict[str, str], out: Path) 
         served = ServedClient(stack.api.url, model=args.model)
         for n, callers in enumerate(levels):
             level = drive_level(stack, baseline if callers in with_baseline else None, served=served,
-                                counter=counter, texts=texts, plan=plan, callers=callers, seed=n)  # fmt: skip
+                                counter=counter, texts=texts, plan=plan, callers=callers, seed=n,
+                                reference=reference)  # fmt: skip
             results.append(level)
         if plan.cache_window_s:
             stack.wait_idle()
@@ -168,11 +179,12 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     started = time.monotonic()
+    reference = pace_probe()  # before anything runs: the machine's pace that each level's is read against
     engine = None if args.skip_engine else measure_engine(env, plan, args, out)
     if engine is not None and "TTS_BATCH_MAX_SIZE" not in {**os.environ, **env}:
         env["TTS_BATCH_MAX_SIZE"] = str(engine["service_batch"])
         print(f"service batch size: {engine['service_batch']} (within 10% of the engine's best)")
-    results, cache_line = drive(args, plan, env, out)
+    results, cache_line = drive(args, plan, env, out, reference=reference)
     batching_off = batching_off_level(args, plan, env, out) if args.batching_off else None
     meta = {"args": args, "plan": plan, "elapsed": time.monotonic() - started, "batching_off": batching_off}
     document = write_results(out, meta, results, engine, cache_line)

@@ -24,6 +24,7 @@ ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("jobs measured", "jobs_measured", "{}", True),
     ("CPU busy % (ours / others)", "cpu", "", False),
     ("CPU by part, % of one core", "cpu_roles", "", False),
+    ("machine pace before the window (× the run's start; bench/pace_probe.py)", "machine_pace", "{:.2f}×", True),
 )
 
 
@@ -64,7 +65,15 @@ def level_table(levels: list[dict[str, Any]]) -> str:
         for level in levels:
             after, before = level.get("after") or {}, level.get("before") or {}
             cells += [_fmt(after.get(key), pattern), _fmt(before.get(key), pattern)]
-            plain = key in ("cpu", "cpu_roles", "queue", "jobs_measured", "engine_busy", "queue_wait_mean_s")
+            plain = key in (
+                "cpu",
+                "cpu_roles",
+                "queue",
+                "jobs_measured",
+                "engine_busy",
+                "queue_wait_mean_s",
+                "machine_pace",
+            )
             cells.append("" if plain else _ratio(after.get(key), before.get(key)))
         lines.append("| " + " | ".join(cells) + " |")
     cells = ["errors by status"]

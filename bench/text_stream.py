@@ -37,6 +37,7 @@ from simple_websocket import Client, ConnectionClosed
 from bench.headline_cpu import by_role, snapshot
 from bench.http_clients import Http
 from bench.http_stack import Stack, first_segment_latency, running_stack
+from bench.pace_probe import probe, relative
 from bench.report import median, percentile, write_result
 from bench.stack_args import default_replicas
 from bench.threads import in_threads
@@ -308,6 +309,10 @@ def _cpu(shares: dict[str, float]) -> str:
     return " / ".join(f"{shares.get(role, 0.0):.0f}" for role in ("model hosts", "api", "load generator"))
 
 
+def _paces(paces: tuple[float | None, float | None] | None) -> str:
+    return "–" if paces is None else " / ".join(f"{_fmt(p)}×" for p in paces)
+
+
 def table(rows: list[dict[str, Any]], started: float) -> str:
     """Return the bench's markdown."""
     lines = [
@@ -319,14 +324,17 @@ def table(rows: list[dict[str, Any]], started: float) -> str:
         f'callers start spread over the first {RAMP_S:g} s. "HTTP pieces" sends a POST per token; '
         f'"TTSClient.write" joins the tokens of up to {JOIN_S:g} s into one piece and sends a sentence end at once. '
         f"Service settings: the defaults but TTS_MODEL_REPLICAS={REPLICAS} and TTS_TORCH_THREADS={TORCH_THREADS} (the "
-        "bench stack's heartbeat is 1 s, which only the idle cut-off uses).",
+        "bench stack's heartbeat is 1 s, which only the idle cut-off uses). Machine pace: how fast a fixed "
+        "single-thread workload ran just before the window, with the stack idle, as a multiple of its pace before "
+        "the stack started (a shared machine slows without showing steal; bench/pace_probe.py): a ratio between two "
+        "windows is fair only when their paces match.",
         "",
         "| streams | pieces over | streams run | segments | end of text → audio, first segment p50 / p95 (s) | "
         "every segment p50 / p95 (s) | whole job's first audio p50 / p95 (s) | first-segment p95 ÷ whole p95 | "
         "final → last audio p50 (s) | last segment's synthesis p50 (s) | final → last audio beyond that segment's "
         "synthesis, per stream p50 / p95 (s) | stalls (text there, gap > 100 ms) | failed | CPU, % of one core: "
-        "model hosts / API / load generator |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "model hosts / API / load generator | machine pace before the window, whole jobs / these streams |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
 
@@ -336,7 +344,7 @@ def table(rows: list[dict[str, Any]], started: float) -> str:
         cells = [row["callers"], row["transport"], row["streams"], row["segments"], pair("first_p50", "first_p95"),
                  pair("all_p50", "all_p95"), pair("whole_p50", "whole_p95"), f"{_fmt(row['ratio'])}×",
                  _fmt(row["final_p50"]), _fmt(row["synth_last_p50"]), pair("beyond_p50", "beyond_p95"),
-                 row["stalls"], row["failed"], _cpu(row.get("cpu", {}))]  # fmt: skip
+                 row["stalls"], row["failed"], _cpu(row.get("cpu", {})), _paces(row.get("pace"))]  # fmt: skip
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines += [
         "",
@@ -402,17 +410,23 @@ def main(argv: list[str] | None = None) -> None:
     """Run the transports asked at each level and write the table."""
     args = parse_args(argv)
     started = time.perf_counter()
+    reference = probe()  # before the stack runs: the machine's pace that each window's is read against
     rows: list[dict[str, Any]] = []
     with running_stack("text-stream", TTS_MODEL_REPLICAS=str(REPLICAS)) as stack:
         http_stream(stack, _texts()[0], seed=1)  # warm-up, not counted
         for callers in args.levels:
+            stack.wait_idle()
+            whole_pace = relative(probe(), reference)
             whole = whole_jobs_at(stack, callers)
             for transport in args.transports:
                 stream = TRANSPORTS[transport]
+                stack.wait_idle()
+                pace = relative(probe(), reference)
                 before = snapshot()
                 runs = streams_at(stack, callers, stream)
                 cpu = by_role(before, snapshot())  # % of one core; the load generator shares the machine
-                rows.append({"transport": transport, **summarize(callers, runs, whole), "cpu": cpu})
+                rows.append({"transport": transport, **summarize(callers, runs, whole), "cpu": cpu,
+                             "pace": (whole_pace, pace)})  # fmt: skip
                 print(rows[-1], flush=True)
     write_result("text-stream", table(rows, started))
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bench.goodput import engines, goodput, summarize, trace
+from bench.goodput import engines, goodput, summarize, table, trace
 from bench.http_clients import refusing_check
 from bench.loadgen import JobResult
 from bench.openloop import Arrival, OpenRun, arrival_times, gaps, lanes
@@ -128,3 +128,15 @@ def test_a_caller_let_in_on_its_retry_has_its_first_audio_counted_from_its_first
     summary = summarize(run)
     assert summary["first_audio_p95"] == pytest.approx(0.5), "from the POST that was admitted"
     assert summary["first_audio_from_first_try_p95"] == pytest.approx(2.5), "the caller waited Retry-After too"
+
+
+def test_each_windows_row_gives_the_machines_pace_against_the_probe_before_the_capacity_run() -> None:
+    played = JobResult(chars=10, submitted=0.0, first_audio=0.4, segments=[(0.4, 1.0)], done=0.5)
+    run = OpenRun(rate=1.0, window_start=0.0, window_end=10.0)
+    run.arrivals = [Arrival(0.0, "realtime", 10, first=played)]
+    summary = summarize(run)
+    summary["engines"] = {"busy_share": 0.9, "mean_batch_size": 4.0, "steal_pct": 0.0, "machine_pace": 0.62}
+    header, rule, row = table([{"multiple": 1.0, "scheduler": "deadline", "seed": 0, "summary": summary}]).split("\n")
+    assert header.endswith("| machine pace |")
+    assert row.endswith("| 0.62× |"), "a window on a machine running at 62% of its pace at the start says so"
+    assert header.count("|") == rule.count("|") == row.count("|")
