@@ -8,15 +8,19 @@ changed, or a slower machine reads as a worse policy.
 
 The workload is what the tiny model's engines spend their time on: many small tensor operations driven from
 Python, on one thread. Run it while the stack is idle; its result is relative, so only ratios between probes of
-one run mean anything. It is coarse: on this machine, idle, consecutive probes differ by up to about 15% (the
-machine's own speed moves that much from second to second), so it shows a drop like the one above, not a few
-percent.
+one run mean anything. It is coarse: on this machine, idle, single 0.3 s timings differ by up to about 15% (the
+machine's own speed moves that much from second to second) and the median of three by up to about 10%, so it shows
+a drop like the one above, not a few percent.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 #: Seconds each probe runs: long enough to smooth the scheduler's slices, short beside a measured window.
 PROBE_S = 0.3
@@ -31,30 +35,30 @@ REPEATS = 3
 def probe(seconds: float = PROBE_S, *, repeats: int = REPEATS) -> float:
     """Return how many rounds of small tensor work this process completes per second, on one torch thread: the
     median of ``repeats`` timings of ``seconds`` each."""
-    return statistics.median(_rounds_per_second(seconds) for _ in range(repeats))
-
-
-def _rounds_per_second(seconds: float) -> float:
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        generator = torch.Generator().manual_seed(0)
-        x = torch.randn(64, 64, generator=generator)
+        x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
         with torch.inference_mode():
             for _ in range(WARM_UP):  # the first operations pay for allocations and lazy set-up
                 x = torch.tanh(x @ x * 0.05)
-        rounds = 0
-        started = time.perf_counter()
-        with torch.inference_mode():
-            while (elapsed := time.perf_counter() - started) < seconds:
-                for _ in range(ROUND):
-                    x = torch.tanh(x @ x * 0.05)
-                rounds += 1
-        return rounds / elapsed
+            return statistics.median(_rounds_per_second(x, seconds) for _ in range(repeats))
     finally:
         torch.set_num_threads(threads)
+
+
+def _rounds_per_second(x: torch.Tensor, seconds: float) -> float:
+    import torch
+
+    rounds = 0
+    started = time.perf_counter()
+    while (elapsed := time.perf_counter() - started) < seconds:
+        for _ in range(ROUND):
+            x = torch.tanh(x @ x * 0.05)
+        rounds += 1
+    return rounds / elapsed
 
 
 def relative(pace: float, reference: float | None) -> float | None:
