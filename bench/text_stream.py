@@ -10,11 +10,13 @@ At 1 and then 10 concurrent callers, each caller in turn:
   per token, Chinese) at ``TOKENS_PER_S``, then the final piece, while a follower long-polls every segment;
 - **client streams**: the same through ``TTSClient``'s ``TextStream.write``, a character a call, which joins the
   tokens of up to ``JOIN_S`` into one piece and sends a sentence end (and the space after one) at once;
-- **whole jobs**: submits each sentence of the same texts as a job of its own and long-polls its segment 0.
+- **whole jobs**: submits each sentence of the same texts as a job of its own and long-polls its segment 0, for
+  ``WHOLE_SECONDS`` just before each transport's streams, so that each ratio is between adjacent windows.
 
 A segment is ready to be planned at the piece after which the job's ``segments_total`` counts it; its latency
 runs from just before that piece was sent to the moment its bytes were in hand. The reference is a whole job's
-first audio for the same sentence, at the same concurrency. A listener starts at the stream's first audio and
+first audio for the same sentence, at the same concurrency, in the window just before (this shared machine's
+speed drifts by a third within minutes; bench/pace_probe.py). A listener starts at the stream's first audio and
 plays each segment for its duration; a stall is a gap over 100 ms while the segment's text was already sent.
 Callers start spread over the first ``RAMP_S`` seconds of each level.
 """
@@ -50,6 +52,8 @@ from devstack.local import ROOT
 TOKENS_PER_S = 30.0
 LEVELS = (1, 10)
 SECONDS_PER_LEVEL = 60.0
+#: The whole-job window run just before each transport's streams, as their reference.
+WHOLE_SECONDS = 30.0
 SENTENCES_PER_TEXT = 4
 STALL_S = 0.1
 #: Callers start this far apart in all over the first RAMP_S (a fleet of agents never starts in one instant);
@@ -70,7 +74,10 @@ class StreamRun:
     final_at: float = 0.0
     durations: dict[int, float] = field(default_factory=dict)
     synth_s: dict[int, float] = field(default_factory=dict)
+    made_at: dict[int, float] = field(default_factory=dict)  # segment → its audio was made, just before its write
     status: str = ""
+    #: time.time() − time.perf_counter() when the run began: turns the worker's wall-clock stamps into this clock.
+    wall_offset: float = field(default_factory=lambda: time.time() - time.perf_counter())
 
     def latencies(self) -> list[float]:
         return [self.arrived_at[i] - self.planned_at[i] for i in sorted(self.arrived_at) if i in self.planned_at]
@@ -200,7 +207,10 @@ def _with_synthesis(stack: Stack, job_id: str, run: StreamRun) -> StreamRun:
     for index in run.arrived_at:
         raw = stack.redis.hget(keys.segment_meta(job_id), str(index))
         if raw:
-            run.synth_s[index] = float(json.loads(raw).get("synth_s", 0.0))
+            meta = json.loads(raw)
+            run.synth_s[index] = float(meta.get("synth_s", 0.0))
+            if meta.get("finished_at"):
+                run.made_at[index] = float(meta["finished_at"]) - run.wall_offset
     return run
 
 
@@ -251,11 +261,13 @@ def ws_stream(stack: Stack, text: str, seed: int) -> StreamRun:
     return _with_synthesis(stack, job_id, run)
 
 
-def closed_loop(stack: Stack, callers: int, work: Callable[[int, int], T]) -> list[T]:
-    """Run ``callers`` closed-loop callers of ``work(caller, turn)`` for SECONDS_PER_LEVEL; return every result."""
+def closed_loop(
+    stack: Stack, callers: int, work: Callable[[int, int], T], seconds: float = SECONDS_PER_LEVEL
+) -> list[T]:
+    """Run ``callers`` closed-loop callers of ``work(caller, turn)`` for ``seconds``; return every result."""
     found: list[T] = []
     lock = threading.Lock()
-    until = time.perf_counter() + SECONDS_PER_LEVEL
+    until = time.perf_counter() + seconds
 
     def caller(number: int) -> None:
         time.sleep(number * RAMP_S / callers)  # the caller's start in the ramp, not a wait for anything
@@ -287,7 +299,7 @@ def whole_jobs_at(stack: Stack, callers: int) -> list[float]:
                 "cache": False, "format": "wav"}  # fmt: skip
         return first_segment_latency(stack, body)[0]
 
-    return closed_loop(stack, callers, whole)
+    return closed_loop(stack, callers, whole, WHOLE_SECONDS)
 
 
 TRANSPORTS: dict[str, Callable[[Stack, str, int], StreamRun]] = {
@@ -319,7 +331,8 @@ def table(rows: list[dict[str, Any]], started: float) -> str:
         "## bench-textstream: speaking while the text is written (tiny ChatTTS, CPU, one worker)",
         "",
         f"{os.cpu_count()} CPU cores, {REPLICAS} model hosts of {TORCH_THREADS} torch thread(s) each; ran "
-        f"{time.perf_counter() - started:.0f} s; {SECONDS_PER_LEVEL:g} s per level and kind. Text arrives at "
+        f"{time.perf_counter() - started:.0f} s; {SECONDS_PER_LEVEL:g} s of streams per level and way in, each "
+        f"just after {WHOLE_SECONDS:g} s of whole jobs at the same concurrency, its reference. Text arrives at "
         f"{TOKENS_PER_S:g} tokens/s, one character per token, {SENTENCES_PER_TEXT} corpus sentences per stream; "
         f'callers start spread over the first {RAMP_S:g} s. "HTTP pieces" sends a POST per token; '
         f'"TTSClient.write" joins the tokens of up to {JOIN_S:g} s into one piece and sends a sentence end at once. '
@@ -330,11 +343,13 @@ def table(rows: list[dict[str, Any]], started: float) -> str:
         "windows is fair only when their paces match.",
         "",
         "| streams | pieces over | streams run | segments | end of text → audio, first segment p50 / p95 (s) | "
-        "every segment p50 / p95 (s) | whole job's first audio p50 / p95 (s) | first-segment p95 ÷ whole p95 | "
+        "every segment p50 / p95 (s) | whole job's first audio, the window before, p50 / p95 (s) | "
+        "first segment ÷ whole job, p50 / p95 | "
         "final → last audio p50 (s) | last segment's synthesis p50 (s) | final → last audio beyond that segment's "
-        "synthesis, per stream p50 / p95 (s) | stalls (text there, gap > 100 ms) | failed | CPU, % of one core: "
+        "synthesis, per stream p50 / p95 (s) | of which its delivery, made to in the caller's hands, "
+        "p50 / p95 (s) | stalls (text there, gap > 100 ms) | failed | CPU, % of one core: "
         "model hosts / API / load generator | machine pace before the window, whole jobs / these streams |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
 
@@ -342,9 +357,11 @@ def table(rows: list[dict[str, Any]], started: float) -> str:
             return f"{_fmt(row[low])} / {_fmt(row[high])}"
 
         cells = [row["callers"], row["transport"], row["streams"], row["segments"], pair("first_p50", "first_p95"),
-                 pair("all_p50", "all_p95"), pair("whole_p50", "whole_p95"), f"{_fmt(row['ratio'])}×",
+                 pair("all_p50", "all_p95"), pair("whole_p50", "whole_p95"),
+                 f"{_fmt(row['ratio_p50'])}× / {_fmt(row['ratio'])}×",
                  _fmt(row["final_p50"]), _fmt(row["synth_last_p50"]), pair("beyond_p50", "beyond_p95"),
-                 row["stalls"], row["failed"], _cpu(row.get("cpu", {})), _paces(row.get("pace"))]  # fmt: skip
+                 pair("delivery_p50", "delivery_p95"), row["stalls"], row["failed"], _cpu(row.get("cpu", {})),
+                 _paces(row.get("pace"))]  # fmt: skip
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines += [
         "",
@@ -368,22 +385,29 @@ def summarize(callers: int, runs: list[StreamRun], whole: list[float]) -> dict[s
     # Per stream: how much later than its own synthesis (its wait for a batch and the engine call) the last
     # audio came after the final piece; what is left is planning, the broker and the delivery.
     beyond = [f - s for f, s in zip(finals, synth_last, strict=True)]
+    # ... and of that, how long its bytes took from being made to the caller's hands (the write, events, the GET).
+    last = [(r, max(r.arrived_at)) for r in runs if r.arrived_at]
+    delivery = [r.arrived_at[i] - r.made_at[i] for r, i in last if i in r.made_at]
     first_p95, whole_p95 = percentile(firsts, 95), percentile(whole, 95)
+    first_p50, whole_p50 = percentile(firsts, 50), percentile(whole, 50)
     return {
         "callers": callers,
         "streams": len(runs),
         "segments": sum(len(r.arrived_at) for r in runs),
-        "first_p50": percentile(firsts, 50),
+        "first_p50": first_p50,
         "first_p95": first_p95,
         "all_p50": percentile(every, 50),
         "all_p95": percentile(every, 95),
-        "whole_p50": percentile(whole, 50),
+        "whole_p50": whole_p50,
         "whole_p95": whole_p95,
         "ratio": None if not first_p95 or not whole_p95 else first_p95 / whole_p95,
+        "ratio_p50": None if not first_p50 or not whole_p50 else first_p50 / whole_p50,
         "final_p50": percentile(finals, 50),
         "synth_last_p50": median(synth_last) if synth_last else None,
         "beyond_p50": percentile(beyond, 50),
         "beyond_p95": percentile(beyond, 95),
+        "delivery_p50": percentile(delivery, 50),
+        "delivery_p95": percentile(delivery, 95),
         "stalls": sum(r.stalls()[0] for r in runs),
         "failed": sum(r.status != "done" for r in runs),
     }
@@ -415,11 +439,11 @@ def main(argv: list[str] | None = None) -> None:
     with running_stack("text-stream", TTS_MODEL_REPLICAS=str(REPLICAS)) as stack:
         http_stream(stack, _texts()[0], seed=1)  # warm-up, not counted
         for callers in args.levels:
-            stack.wait_idle()
-            whole_pace = relative(probe(), reference)
-            whole = whole_jobs_at(stack, callers)
             for transport in args.transports:
                 stream = TRANSPORTS[transport]
+                stack.wait_idle()
+                whole_pace = relative(probe(), reference)
+                whole = whole_jobs_at(stack, callers)  # the reference, in the window just before these streams
                 stack.wait_idle()
                 pace = relative(probe(), reference)
                 before = snapshot()

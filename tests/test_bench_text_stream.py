@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.text_stream import TRANSPORTS, parse_args, summarize, table
+from bench.report import percentile
+from bench.text_stream import TRANSPORTS, StreamRun, parse_args, summarize, table
 
 
 def test_by_default_every_level_and_way_in_runs_as_in_the_readme_table() -> None:
@@ -32,3 +33,30 @@ def test_each_row_gives_the_machines_pace_before_the_whole_jobs_and_before_its_o
     header, rule, line = (next(n for n in lines if n.startswith(p)) for p in ("| streams", "|---", "| 10 |"))
     assert line.endswith("| 0.95× / 0.62× |"), "a ratio between windows a third apart in speed says so"
     assert header.count("|") == rule.count("|") == line.count("|")
+
+
+def test_a_row_gives_the_first_segments_p50_and_p95_each_against_the_whole_jobs_run_just_before() -> None:
+    run = StreamRun(planned_at={0: 0.0}, arrived_at={0: 0.6})
+    row = summarize(10, [run] * 20, [0.5] * 19 + [2.0])
+    whole_p95 = percentile([0.5] * 19 + [2.0], 95)
+    assert whole_p95 is not None
+    assert row["ratio_p50"] == pytest.approx(0.6 / 0.5) and row["ratio"] == pytest.approx(0.6 / whole_p95)
+    line = next(
+        n
+        for n in table([{"transport": "WebSocket", **row, "cpu": {}}], started=0.0).split("\n")
+        if n.startswith("| 10 |")
+    )
+    assert f"| {row['ratio_p50']:.2f}× / {row['ratio']:.2f}× |" in line
+
+
+def test_the_last_segments_delivery_is_timed_from_the_moment_the_worker_made_it() -> None:
+    run = StreamRun(planned_at={0: 0.0}, arrived_at={0: 1.0, 1: 3.0}, final_at=2.0, synth_s={1: 0.5})
+    run.made_at = {0: 0.9, 1: 2.75}
+    row = summarize(1, [run], [0.5])
+    assert row["beyond_p50"] == pytest.approx(0.5) and row["delivery_p50"] == pytest.approx(0.25)
+    line = next(
+        n
+        for n in table([{"transport": "WebSocket", **row, "cpu": {}}], started=0.0).split("\n")
+        if n.startswith("| 1 |")
+    )
+    assert "| 0.50 / 0.50 | 0.25 / 0.25 |" in line
