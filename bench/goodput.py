@@ -33,7 +33,7 @@ from bench.headline_levels import progress, run_level, worker_view
 from bench.headline_stack import ServiceStack
 from bench.http_clients import ServedClient
 from bench.loadgen import Client, JobResult
-from bench.openloop import LEAD_S, UNDERRUN_S, OpenRun, gaps, run_open_loop, waits
+from bench.openloop import LEAD_S, UNDERRUN_S, Arrival, OpenRun, gaps, run_open_loop, waits
 from bench.pace_probe import probe, relative
 from bench.report import RESULTS, percentile, write_run
 from bench.stack_args import Plan, corpus_texts, default_replicas, service_env
@@ -182,7 +182,23 @@ def summarize(run: OpenRun) -> dict[str, Any]:
         "underran_jobs": [trace(r) for r, gap in zip(played, heard, strict=True) if gap],
         # Admitted listeners whose first audio came after the gate, with the service's own estimate of its start.
         "slow_first_jobs": [trace(r) for r in played if (r.first_audio or 0.0) - r.submitted > FIRST_AUDIO_GATE_S],
+        # Every realtime arrival at the door, to see which jobs are refused and whether their retries get in.
+        "door": [door(a, run.window_start) for a in realtime],
     }
+
+
+def door(arrival: Arrival, window_start: float) -> dict[str, Any]:
+    """Return what one realtime arrival met at the door: its time in the window, its length, and how each of its
+    tries was answered ("admitted", or the check that refused it) with the Retry-After it was given."""
+
+    def answer(attempt: JobResult | None) -> str | None:
+        if attempt is None:
+            return None
+        return "admitted" if attempt.refused is None else attempt.refused_by or str(attempt.refused)
+
+    return {"at_s": round(arrival.at - window_start, 3), "chars": arrival.chars, "first": answer(arrival.first),
+            "retry_after_s": arrival.first.retry_after if arrival.first is not None else None,
+            "retry": answer(arrival.retry)}  # fmt: skip
 
 
 def trace(result: JobResult) -> dict[str, Any]:

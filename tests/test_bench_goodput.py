@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bench.goodput import engines, goodput, summarize, table, trace
+from bench.goodput import door, engines, goodput, summarize, table, trace
 from bench.http_clients import refusing_check
 from bench.loadgen import JobResult
 from bench.openloop import Arrival, OpenRun, arrival_times, gaps, lanes
@@ -140,3 +140,14 @@ def test_each_windows_row_gives_the_machines_pace_against_the_probe_before_the_c
     assert header.endswith("| machine pace |")
     assert row.endswith("| 0.62× |"), "a window on a machine running at 62% of its pace at the start says so"
     assert header.count("|") == rule.count("|") == row.count("|")
+
+
+def test_the_door_record_gives_each_realtime_arrivals_length_answers_and_retry_after() -> None:
+    refused = JobResult(chars=40, submitted=11.0, refused=503, retry_after=2.0, refused_by="deadlines")
+    let_in = JobResult(chars=40, submitted=13.0, done=14.0, first_audio=13.5)
+    arrival = Arrival(at=11.0, lane="realtime", chars=40, first=refused, retry=let_in)
+    assert door(arrival, window_start=10.0) == {
+        "at_s": 1.0, "chars": 40, "first": "deadlines", "retry_after_s": 2.0, "retry": "admitted"
+    }  # fmt: skip
+    run = OpenRun(rate=1.0, window_start=10.0, window_end=20.0, arrivals=[arrival, Arrival(12.0, "batch", 900)])
+    assert [d["chars"] for d in summarize(run)["door"]] == [40], "the door record is the realtime lane's, whose jobs the checks refuse"
