@@ -150,4 +150,4 @@ def test_the_door_record_gives_each_realtime_arrivals_length_answers_and_retry_a
         "at_s": 1.0, "chars": 40, "first": "deadlines", "retry_after_s": 2.0, "retry": "admitted"
     }  # fmt: skip
     run = OpenRun(rate=1.0, window_start=10.0, window_end=20.0, arrivals=[arrival, Arrival(12.0, "batch", 900)])
-    assert [d["chars"] for d in summarize(run)["door"]] == [40], "the door record is the realtime lane's, whose jobs the checks refuse"
+    assert [d["chars"] for d in summarize(run)["door"]] == [40], "realtime jobs only"
