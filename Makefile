@@ -93,7 +93,7 @@ gpu-check: full-model install-bench  ## On a GPU (sized for 8 min; BENCH_ARGS=--
 	scripts/ensure_redis_server.sh
 	$(PY) -m bench.gpu_check $(BENCH_ARGS)
 
-bench-textstream: install-bench  ## Text streams fed at 30 tokens/s vs whole jobs of the same sentences, at 1 and 10 callers, each way in after 30 s of whole jobs as its reference (~11 min).
+bench-textstream: install-bench  ## Text streams fed at 30 tokens/s vs whole jobs of the same sentences, at 1 and 10 callers, each way in after 30 s of whole jobs as its reference (~12.5 min).
 	$(PY) -m bench.text_stream $(BENCH_ARGS)
 
 bench-text: install-bench  ## Adversarial texts at the length limit through validation and planning (each under 50 ms).
