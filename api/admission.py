@@ -122,7 +122,9 @@ class Admission:
         The deadline check (``check_listeners``) counts the work queued ahead of a newcomer; this one sees what a
         queue estimate cannot: a first segment shares its engine call with every row in it, so under load it takes
         longer to make whatever is ahead of it. Refusing newcomers then shrinks the calls, and first segments speed
-        up again. Retry-After is the time first segments take now: by then the calls running now have ended.
+        up again. Retry-After is the time first segments take now, and never less than the window the estimate
+        reads (``FIRST_AUDIO_WINDOW_S``): a retry sooner is judged on mostly the same slow first segments (at 1.5×
+        capacity, 3 of 38 such retries after the estimate alone were let in).
         """
         if self.first_audio_s <= 0 or first_chars <= 0:
             return
@@ -133,7 +135,7 @@ class Admission:
                 f"the engines are at capacity: this realtime job's first audio would take about {estimate:.1f} s to "
                 f"make (limit TTS_ADMISSION_FIRST_AUDIO_S={self.first_audio_s:g} s); retry after Retry-After, or "
                 'submit with priority "batch"',
-                retry_after=max(1, math.ceil(estimate)),
+                retry_after=max(FIRST_AUDIO_WINDOW_S, math.ceil(estimate)),
                 estimated_first_audio_s=round(estimate, 2),
             )
 

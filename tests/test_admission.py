@@ -11,7 +11,7 @@ import redis
 from flask import Flask
 
 from api import create_app
-from api.admission import Admission
+from api.admission import FIRST_AUDIO_WINDOW_S, Admission
 from cache import keys
 from cache.breaker import CircuitBreaker
 from cache.schedule import ScheduleBook
@@ -246,8 +246,11 @@ def test_a_realtime_job_is_refused_when_recent_first_segments_say_its_own_would_
     with pytest.raises(ServiceUnavailable) as refused:
         admission.admit("realtime", [now], first_chars=20)
     assert refused.value.details["estimated_first_audio_s"] == pytest.approx(2.0)
-    assert refused.value.retry_after == 2, "the time first segments take now: the calls running now end by then"
+    assert refused.value.retry_after == FIRST_AUDIO_WINDOW_S, "by then the estimate reads other first segments"
     assert "TTS_ADMISSION_FIRST_AUDIO_S" in refused.value.message
+    with pytest.raises(ServiceUnavailable) as longer:
+        admission.admit("realtime", [now], first_chars=80)
+    assert longer.value.retry_after == 8, "a first segment longer to make than the window: its own estimate"
     admission.admit("realtime", [now], first_chars=8)  # a shorter first segment is made within the limit
     admission.admit("realtime", [now], first_chars=0)  # its first segment is cached: nothing to make
     admission.admit("batch", [now + 60], first_chars=20)  # the batch lane is not held to first audio
@@ -270,6 +273,8 @@ def test_the_api_passes_the_first_segments_length_to_the_first_audio_check(setti
     assert response.status_code == 503
     error = response.get_json()["error"]
     assert error["estimated_first_audio_s"] > 1.0
-    assert int(response.headers["Retry-After"]) == math.ceil(error["estimated_first_audio_s"])
+    assert int(response.headers["Retry-After"]) == max(
+        FIRST_AUDIO_WINDOW_S, math.ceil(error["estimated_first_audio_s"])
+    )
     assert app.test_client().post("/v1/jobs", json={"text": "Hi."}).status_code == 202, "a short one is made in time"
     client.flushdb()
