@@ -346,10 +346,11 @@ def table(rows: list[dict[str, Any]], started: float) -> str:
         "every segment p50 / p95 (s) | whole job's first audio, the window before, p50 / p95 (s) | "
         "first segment ÷ whole job, p50 / p95 | "
         "final → last audio p50 (s) | last segment's synthesis p50 (s) | final → last audio beyond that segment's "
-        "synthesis, per stream p50 / p95 (s) | of which its delivery, made to in the caller's hands, "
-        "p50 / p95 (s) | stalls (text there, gap > 100 ms) | failed | CPU, % of one core: "
+        "synthesis, per stream p50 / p95 (s) | of which waiting behind an earlier segment, p50 / p95 (s) | "
+        "and its own delivery, p50 / p95 (s) | next segment made first (of pairs) | stalls (text there, gap > 100 "
+        "ms) | failed | CPU, % of one core: "
         "model hosts / API / load generator | machine pace before the window, whole jobs / these streams |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
 
@@ -360,8 +361,9 @@ def table(rows: list[dict[str, Any]], started: float) -> str:
                  pair("all_p50", "all_p95"), pair("whole_p50", "whole_p95"),
                  f"{_fmt(row['ratio_p50'])}× / {_fmt(row['ratio'])}×",
                  _fmt(row["final_p50"]), _fmt(row["synth_last_p50"]), pair("beyond_p50", "beyond_p95"),
-                 pair("delivery_p50", "delivery_p95"), row["stalls"], row["failed"], _cpu(row.get("cpu", {})),
-                 _paces(row.get("pace"))]  # fmt: skip
+                 pair("behind_p50", "behind_p95"), pair("delivery_p50", "delivery_p95"),
+                 f"{row.get('made_out_of_order', 0)} of {row.get('made_pairs', 0)}", row["stalls"], row["failed"],
+                 _cpu(row.get("cpu", {})), _paces(row.get("pace"))]  # fmt: skip
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines += [
         "",
@@ -385,9 +387,18 @@ def summarize(callers: int, runs: list[StreamRun], whole: list[float]) -> dict[s
     # Per stream: how much later than its own synthesis (its wait for a batch and the engine call) the last
     # audio came after the final piece; what is left is planning, the broker and the delivery.
     beyond = [f - s for f, s in zip(finals, synth_last, strict=True)]
-    # ... and of that, how long its bytes took from being made to the caller's hands (the write, events, the GET).
+    # ... and of that, from its being made to its bytes in the caller's hands: the time it waited behind an earlier
+    # segment still on its way (audio comes in order; a longer one before it, in a longer call, can be made later
+    # and still be on time), and its own delivery after that (the write, events, the GET or the frame).
     last = [(r, max(r.arrived_at)) for r in runs if r.arrived_at]
-    delivery = [r.arrived_at[i] - r.made_at[i] for r, i in last if i in r.made_at]
+    behind, delivery = [], []
+    for r, i in last:
+        if i in r.made_at:
+            ready = max(r.made_at[i], r.arrived_at.get(i - 1, r.made_at[i]))
+            behind.append(ready - r.made_at[i])
+            delivery.append(r.arrived_at[i] - ready)
+    pairs = [(r, i) for r in runs for i in r.made_at if i + 1 in r.made_at]
+    out_of_order = sum(1 for r, i in pairs if r.made_at[i + 1] < r.made_at[i])
     first_p95, whole_p95 = percentile(firsts, 95), percentile(whole, 95)
     first_p50, whole_p50 = percentile(firsts, 50), percentile(whole, 50)
     return {
@@ -406,8 +417,12 @@ def summarize(callers: int, runs: list[StreamRun], whole: list[float]) -> dict[s
         "synth_last_p50": median(synth_last) if synth_last else None,
         "beyond_p50": percentile(beyond, 50),
         "beyond_p95": percentile(beyond, 95),
+        "behind_p50": percentile(behind, 50),
+        "behind_p95": percentile(behind, 95),
         "delivery_p50": percentile(delivery, 50),
         "delivery_p95": percentile(delivery, 95),
+        "made_out_of_order": out_of_order,
+        "made_pairs": len(pairs),
         "stalls": sum(r.stalls()[0] for r in runs),
         "failed": sum(r.status != "done" for r in runs),
     }

@@ -49,14 +49,27 @@ def test_a_row_gives_the_first_segments_p50_and_p95_each_against_the_whole_jobs_
     assert f"| {row['ratio_p50']:.2f}× / {row['ratio']:.2f}× |" in line
 
 
-def test_the_last_segments_delivery_is_timed_from_the_moment_the_worker_made_it() -> None:
-    run = StreamRun(planned_at={0: 0.0}, arrived_at={0: 1.0, 1: 3.0}, final_at=2.0, synth_s={1: 0.5})
-    run.made_at = {0: 0.9, 1: 2.75}
+def test_the_last_segments_time_after_it_was_made_is_split_into_waiting_behind_an_earlier_one_and_its_delivery() -> (
+    None
+):
+    # Segment 1 was made at 2.75 but segment 0, a longer one in a longer call, only reached the caller at 2.9:
+    # audio comes in order, so 1 waited 0.15 s behind it, then took 0.1 s itself.
+    run = StreamRun(planned_at={0: 0.0}, arrived_at={0: 2.9, 1: 3.0}, final_at=2.0, synth_s={1: 0.5})
+    run.made_at = {0: 2.8, 1: 2.75}
     row = summarize(1, [run], [0.5])
-    assert row["beyond_p50"] == pytest.approx(0.5) and row["delivery_p50"] == pytest.approx(0.25)
+    assert row["beyond_p50"] == pytest.approx(0.5)
+    assert row["behind_p50"] == pytest.approx(0.15) and row["delivery_p50"] == pytest.approx(0.1)
+    assert (row["made_out_of_order"], row["made_pairs"]) == (1, 1)
     line = next(
         n
         for n in table([{"transport": "WebSocket", **row, "cpu": {}}], started=0.0).split("\n")
         if n.startswith("| 1 |")
     )
-    assert "| 0.50 / 0.50 | 0.25 / 0.25 |" in line
+    assert "| 0.50 / 0.50 | 0.15 / 0.15 | 0.10 / 0.10 | 1 of 1 |" in line
+
+
+def test_a_last_segment_made_after_the_one_before_arrived_waits_behind_nothing() -> None:
+    run = StreamRun(planned_at={0: 0.0}, arrived_at={0: 1.0, 1: 3.0}, final_at=2.0, synth_s={1: 0.5})
+    run.made_at = {0: 0.9, 1: 2.75}
+    row = summarize(1, [run], [0.5])
+    assert row["behind_p50"] == 0.0 and row["delivery_p50"] == pytest.approx(0.25) and row["made_out_of_order"] == 0
