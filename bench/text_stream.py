@@ -378,6 +378,10 @@ def table(rows: list[dict[str, Any]], started: float) -> str:
     return "\n".join(lines)
 
 
+def _over(part: float | None, whole: float | None) -> float | None:
+    return part / whole if part and whole else None
+
+
 def summarize(callers: int, runs: list[StreamRun], whole: list[float]) -> dict[str, Any]:
     """Return one row of the table."""
     firsts = [r.arrived_at[0] - r.planned_at[0] for r in runs if 0 in r.arrived_at and 0 in r.planned_at]
@@ -385,7 +389,8 @@ def summarize(callers: int, runs: list[StreamRun], whole: list[float]) -> dict[s
     finals = [r.arrived_at[max(r.arrived_at)] - r.final_at for r in runs if r.arrived_at]
     synth_last = [r.synth_s.get(max(r.arrived_at), 0.0) for r in runs if r.arrived_at]
     # Per stream: how much later than its own synthesis (its wait for a batch and the engine call) the last
-    # audio came after the final piece; what is left is planning, the broker and the delivery.
+    # audio came after the final piece; what is left is planning, the broker, waiting behind an earlier segment and
+    # the delivery.
     beyond = [f - s for f, s in zip(finals, synth_last, strict=True)]
     # ... and of that, from its being made to its bytes in the caller's hands: the time it waited behind an earlier
     # segment still on its way (audio comes in order; a longer one before it, in a longer call, can be made later
@@ -411,8 +416,8 @@ def summarize(callers: int, runs: list[StreamRun], whole: list[float]) -> dict[s
         "all_p95": percentile(every, 95),
         "whole_p50": whole_p50,
         "whole_p95": whole_p95,
-        "ratio": None if not first_p95 or not whole_p95 else first_p95 / whole_p95,
-        "ratio_p50": None if not first_p50 or not whole_p50 else first_p50 / whole_p50,
+        "ratio": _over(first_p95, whole_p95),
+        "ratio_p50": _over(first_p50, whole_p50),
         "final_p50": percentile(finals, 50),
         "synth_last_p50": median(synth_last) if synth_last else None,
         "beyond_p50": percentile(beyond, 50),
