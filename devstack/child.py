@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +28,29 @@ def stop_children_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
 
+@functools.cache
+def _setpriv_with_pdeathsig() -> str | None:
+    binary = shutil.which("setpriv")
+    if binary is None:
+        return None
+    found = subprocess.run([binary, "--help"], capture_output=True, text=True, check=False)
+    return binary if "--pdeathsig" in found.stdout else None
+
+
+def lifeline() -> list[str]:
+    """Return the prefix that makes a program started with it get SIGTERM when its starter dies (util-linux's
+    ``setpriv --pdeathsig``), so that a driver killed outright (SIGKILL, the OOM killer, a CI timeout), whose
+    ``finally`` never runs, leaves no Redis, worker or API running; it execs the program, which keeps its pid.
+
+    Empty off the main thread: the kernel sends the signal when the starting *thread* ends, and a helper thread's
+    end would stop a program its driver still uses. Empty too where setpriv is missing or lacks the option.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return []
+    binary = _setpriv_with_pdeathsig()
+    return [] if binary is None else [binary, "--pdeathsig", "TERM", "--"]
+
+
 class ChildProcess:
     """A program started from the checkout with the environment it is given on top of this process's own."""
 
@@ -41,7 +66,7 @@ class ChildProcess:
         """Start ``command`` in the checkout; its output goes to the log file."""
         stop_children_on_sigterm()
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(list(command), cwd=ROOT, env=self.env, stdout=log, stderr=log)
+            self.process = subprocess.Popen([*lifeline(), *command], cwd=ROOT, env=self.env, stdout=log, stderr=log)
         return self.process
 
     @property

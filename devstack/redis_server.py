@@ -9,6 +9,7 @@ from pathlib import Path
 
 import redis
 
+from devstack.child import lifeline, stop_children_on_sigterm
 from devstack.local import free_port
 
 
@@ -38,7 +39,8 @@ class RedisServer:
 
     def start(self) -> None:
         """Start the server and wait until it answers."""
-        self.process = subprocess.Popen(self.command())
+        stop_children_on_sigterm()
+        self.process = subprocess.Popen([*lifeline(), *self.command()])
         client = redis.Redis(port=self.port)
         deadline = time.monotonic() + 10
         while True:

@@ -10,6 +10,7 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
+from devstack.child import lifeline
 from devstack.local import ROOT, free_port
 from devstack.processes import descendants, wait_for
 
@@ -30,8 +31,10 @@ class RunScript:
                            TTS_API_PROCESSES="1")  # fmt: skip
         environment.update(env or {})
         # Its own session: SIGINT to its process group is what Ctrl-C in a terminal sends.
-        self.process = subprocess.Popen(["bash", "scripts/run.sh"], cwd=ROOT, env=environment, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        # setpriv (lifeline) sends run.sh SIGTERM, which it passes on, if this driver is killed outright.
+        self.process = subprocess.Popen([*lifeline(), "bash", "scripts/run.sh"], cwd=ROOT, env=environment,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        start_new_session=True)  # fmt: skip
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
