@@ -67,6 +67,13 @@ class Timeline:
         known = range(min(len(self.durations), len(newer.durations)))
         self.learn(newer.arrivals, {i: newer.durations[i] for i in newer.arrivals if i in known})
 
+    def grow(self, longer: Timeline) -> None:
+        """Take a view of the job with more segments (a text stream that grew): the lengths of those this one
+        lacks, and what it knows of written ones. Grown in place, so that every segment already waiting on this
+        timeline sees the arrivals recorded on it from now on."""
+        self.merge(longer)
+        self.durations.extend(longer.durations[len(self.durations) :])
+
     def learn(self, arrivals: Mapping[int, float], durations: Mapping[int, float]) -> None:
         """Take what the store says of written segments: when they arrived, and their (stretched) durations."""
         for index, at in arrivals.items():

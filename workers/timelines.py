@@ -41,19 +41,18 @@ class Timelines:
             found.learn(arrivals, durations)
             return found
         # Only a start that said it knew the job lacks the lengths: the job was forgotten here meanwhile, or it is
-        # a text stream that grew since (rebuilt with every segment's length, keeping what this view knew).
+        # a text stream that grew since (its timeline grown with every segment's length, in place: the segments
+        # already waiting in the batcher read their deadlines from it, and must see the arrivals written later).
         record = start.record if start.record.segment_chars is not None else self.store.get(job_id) or start.record
         fresh = self._build(record, len(start.text or ""), start.meta)
         with self._lock:
             found = self._timelines.get(job_id)
-            if found is None or len(found.durations) < len(fresh.durations):
-                if found is not None:
-                    fresh.merge(found)
+            if found is None:
                 found = self._timelines[job_id] = fresh
                 while len(self._timelines) > self._limit:
                     self._timelines.popitem(last=False)
             else:
-                found.merge(fresh)
+                found.grow(fresh)
             return found
 
     def _build(self, record: JobRecord, own_chars: int, meta: dict[int, dict[str, Any]]) -> Timeline:
