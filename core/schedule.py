@@ -62,17 +62,12 @@ class Timeline:
         if duration is not None and index < len(self.durations):
             self.durations[index] = duration
 
-    def merge(self, newer: Timeline) -> None:
-        """Take arrivals and durations another view of the job knows (segments other workers wrote)."""
-        known = range(min(len(self.durations), len(newer.durations)))
-        self.learn(newer.arrivals, {i: newer.durations[i] for i in newer.arrivals if i in known})
-
-    def grow(self, longer: Timeline) -> None:
-        """Take a view of the job with more segments (a text stream that grew): the lengths of those this one
-        lacks, and what it knows of written ones. Grown in place, so that every segment already waiting on this
-        timeline sees the arrivals recorded on it from now on."""
-        self.merge(longer)
-        self.durations.extend(longer.durations[len(self.durations) :])
+    def grow(self, newer: Timeline) -> None:
+        """Take what another view of the job knows: the arrivals and durations of segments written (by other
+        workers too) and, for a text stream that grew, the lengths of the segments this one lacks. Grown in place,
+        so that every segment already waiting on this timeline sees the arrivals recorded on it from now on."""
+        self.learn(newer.arrivals, {i: newer.durations[i] for i in newer.arrivals if i < len(newer.durations)})
+        self.durations.extend(newer.durations[len(self.durations) :])
 
     def learn(self, arrivals: Mapping[int, float], durations: Mapping[int, float]) -> None:
         """Take what the store says of written segments: when they arrived, and their (stretched) durations."""
