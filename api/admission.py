@@ -8,11 +8,12 @@ from collections.abc import Sequence
 
 from cache.breaker import CircuitBreaker
 from cache.budget import StoreBudget
+from cache.refusals import Refusals
 from cache.schedule import ScheduleBook
 from cache.stats import Stats
 from cache.workers import WorkerRegistry
 from core.errors import ServiceUnavailable, StoreFull
-from core.metrics import ADMISSION_REJECTIONS
+from core.metrics import ADMISSION_REJECTIONS, ADMISSION_RETRIES_ADMITTED
 from core.policy import SchedulingPolicy
 from core.schedule import admission_excess
 from core.settings import Settings
@@ -29,6 +30,9 @@ FIRST_AUDIO_WINDOW_S = 5
 #: ... and only when there were at least this many (fewer say little; an idle service is let in).
 FIRST_AUDIO_SAMPLES = 3
 
+#: Who asks: the caller id and the digest of the request's body (None: not known, judged as a newcomer).
+Asker = tuple[str, str] | None
+
 
 class Admission:
     """Estimate when a new job's first segment would start, from the work due before it; consult the breaker."""
@@ -43,6 +47,7 @@ class Admission:
         settings: Settings,
         policy: SchedulingPolicy,
         budget: StoreBudget | None = None,
+        refusals: Refusals | None = None,
     ) -> None:
         self.stats = stats
         self.budget = budget
@@ -54,6 +59,8 @@ class Admission:
         self.limits = {"realtime": settings.admission_realtime_wait_s, "batch": settings.admission_batch_wait_s}
         self.lateness_s = settings.admission_lateness_s
         self.first_audio_s = settings.admission_first_audio_s
+        self.retry_margin_s = settings.admission_retry_margin_s
+        self.refusals = refusals
 
     def pace(self, *, workers_alive: int) -> tuple[float, float]:
         """Return the engines' recent pace: seconds per segment, all of them together, and seconds per engine
@@ -74,8 +81,11 @@ class Admission:
         """
         return self.book.due_by(self.policy.ahead_until(due)) * self.segment_s(workers_alive=workers_alive)
 
-    def excess_s_if_admitted(self, deadlines: Sequence[float], *, workers_alive: int, now: float) -> float:
-        """Return by how long admitting a job with these deadlines would delay some listener past the allowance."""
+    def excess_s_if_admitted(
+        self, deadlines: Sequence[float], *, workers_alive: int, now: float, margin_s: float = 0.0
+    ) -> float:
+        """Return by how long admitting a job with these deadlines would delay some listener past the allowance
+        (less ``margin_s``: the room it must leave)."""
         segment_s, call_s = self.pace(workers_alive=workers_alive)
         if segment_s <= 0 or not deadlines:
             return 0.0
@@ -84,25 +94,32 @@ class Admission:
         before = outstanding - len(ahead) if not self.policy.by_deadline else overdue
         new = [d for d in deadlines if d <= now + HORIZON_S]
         return admission_excess(now, ahead, new, segment_s=segment_s, allowance_s=self.lateness_s,
-                                by_deadline=self.policy.by_deadline, before=before, call_s=call_s)  # fmt: skip
+                                by_deadline=self.policy.by_deadline, before=before, call_s=call_s,
+                                margin_s=margin_s)  # fmt: skip
 
-    def check_listeners(self, deadlines: Sequence[float], *, workers_alive: int) -> None:
+    def check_listeners(self, deadlines: Sequence[float], *, workers_alive: int, margin_s: float = 0.0) -> None:
         """Raise ServiceUnavailable (503) when admitting a realtime job would make a listener wait: a segment of a
-        stream already admitted (or playing) past its deadline, or its own audio past the allowance.
+        stream already admitted (or playing) past its deadline, or its own audio past the allowance, or either
+        with less than ``margin_s`` to spare (the room kept for retries).
 
-        Retry-After is how long the engines need, at their pace, to clear the excess work; no job that would
-        run before it is admitted meanwhile, so a retry then is likely to be let in.
+        Retry-After is how long the engines need, at their pace, to clear the excess work (at least 1 s); a
+        retry then is judged without the margin, which newcomers meanwhile leave free.
         """
         if self.lateness_s <= 0:
             return
-        excess = self.excess_s_if_admitted(deadlines, workers_alive=workers_alive, now=time.time())
+        excess = self.excess_s_if_admitted(deadlines, workers_alive=workers_alive, now=time.time(), margin_s=margin_s)
         if excess > 0:
             ADMISSION_REJECTIONS.labels("deadlines").inc()
+            excess = max(0.0, excess - margin_s)  # as a retry, judged without the margin, would find it
+            over = (
+                f"would delay a listener about {excess:.1f} s more than allowed"
+                if excess > 0
+                else f"would leave less than the {margin_s:g} s kept for retries (TTS_ADMISSION_RETRY_MARGIN_S)"
+            )
             raise ServiceUnavailable(
-                f"the engines are at capacity: admitting this realtime job would delay a listener about "
-                f"{excess:.1f} s more than allowed (streams already admitted: their deadlines; this job: "
-                f"TTS_ADMISSION_LATENESS_S={self.lateness_s:g} s); retry after "
-                'Retry-After, or submit with priority "batch"',
+                f"the engines are at capacity: admitting this realtime job {over} (streams already admitted: their "
+                f"deadlines; this job: TTS_ADMISSION_LATENESS_S={self.lateness_s:g} s); retry after Retry-After, "
+                'or submit with priority "batch"',
                 retry_after=max(1, math.ceil(excess)),
                 estimated_excess_s=round(excess, 2),
             )
@@ -115,9 +132,10 @@ class Admission:
             return 0.0
         return first_chars * recent.first_audio_s_per_char
 
-    def check_first_audio(self, first_chars: int) -> None:
+    def check_first_audio(self, first_chars: int, *, margin_s: float = 0.0) -> None:
         """Raise ServiceUnavailable (503) when a realtime job's first segment would take longer than
-        ``TTS_ADMISSION_FIRST_AUDIO_S`` to make, judged by how long recent first segments took per character.
+        ``TTS_ADMISSION_FIRST_AUDIO_S`` to make (less ``margin_s``, the room kept for retries, down to half the
+        limit at most), judged by how long recent first segments took per character.
 
         The deadline check (``check_listeners``) counts the work queued ahead of a newcomer; this one sees what a
         queue estimate cannot: a first segment shares its engine call with every row in it, so under load it takes
@@ -129,12 +147,14 @@ class Admission:
         if self.first_audio_s <= 0 or first_chars <= 0:
             return
         estimate = self.estimated_first_audio_s(first_chars)
-        if estimate > self.first_audio_s:
+        limit = max(self.first_audio_s - margin_s, self.first_audio_s / 2)
+        if estimate > limit:
             ADMISSION_REJECTIONS.labels("first_audio").inc()
+            kept = f", less {self.first_audio_s - limit:g} s kept for retries" if limit < self.first_audio_s else ""
             raise ServiceUnavailable(
                 f"the engines are at capacity: this realtime job's first audio would take about {estimate:.1f} s to "
-                f"make (limit TTS_ADMISSION_FIRST_AUDIO_S={self.first_audio_s:g} s); retry after Retry-After, or "
-                'submit with priority "batch"',
+                f"make (limit TTS_ADMISSION_FIRST_AUDIO_S={self.first_audio_s:g} s{kept}); retry after Retry-After, "
+                'or submit with priority "batch"',
                 retry_after=max(FIRST_AUDIO_WINDOW_S, math.ceil(estimate)),
                 estimated_first_audio_s=round(estimate, 2),
             )
@@ -151,13 +171,34 @@ class Admission:
                 retry_after=10,
             )
 
-    def admit(self, lane: str, deadlines: Sequence[float] = (), first_chars: int = 0) -> float:
+    def check_realtime(self, deadlines: Sequence[float], first_chars: int, *, workers_alive: int, asker: Asker) -> None:
+        """Run both realtime checks, with the margin kept for retries unless ``asker`` (caller, request digest)
+        was refused lately and waited its Retry-After; remember a refused asker (nothing is kept when both
+        checks are off, or without an asker)."""
+        if self.lateness_s <= 0 and self.first_audio_s <= 0:
+            return
+        now = time.time()
+        refusals = self.refusals if asker is not None else None
+        retry = refusals is not None and asker is not None and refusals.redeem(*asker, now=now)
+        margin = 0.0 if retry else self.retry_margin_s
+        try:
+            self.check_listeners(deadlines, workers_alive=workers_alive, margin_s=margin)
+            self.check_first_audio(first_chars, margin_s=margin)
+        except ServiceUnavailable as refused:
+            if refusals is not None and asker is not None:
+                refusals.remember(*asker, retry_after_s=refused.retry_after, now=now)
+            raise
+        if retry:
+            ADMISSION_RETRIES_ADMITTED.inc()
+
+    def admit(self, lane: str, deadlines: Sequence[float] = (), first_chars: int = 0, asker: Asker = None) -> float:
         """Raise ServiceUnavailable (503, Retry-After) unless a job on ``lane`` can start in time; return its wait.
 
         ``deadlines`` are the playback deadlines of the job's segments still to make (the first one now when
         none are given), and ``first_chars`` the length of its first segment when the engines must make it. A
         realtime job is refused when it or an admitted stream would miss a deadline (``check_listeners``), its
-        first segment would take too long to make (``check_first_audio``) or wait longer than the lane's limit;
+        first segment would take too long to make (``check_first_audio``) or wait longer than the lane's limit
+        (both checks keep a margin for retries: ``check_realtime``, with ``asker`` the caller and request digest);
         a batch job, which yields to realtime work, only past the batch limit, and otherwise accepted with the
         estimate stated.
         """
@@ -168,8 +209,7 @@ class Admission:
             raise ServiceUnavailable(f"not accepting jobs: {verdict.reason}", retry_after=verdict.retry_after)
         due = deadlines[0] if deadlines else time.time()
         if lane == "realtime":
-            self.check_listeners(deadlines or [due], workers_alive=alive)
-            self.check_first_audio(first_chars)
+            self.check_realtime(deadlines or [due], first_chars, workers_alive=alive, asker=asker)
         wait = self.estimated_wait_s(due, workers_alive=alive)
         limit = self.limits[lane]
         if wait > limit:

@@ -88,7 +88,9 @@ def create_job() -> tuple[dict[str, Any], int, dict[str, str]]:
 def submit_input(job_input: JobBody) -> str:
     """Submit a checked request for the caller with the app's services; return the job id."""
     svc = services()
-    return svc.submitter.submit(job_input, owner=g.owner, cache_scope=g.caller if svc.settings.cache_per_caller else "")
+    return svc.submitter.submit(
+        job_input, owner=g.owner, cache_scope=g.caller if svc.settings.cache_per_caller else "", caller=g.caller
+    )
 
 
 @bp.post("/<job_id>/text")

@@ -15,6 +15,7 @@ from cache.breaker import CircuitBreaker
 from cache.budget import StoreBudget, build_budget
 from cache.events import EventHub
 from cache.jobstore import JobStore, store_of
+from cache.refusals import Refusals
 from cache.schedule import ScheduleBook
 from cache.sentences import SentenceCache, build_cache
 from cache.stats import Stats
@@ -92,8 +93,9 @@ def _admission(
         cooldown_s=settings.breaker_cooldown_s,
     )
     return Admission(
-        stats=stats, breaker=breaker, workers=workers, book=book, settings=settings, budget=budget, policy=policy
-    )
+        stats=stats, breaker=breaker, workers=workers, book=book, settings=settings, budget=budget, policy=policy,
+        refusals=Refusals(client),
+    )  # fmt: skip
 
 
 def _holds(client: redis.Redis, settings: Settings) -> StreamHolds:

@@ -11,7 +11,9 @@ from typing import Any
 
 import redis
 
+from api.admission import Asker
 from api.contract import JobBody
+from cache.idempotency import body_digest
 from cache.jobstore import JobRequest, JobStore
 from cache.schedule import ScheduleBook
 from cache.sentences import SentenceCache, segment_keys
@@ -66,10 +68,10 @@ class Admitted:
 class Submitter:
     """Submit jobs with one set of dependencies.
 
-    ``admit(lane, deadlines to make, characters of the first segment if it is to make)`` raises
+    ``admit(lane, deadlines to make, characters of the first segment if it is to make, asker)`` raises
     ServiceUnavailable when the job cannot be made in time, and otherwise returns the estimated seconds until its
-    first segment starts. ``check_room()`` raises StoreFull when the job
-    store has no room for another job's audio.
+    first segment starts; ``asker`` (caller, body digest) lets it tell a retry from a newcomer. ``check_room()``
+    raises StoreFull when the job store has no room for another job's audio.
     """
 
     settings: Settings
@@ -79,19 +81,21 @@ class Submitter:
     enqueue: Enqueue
     book: ScheduleBook
     policy: SchedulingPolicy
-    admit: Callable[[str, Sequence[float], int], float] | None = None
+    admit: Callable[[str, Sequence[float], int, Asker], float] | None = None
     check_room: Callable[[], None] | None = None
     text_streams: TextStreams | None = None
 
-    def submit(self, job: JobBody, *, owner: str = "", cache_scope: str = "") -> str:
+    def submit(self, job: JobBody, *, owner: str = "", cache_scope: str = "", caller: str | None = None) -> str:
         """Plan the text, fill what the cache has, write the job and enqueue only the misses; return the id.
 
         ``owner`` (a caller id, or "" with keys off) is the only caller the job's routes answer;
-        ``cache_scope`` is whose sentence-cache entries it may reuse.
+        ``cache_scope`` is whose sentence-cache entries it may reuse; ``caller`` (who sent it, keys or not)
+        lets admission know the same request sent again after a refusal.
         """
         planned = self.plan(job, cache_scope=cache_scope)
         looked = self.look_up(planned)
-        admitted = self.admit_job(planned, looked)
+        asker = (caller, body_digest(job.model_dump())) if caller is not None else None
+        admitted = self.admit_job(planned, looked, asker)
         job_id, first = self.persist(planned, looked, admitted, owner=owner)
         if looked.misses:  # else every segment was cached: the job is done before the answer leaves
             self.publish(job_id, planned.request.priority, first, admitted.deadlines)
@@ -157,7 +161,7 @@ class Submitter:
             CACHE_LOOKUPS.labels("miss").inc(len(misses))
         return Looked(now, hits, misses)
 
-    def admit_job(self, planned: Planned, looked: Looked) -> Admitted:
+    def admit_job(self, planned: Planned, looked: Looked, asker: Asker = None) -> Admitted:
         """Set the segments' deadlines and admit the job: 503 before anything is written, never 202 for work we
         cannot do."""
         pace = self.book.seconds_per_char(planned.spec.name)
@@ -175,7 +179,7 @@ class Submitter:
         if (looked.misses or planned.tail is not None) and self.admit is not None:
             window = looked.misses[: self.policy.window(planned.request.priority)]  # what enters the queue now
             first_chars = len(planned.texts[0]) if looked.misses and looked.misses[0] == 0 else 0
-            wait = self.admit(planned.request.priority, [deadlines[i] for i in window], first_chars)
+            wait = self.admit(planned.request.priority, [deadlines[i] for i in window], first_chars, asker)
         return Admitted(deadlines, pace, wait)
 
     def persist(self, planned: Planned, looked: Looked, admitted: Admitted, *, owner: str) -> tuple[str, list[int]]:

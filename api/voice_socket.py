@@ -110,7 +110,9 @@ def _open(svc: Services, first: dict[str, Any]) -> str:
                                       context={"max_text_chars": svc.settings.max_text_chars})  # fmt: skip
     except ValidationError as e:
         raise contract_error(e, JobBody) from None
-    return svc.submitter.submit(body, owner=g.owner, cache_scope=g.caller if svc.settings.cache_per_caller else "")
+    return svc.submitter.submit(
+        body, owner=g.owner, cache_scope=g.caller if svc.settings.cache_per_caller else "", caller=g.caller
+    )
 
 
 @sock.route("/v1/jobs/stream", bp=bp)  # type: ignore[untyped-decorator]

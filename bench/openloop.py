@@ -125,7 +125,7 @@ def run_open_loop(
             return  # came back after the drain: counted unfinished, and kept out of the figures
         arrival.first = first
         if first.refused is not None and wait is not None and wait <= RETRY_AFTER_MAX_S and not over.wait(wait):
-            retry = client.run_job(text, chars, job_seed + 1)
+            retry = client.run_job(text, chars, job_seed)  # the same request again: the service knows it
             if not over.is_set():
                 arrival.retry = retry
 
@@ -133,7 +133,7 @@ def run_open_loop(
     for n, (offset, lane) in enumerate(zip(offsets, lanes(len(offsets), batch_share, rng), strict=True)):
         text, chars = rng.choice(texts[lane])
         arrival = Arrival(start + offset, lane, chars)
-        job_seed = seed * 1_000_000 + 2 * n + 1  # the retry takes the next one
+        job_seed = seed * 1_000_000 + 2 * n + 1
         run.arrivals.append(arrival)
         delay = arrival.at - time.monotonic()
         if delay > 0:

@@ -152,6 +152,15 @@ def idempotency(caller: str, key: str) -> str:
     return f"{PREFIX}:idem:{hashlib.sha256(material).hexdigest()}"
 
 
+def refusal(caller: str, digest: str) -> str:
+    """Return the key remembering that a caller's request (by its body's digest) was refused at the door.
+
+    Hashed from the length-prefixed pair, as ``idempotency`` is.
+    """
+    material = f"{len(caller)}:{caller}{len(digest)}:{digest}".encode("utf-8", "surrogatepass")
+    return f"{PREFIX}:refused:{hashlib.sha256(material).hexdigest()}"
+
+
 #: Every stats bucket's key is this and the bucket's number.
 STATS = f"{PREFIX}:stats:"
 

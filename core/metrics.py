@@ -18,6 +18,10 @@ HTTP_SECONDS = Histogram("tts_http_request_seconds", "HTTP request latency by ro
 JOBS_SUBMITTED = Counter("tts_jobs_submitted_total", "Jobs accepted, by lane.", ["lane"])
 ADMISSION_REJECTIONS = Counter("tts_admission_rejections_total", "Requests refused before queueing, by reason.",
                                ["reason"])  # fmt: skip
+ADMISSION_RETRIES_ADMITTED = Counter(
+    "tts_admission_retries_admitted_total",
+    "Realtime requests let in on a retry after their Retry-After, judged without the margin kept for retries.",
+)
 CACHE_LOOKUPS = Counter("tts_cache_lookups_total", "Sentence-cache lookups by result (hit, miss).", ["result"])
 QUEUE_DEPTH = Gauge("tts_queue_depth", "Segment tasks waiting per lane.", ["lane"], multiprocess_mode="mostrecent")
 SEGMENTS_OUTSTANDING = Gauge("tts_segments_outstanding",

@@ -165,6 +165,7 @@ def admission_excess(
     by_deadline: bool,
     before: int = 0,
     call_s: float = 0.0,
+    margin_s: float = 0.0,
 ) -> float:
     """Return by how many seconds admitting ``new`` would delay some listener past ``allowance_s``; 0 if it would not.
 
@@ -179,6 +180,9 @@ def admission_excess(
     newcomer, and one that is already late closes the door only to jobs that would run before it. The new
     job's own segments may be made up to ``allowance_s`` later than on an idle service. The excess is the
     longest overrun: the seconds of work the engines must clear before the job fits, an honest Retry-After.
+
+    With ``margin_s``, every segment the job would delay, and the job's own, must be left that much to spare:
+    the excess then counts from ``margin_s`` before each limit (segments it does not delay are not weighed).
     """
     tagged = sorted([(d, False) for d in ahead], key=lambda x: x[0])
     mine = [(d, True) for d in new]
@@ -189,5 +193,6 @@ def admission_excess(
         ranks[is_new] += 1
         late = now + position * segment_s + call_s - due
         anyway = now + ranks[is_new] * segment_s + call_s - due
-        worst = max(worst, late - max(0.0, anyway) - (allowance_s if is_new else 0.0))
+        spare = margin_s if is_new or late > anyway else 0.0
+        worst = max(worst, late - max(0.0, anyway) - (allowance_s if is_new else 0.0) + spare)
     return worst

@@ -59,6 +59,14 @@ class ApiSettings(BaseSettings):
         "load a first segment shares its engine call with every row in it, and so takes longer than the queue "
         "ahead of it says. Smaller: earlier first audio and more refusals. 0 (the default) turns it off.",
     )
+    admission_retry_margin_s: float = Field(
+        0.25,
+        ge=0,
+        description="With either admission check on: a first try must leave this many seconds to spare on both (its "
+        "listeners' deadlines, and its first audio, where at most half that limit is kept), and the same request sent "
+        "again after its Retry-After may use them. Under sustained overload a caller who waited as told is then let in "
+        "before newcomers. 0: retries are judged as newcomers.",
+    )
     admission_batch_wait_s: float = Field(
         3600.0, gt=0, description="Refuse batch jobs (503) when their estimated queue wait is longer."
     )

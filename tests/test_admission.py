@@ -14,6 +14,7 @@ from api import create_app
 from api.admission import FIRST_AUDIO_WINDOW_S, Admission
 from cache import keys
 from cache.breaker import CircuitBreaker
+from cache.refusals import EARLY_S, Refusals
 from cache.schedule import ScheduleBook
 from cache.stats import Stats, Window
 from cache.workers import WorkerRegistry
@@ -88,9 +89,9 @@ def _admission(client: redis.Redis, book: ScheduleBook, **settings: object) -> t
     workers.beat("w1", {})
     alive = len(workers.alive())  # the session's real worker may be alive too: capacity scales with workers
     stats = Stats(client)
-    loaded = load_settings(**settings)
+    loaded = load_settings(**{"admission_retry_margin_s": 0.0, **settings})  # the checks alone, unless asked
     admission = Admission(stats=stats, breaker=_breaker(client), workers=workers, book=book, settings=loaded,
-                          policy=scheduling_policy(loaded))  # fmt: skip
+                          policy=scheduling_policy(loaded), refusals=Refusals(client))  # fmt: skip
     return admission, stats, alive
 
 
@@ -233,7 +234,7 @@ def test_a_realtime_job_is_refused_when_recent_first_segments_say_its_own_would_
     WorkerRegistry(client, ttl_s=30).beat("w1", {})
     stats = Stats(client)
     stats.record(chars=200, busy_s=2.0, segments=10, ok=10)
-    loaded = load_settings(redis_url=isolated, admission_first_audio_s=1.0)
+    loaded = load_settings(redis_url=isolated, admission_first_audio_s=1.0, admission_retry_margin_s=0)
     admission = Admission(stats=stats, breaker=_breaker(client), workers=WorkerRegistry(client, ttl_s=30),
                           book=ScheduleBook(client, default_seconds_per_char=0.2), settings=loaded,
                           policy=scheduling_policy(loaded))  # fmt: skip
@@ -277,4 +278,110 @@ def test_the_api_passes_the_first_segments_length_to_the_first_audio_check(setti
         FIRST_AUDIO_WINDOW_S, math.ceil(error["estimated_first_audio_s"])
     )
     assert app.test_client().post("/v1/jobs", json={"text": "Hi."}).status_code == 202, "a short one is made in time"
+    client.flushdb()
+
+
+def test_a_refused_request_counts_as_a_retry_once_and_only_when_it_comes_back_after_its_retry_after(
+    redis_client: redis.Redis,
+) -> None:
+    refusals, now = Refusals(redis_client), time.time()
+    refusals.remember("ip-a", "digest", retry_after_s=5, now=now)
+    key = keys.refusal("ip-a", "digest")
+    assert 0 < redis_client.ttl(key) <= 5 + 30, "forgotten by itself past its Retry-After and a grace"
+    assert not refusals.redeem("ip-a", "digest", now=now + 1), "too soon: a newcomer again"
+    assert not refusals.redeem("ip-b", "digest", now=now + 5), "another caller's same request"
+    assert not refusals.redeem("ip-a", "other", now=now + 5), "the caller's other request"
+    assert refusals.redeem("ip-a", "digest", now=now + 5 - EARLY_S), "whole seconds and clocks: a little early counts"
+    assert not refusals.redeem("ip-a", "digest", now=now + 6), "a retry counts once"
+    assert not redis_client.exists(key)
+
+
+def test_a_newcomer_must_leave_the_margin_kept_for_retries_and_the_same_request_after_its_retry_after_may_use_it(
+    queues: redis.Redis, book: ScheduleBook
+) -> None:
+    admission, stats, alive = _admission(queues, book, admission_lateness_s=0.5, admission_retry_margin_s=0.25)
+    stats.record(chars=200, busy_s=2.0, segments=10, calls=10)
+    step = admission.segment_s(workers_alive=alive)
+    now = time.time()
+    # Work due before a newcomer's first segment that makes it 0.1 s short of its 0.5 s allowance: within the
+    # allowance, not within the margin.
+    ahead = round(0.4 / step)
+    book.add("ahead", {i: now - 1 for i in range(ahead)})
+    assert admission.excess_s_if_admitted([now], workers_alive=alive, now=now) == 0, "within the allowance"
+    excess = admission.excess_s_if_admitted([now], workers_alive=alive, now=now, margin_s=0.25)
+    assert 0 < excess < 0.25, "the case under test: refused for the margin alone"
+    asker = ("ip-a", "digest-1")
+    with pytest.raises(ServiceUnavailable) as refused:
+        admission.admit("realtime", [now], asker=asker)
+    assert refused.value.retry_after == 1 and "kept for retries" in refused.value.message
+    with pytest.raises(ServiceUnavailable):
+        admission.admit("realtime", [now], asker=asker)  # sent again at once, before its Retry-After: a newcomer
+    with pytest.raises(ServiceUnavailable):
+        admission.admit("realtime", [now], asker=("ip-b", "digest-2"))  # another newcomer
+    # The first try was refused 5 s ago and told to come back after 1 s.
+    Refusals(queues).remember(*asker, retry_after_s=1, now=now - 5)
+    admission.admit("realtime", [now], asker=asker)
+    with pytest.raises(ServiceUnavailable):
+        admission.admit("realtime", [now], asker=asker)  # the retry was let in once: a newcomer again
+    _admission(queues, book, admission_lateness_s=0.5, admission_retry_margin_s=0)[0].admit("realtime", [now])
+    # (with no margin kept, a newcomer is let in)
+    WorkerRegistry(queues, ttl_s=5).remove("w1")
+
+
+def test_the_first_audio_check_keeps_a_margin_for_retries_of_at_most_half_its_limit(
+    settings_env: dict[str, str],
+) -> None:
+    isolated = settings_env["REDIS_URL"].rsplit("/", 1)[0] + "/3"  # no real worker: first segments written by hand
+    client = redis.Redis.from_url(isolated)
+    client.flushdb()
+    WorkerRegistry(client, ttl_s=30).beat("w1", {})
+    stats = Stats(client)
+    for _ in range(3):
+        stats.record(first_chars=10, first_s=1.0)  # 0.1 s a character
+    loaded = load_settings(redis_url=isolated, admission_first_audio_s=1.0, admission_retry_margin_s=0.25)
+    admission = Admission(stats=stats, breaker=_breaker(client), workers=WorkerRegistry(client, ttl_s=30),
+                          book=ScheduleBook(client, default_seconds_per_char=0.2), settings=loaded,
+                          policy=scheduling_policy(loaded), refusals=Refusals(client))  # fmt: skip
+    now = time.time()
+    admission.admit("realtime", [now], first_chars=7, asker=("ip-a", "short"))  # 0.7 s: within 1 s less 0.25 s
+    with pytest.raises(ServiceUnavailable) as refused:
+        admission.admit("realtime", [now], first_chars=9, asker=("ip-a", "nine"))  # 0.9 s: within the margin
+    assert "0.25 s kept for retries" in refused.value.message
+    assert refused.value.retry_after == FIRST_AUDIO_WINDOW_S
+    Refusals(client).remember("ip-a", "nine", retry_after_s=FIRST_AUDIO_WINDOW_S, now=now - 10)
+    admission.admit("realtime", [now], first_chars=9, asker=("ip-a", "nine"))  # its retry may use the margin
+    with pytest.raises(ServiceUnavailable):
+        admission.admit("realtime", [now], first_chars=11, asker=("ip-a", "nine"))  # over the limit itself
+    wide = load_settings(redis_url=isolated, admission_first_audio_s=1.0, admission_retry_margin_s=5)
+    halved = Admission(stats=stats, breaker=_breaker(client), workers=WorkerRegistry(client, ttl_s=30),
+                       book=ScheduleBook(client, default_seconds_per_char=0.2), settings=wide,
+                       policy=scheduling_policy(wide))  # fmt: skip
+    halved.admit("realtime", [now], first_chars=5)  # 0.5 s: a margin never takes more than half the limit
+    with pytest.raises(ServiceUnavailable):
+        halved.admit("realtime", [now], first_chars=6)
+    client.flushdb()
+
+
+def test_the_api_lets_in_the_same_request_sent_again_after_its_retry_after_before_a_newcomer(
+    settings_env: dict[str, str],
+) -> None:
+    isolated = settings_env["REDIS_URL"].rsplit("/", 1)[0] + "/3"  # no real worker: this one is written by hand
+    client = redis.Redis.from_url(isolated)
+    client.flushdb()
+    WorkerRegistry(client, ttl_s=30).beat("w1", {})
+    Stats(client).record(chars=200, busy_s=2.0, segments=10, ok=10)  # 100 characters a second
+    now = time.time()
+    ScheduleBook(client, default_seconds_per_char=0.2).add("behind", {i: now - 1 for i in range(2)})  # 0.4 s due
+    # Within the 1 s allowance, but a first try must leave 5 s of it to spare: only retries get in.
+    app = _app_on(isolated, settings_env, admission_lateness_s=1.0, admission_retry_margin_s=5)
+    asking = {"text": "May I come in again?", "seed": 7}
+    first = app.test_client().post("/v1/jobs", json=asking)
+    assert first.status_code == 503 and "kept for retries" in first.get_json()["error"]["message"]
+    assert first.get_json()["error"]["estimated_excess_s"] == 0, "no listener would be late: only the margin"
+    retry_after = int(first.headers["Retry-After"])
+    assert retry_after == 1
+    time.sleep(retry_after)  # as a client told to come back in 1 s does
+    assert app.test_client().post("/v1/jobs", json={**asking, "seed": 8}).status_code == 503, "another request"
+    assert app.test_client().post("/v1/jobs", json=asking).status_code == 202, "the same one, after Retry-After"
+    assert app.test_client().post("/v1/jobs", json=asking).status_code == 503, "let in once as a retry"
     client.flushdb()

@@ -190,6 +190,18 @@ def test_under_fifo_a_new_job_waits_behind_every_admitted_segment_whatever_their
     assert admission_excess(100.0, [150.0, 160.0], [100.0], segment_s=1.0, allowance_s=0.0, by_deadline=True) == 0
 
 
+def test_a_margin_asks_for_room_to_spare_on_the_new_job_and_every_segment_it_delays_but_not_on_the_others() -> None:
+    ahead = [99.0, 99.5]  # the new segment is made 2 s later than alone: 0.5 s within a 2.5 s allowance
+    assert admission_excess(100.0, ahead, [100.0], segment_s=1.0, allowance_s=2.5, by_deadline=True) == 0
+    assert admission_excess(100.0, ahead, [100.0], segment_s=1.0, allowance_s=2.5, by_deadline=True, margin_s=1) == 0.5
+    # An admitted segment due in 1.5 s is made 0.5 s early behind the newcomer: a 1 s margin is 0.5 s short.
+    assert admission_excess(100.0, [101.5], [100.0], segment_s=0.5, allowance_s=9, by_deadline=True, margin_s=1) == 0.5
+    # The same segment due first is not delayed by the newcomer: it is not weighed, however close it runs.
+    assert admission_excess(100.0, [100.5], [101.0], segment_s=0.5, allowance_s=9, by_deadline=True, margin_s=1) == 0
+    # A stream already late is only never delayed further; the margin is room on deadlines, not on that.
+    assert admission_excess(100.0, [97.0], [130.0], segment_s=1.0, allowance_s=1, by_deadline=True, margin_s=1) == 0
+
+
 def test_a_job_late_on_an_idle_service_is_still_let_in_alone() -> None:
     # A model slower than its listener: 2 s a segment, both due within a second. Alone, that is nobody's doing.
     assert admission_excess(100.0, [], [100.0, 100.5], segment_s=2.0, allowance_s=0.5, by_deadline=True) == 0
