@@ -7,7 +7,8 @@
    characters/s that 50 closed-loop callers complete.
 3. At each rate (a multiple of that capacity, in characters offered) and seed, sends Poisson arrivals to each
    stack in turn for the window: corpus texts on the realtime lane and a few long texts (story excerpts) on the
-   batch lane. Every job is followed as a listener; a refused one retries once after its Retry-After.
+   batch lane. Every job is followed as a listener; a refused one resends the same request once, after its
+   Retry-After.
 4. Prints, per rate and scheduler: offered, admitted and refused jobs, first audio of admitted realtime jobs,
    underruns (a playback gap over 100 ms after the first audio), end to end, audio s/s, and the goodput: the
    highest rate at which admitted realtime jobs have no underrun and p95 first audio ≤ 1.5 s, in every seed.
@@ -439,9 +440,11 @@ def document(args: argparse.Namespace, capacity: float, rows: list[dict[str, Any
             "finished within the drain; first audio and end to end run from the admitted POST; good jobs/s are "
             "those played to the end without an underrun. "
             f"Arrivals: corpus texts on the realtime lane, {BATCH_SHARE:.0%} story excerpts of about {BATCH_CHARS} "
-            "characters on the batch lane; a refused job retries once after its Retry-After. Service settings: the "
-            "defaults, and " + ", ".join(f"`{pair}`" for pair in args.service_env) + " (one caller plays every "
-            "listener). An underrun is a playback gap over 100 ms after the first audio; first audio runs from the "
+            "characters on the batch lane; a refused job resends the same request once, after its Retry-After. "
+            "Service settings: the defaults, and "
+            + ", ".join(f"`{pair}`" for pair in args.service_env)
+            + " (one caller plays every listener). "
+            "An underrun is a playback gap over 100 ms after the first audio; first audio runs from the "
             "POST that was admitted, and for a refused caller let in on its retry also from its first try, "
             "Retry-After included. Engines busy: the share of "
             "the model hosts' time spent in engine calls during the arrival window (low while refusing means the "

@@ -12,7 +12,7 @@ import pytest
 from bench.goodput import door, engines, goodput, summarize, table, trace
 from bench.http_clients import refusing_check
 from bench.loadgen import JobResult
-from bench.openloop import Arrival, OpenRun, arrival_times, gaps, lanes
+from bench.openloop import Arrival, OpenRun, arrival_times, gaps, lanes, run_open_loop
 
 
 def test_poisson_arrivals_come_at_exactly_the_asked_rate_with_exponential_gaps() -> None:
@@ -151,3 +151,28 @@ def test_the_door_record_gives_each_realtime_arrivals_length_answers_and_retry_a
     }  # fmt: skip
     run = OpenRun(rate=1.0, window_start=10.0, window_end=20.0, arrivals=[arrival, Arrival(12.0, "batch", 900)])
     assert [d["chars"] for d in summarize(run)["door"]] == [40], "realtime jobs only"
+
+
+class _DoorOnce:
+    """A stand-in for the HTTP client at the load generator's boundary: refuses each request's first send."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, int | None]] = []
+
+    def run_job(self, text: str, chars: int, seed: int | None = None) -> JobResult:
+        self.sent.append((text, seed))
+        if self.sent.count((text, seed)) == 1:
+            return JobResult(chars=chars, submitted=0.0, refused=503, retry_after=0.01, refused_by="deadlines")
+        return JobResult(chars=chars, submitted=0.0, first_audio=0.1, segments=[(0.1, 1.0)], done=0.2)
+
+    def abandon_all(self) -> None:
+        """Nothing is in flight."""
+
+
+def test_a_refused_arrival_resends_the_same_request_after_its_retry_after_so_the_service_knows_it_for_a_retry() -> None:
+    client = _DoorOnce()
+    run = run_open_loop({"realtime": client, "batch": client}, {"realtime": [("Hello there.", 12)], "batch": []},
+                        rate=50.0, window_s=0.2, drain_s=5.0, seed=3, batch_share=0.0)  # fmt: skip
+    assert run.arrivals and all(a.retry is not None and a.retry.refused is None for a in run.arrivals)
+    assert len(set(client.sent)) == len(run.arrivals), "each arrival its own request"
+    assert all(client.sent.count(sent) == 2 for sent in client.sent), "each sent twice, unchanged"
