@@ -174,19 +174,21 @@ class Admission:
     def check_realtime(self, deadlines: Sequence[float], first_chars: int, *, workers_alive: int, asker: Asker) -> None:
         """Run both realtime checks, with the margin kept for retries unless ``asker`` (caller, request digest)
         was refused lately and waited its Retry-After; remember a refused asker (nothing is kept when both
-        checks are off, or without an asker)."""
+        checks are off, when no margin is kept, or without an asker)."""
         if self.lateness_s <= 0 and self.first_audio_s <= 0:
             return
+        if self.refusals is None or asker is None or self.retry_margin_s <= 0:
+            self.check_listeners(deadlines, workers_alive=workers_alive)
+            self.check_first_audio(first_chars)
+            return
         now = time.time()
-        refusals = self.refusals if asker is not None else None
-        retry = refusals is not None and asker is not None and refusals.redeem(*asker, now=now)
+        retry = self.refusals.redeem(*asker, now=now)
         margin = 0.0 if retry else self.retry_margin_s
         try:
             self.check_listeners(deadlines, workers_alive=workers_alive, margin_s=margin)
             self.check_first_audio(first_chars, margin_s=margin)
         except ServiceUnavailable as refused:
-            if refusals is not None and asker is not None:
-                refusals.remember(*asker, retry_after_s=refused.retry_after, now=now)
+            self.refusals.remember(*asker, retry_after_s=refused.retry_after, now=now)
             raise
         if retry:
             ADMISSION_RETRIES_ADMITTED.inc()

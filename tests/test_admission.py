@@ -355,10 +355,11 @@ def test_the_first_audio_check_keeps_a_margin_for_retries_of_at_most_half_its_li
     wide = load_settings(redis_url=isolated, admission_first_audio_s=1.0, admission_retry_margin_s=5)
     halved = Admission(stats=stats, breaker=_breaker(client), workers=WorkerRegistry(client, ttl_s=30),
                        book=ScheduleBook(client, default_seconds_per_char=0.2), settings=wide,
-                       policy=scheduling_policy(wide))  # fmt: skip
-    halved.admit("realtime", [now], first_chars=5)  # 0.5 s: a margin never takes more than half the limit
+                       policy=scheduling_policy(wide), refusals=Refusals(client))  # fmt: skip
+    halved.admit("realtime", [now], first_chars=5, asker=("ip-a", "five"))  # 0.5 s: never more than half the limit
     with pytest.raises(ServiceUnavailable):
-        halved.admit("realtime", [now], first_chars=6)
+        halved.admit("realtime", [now], first_chars=6, asker=("ip-a", "six"))
+    admission.admit("realtime", [now], first_chars=9)  # who asks unknown: no retry could be told apart, no margin
     client.flushdb()
 
 
