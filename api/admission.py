@@ -116,12 +116,14 @@ class Admission:
                 if excess > 0
                 else f"would leave less than the {margin_s:g} s kept for retries (TTS_ADMISSION_RETRY_MARGIN_S)"
             )
+            kept = {} if excess > 0 else {"room_kept_for_retries_s": margin_s}
             raise ServiceUnavailable(
                 f"the engines are at capacity: admitting this realtime job {over} (streams already admitted: their "
                 f"deadlines; this job: TTS_ADMISSION_LATENESS_S={self.lateness_s:g} s); retry after Retry-After, "
                 'or submit with priority "batch"',
                 retry_after=max(1, math.ceil(excess)),
                 estimated_excess_s=round(excess, 2),
+                **kept,
             )
 
     def estimated_first_audio_s(self, first_chars: int) -> float:
@@ -151,12 +153,14 @@ class Admission:
         if estimate > limit:
             ADMISSION_REJECTIONS.labels("first_audio").inc()
             kept = f", less {self.first_audio_s - limit:g} s kept for retries" if limit < self.first_audio_s else ""
+            only = {"room_kept_for_retries_s": self.first_audio_s - limit} if estimate <= self.first_audio_s else {}
             raise ServiceUnavailable(
                 f"the engines are at capacity: this realtime job's first audio would take about {estimate:.1f} s to "
                 f"make (limit TTS_ADMISSION_FIRST_AUDIO_S={self.first_audio_s:g} s{kept}); retry after Retry-After, "
                 'or submit with priority "batch"',
                 retry_after=max(FIRST_AUDIO_WINDOW_S, math.ceil(estimate)),
                 estimated_first_audio_s=round(estimate, 2),
+                **only,
             )
 
     def check_room(self) -> None:
@@ -172,9 +176,9 @@ class Admission:
             )
 
     def check_realtime(self, deadlines: Sequence[float], first_chars: int, *, workers_alive: int, asker: Asker) -> None:
-        """Run both realtime checks, with the margin kept for retries unless ``asker`` (caller, request digest)
-        was refused lately and waited its Retry-After; remember a refused asker (nothing is kept when both
-        checks are off, when no margin is kept, or without an asker)."""
+        """Run both realtime checks; while refusals for want of capacity await their retries, with the margin kept
+        for them, unless ``asker`` (caller, request digest) is one of those, back after its Retry-After. Remember
+        a refused asker (nothing is kept when both checks are off, when no margin is set, or without an asker)."""
         if self.lateness_s <= 0 and self.first_audio_s <= 0:
             return
         if self.refusals is None or asker is None or self.retry_margin_s <= 0:
@@ -182,13 +186,15 @@ class Admission:
             self.check_first_audio(first_chars)
             return
         now = time.time()
-        retry = self.refusals.redeem(*asker, now=now)
-        margin = 0.0 if retry else self.retry_margin_s
+        retry, pending = self.refusals.redeem(*asker, now=now)
+        margin = self.retry_margin_s if pending and not retry else 0.0  # below capacity none are pending
         try:
             self.check_listeners(deadlines, workers_alive=workers_alive, margin_s=margin)
             self.check_first_audio(first_chars, margin_s=margin)
         except ServiceUnavailable as refused:
-            self.refusals.remember(*asker, retry_after_s=refused.retry_after, now=now)
+            # Refused for the margin alone, it is not awaited: only want of capacity keeps the margin up.
+            awaited = "room_kept_for_retries_s" not in refused.details
+            self.refusals.remember(*asker, retry_after_s=refused.retry_after, now=now, pending=awaited)
             raise
         if retry:
             ADMISSION_RETRIES_ADMITTED.inc()

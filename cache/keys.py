@@ -158,7 +158,12 @@ def refusal(caller: str, digest: str) -> str:
     Hashed from the length-prefixed pair, as ``idempotency`` is.
     """
     material = f"{len(caller)}:{caller}{len(digest)}:{digest}".encode("utf-8", "surrogatepass")
-    return f"{PREFIX}:refused:{hashlib.sha256(material).hexdigest()}"
+    return f"{PREFIX}:{{refused}}:{hashlib.sha256(material).hexdigest()}"
+
+
+#: The refusals made because the engines were past capacity, whose retries are still to come (a sorted set:
+#: refusal key → when it is forgotten); its hash tag is every refusal key's, so one script reads both.
+REFUSALS_PENDING = f"{PREFIX}:{{refused}}:pending"
 
 
 #: Every stats bucket's key is this and the bucket's number.

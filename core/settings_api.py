@@ -62,10 +62,11 @@ class ApiSettings(BaseSettings):
     admission_retry_margin_s: float = Field(
         0.25,
         ge=0,
-        description="With either admission check on: a first try must leave this many seconds to spare on both (its "
-        "listeners' deadlines, and its first audio, where at most half that limit is kept), and the same request sent "
-        "again after its Retry-After may use them. Under sustained overload a caller who waited as told is then let in "
-        "before newcomers. 0: retries are judged as newcomers.",
+        description="With either admission check on: while requests refused for want of capacity await their "
+        "retries, a first try must pass the checks with this many seconds to spare (on first audio, at most half its "
+        "limit), and the same request from the same caller sent again after its Retry-After may use them, once. "
+        "Under sustained overload a caller who waited as told is then let in before newcomers; below capacity none "
+        "await and none is kept. 0: retries are judged as newcomers.",
     )
     admission_batch_wait_s: float = Field(
         3600.0, gt=0, description="Refuse batch jobs (503) when their estimated queue wait is longer."

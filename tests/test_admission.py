@@ -284,16 +284,22 @@ def test_the_api_passes_the_first_segments_length_to_the_first_audio_check(setti
 def test_a_refused_request_counts_as_a_retry_once_and_only_when_it_comes_back_after_its_retry_after(
     redis_client: redis.Redis,
 ) -> None:
+    redis_client.delete(keys.REFUSALS_PENDING)
     refusals, now = Refusals(redis_client), time.time()
-    refusals.remember("ip-a", "digest", retry_after_s=5, now=now)
+    refusals.remember("ip-a", "digest", retry_after_s=5, now=now, pending=True)
     key = keys.refusal("ip-a", "digest")
     assert 0 < redis_client.ttl(key) <= 5 + 30, "forgotten by itself past its Retry-After and a grace"
-    assert not refusals.redeem("ip-a", "digest", now=now + 1), "too soon: a newcomer again"
-    assert not refusals.redeem("ip-b", "digest", now=now + 5), "another caller's same request"
-    assert not refusals.redeem("ip-a", "other", now=now + 5), "the caller's other request"
-    assert refusals.redeem("ip-a", "digest", now=now + 5 - EARLY_S), "whole seconds and clocks: a little early counts"
-    assert not refusals.redeem("ip-a", "digest", now=now + 6), "a retry counts once"
+    assert refusals.redeem("ip-a", "digest", now=now + 1) == (False, 1), "too soon: a newcomer, the retry awaited"
+    assert refusals.redeem("ip-b", "digest", now=now + 5) == (False, 1), "another caller's same request"
+    assert refusals.redeem("ip-a", "other", now=now + 5) == (False, 1), "the caller's other request"
+    assert refusals.redeem("ip-a", "digest", now=now + 5 - EARLY_S) == (True, 0), "a little early counts (whole s)"
+    assert refusals.redeem("ip-a", "digest", now=now + 6) == (False, 0), "a retry counts once"
     assert not redis_client.exists(key)
+    refusals.remember("ip-a", "margin", retry_after_s=1, now=now, pending=False)  # refused for the margin alone
+    refusals.remember("ip-b", "gone", retry_after_s=1, now=now, pending=True)  # a retry that never comes
+    assert refusals.redeem("ip-c", "new", now=now) == (False, 1), "only want of capacity is awaited"
+    assert refusals.redeem("ip-c", "new", now=now + 1 + 30) == (False, 0), "awaited no longer than remembered"
+    redis_client.delete(keys.REFUSALS_PENDING, keys.refusal("ip-a", "margin"), keys.refusal("ip-b", "gone"))
 
 
 def test_a_newcomer_must_leave_the_margin_kept_for_retries_and_the_same_request_after_its_retry_after_may_use_it(
@@ -311,18 +317,25 @@ def test_a_newcomer_must_leave_the_margin_kept_for_retries_and_the_same_request_
     excess = admission.excess_s_if_admitted([now], workers_alive=alive, now=now, margin_s=0.25)
     assert 0 < excess < 0.25, "the case under test: refused for the margin alone"
     asker = ("ip-a", "digest-1")
+    queues.delete(keys.REFUSALS_PENDING)
+    admission.admit("realtime", [now], asker=("ip-c", "below-capacity"))  # no refusal awaits a retry: no margin
+    Refusals(queues).remember("ip-z", "refused", retry_after_s=5, now=now, pending=True)  # for want of capacity
     with pytest.raises(ServiceUnavailable) as refused:
         admission.admit("realtime", [now], asker=asker)
     assert refused.value.retry_after == 1 and "kept for retries" in refused.value.message
+    assert refused.value.details["room_kept_for_retries_s"] == 0.25
     with pytest.raises(ServiceUnavailable):
         admission.admit("realtime", [now], asker=asker)  # sent again at once, before its Retry-After: a newcomer
     with pytest.raises(ServiceUnavailable):
         admission.admit("realtime", [now], asker=("ip-b", "digest-2"))  # another newcomer
     # The first try was refused 5 s ago and told to come back after 1 s.
-    Refusals(queues).remember(*asker, retry_after_s=1, now=now - 5)
+    Refusals(queues).remember(*asker, retry_after_s=1, now=now - 5, pending=False)
     admission.admit("realtime", [now], asker=asker)
     with pytest.raises(ServiceUnavailable):
         admission.admit("realtime", [now], asker=asker)  # the retry was let in once: a newcomer again
+    assert Refusals(queues).redeem("ip-z", "refused", now=now + 5) == (True, 0), "the awaited retry came"
+    admission.admit("realtime", [now], asker=asker)  # none awaited (a refusal for the margin alone is not): no margin
+    queues.delete(keys.REFUSALS_PENDING)
     _admission(queues, book, admission_lateness_s=0.5, admission_retry_margin_s=0)[0].admit("realtime", [now])
     # (with no margin kept, a newcomer is let in)
     WorkerRegistry(queues, ttl_s=5).remove("w1")
@@ -343,12 +356,13 @@ def test_the_first_audio_check_keeps_a_margin_for_retries_of_at_most_half_its_li
                           book=ScheduleBook(client, default_seconds_per_char=0.2), settings=loaded,
                           policy=scheduling_policy(loaded), refusals=Refusals(client))  # fmt: skip
     now = time.time()
+    Refusals(client).remember("ip-z", "refused", retry_after_s=60, now=now, pending=True)  # a retry awaited
     admission.admit("realtime", [now], first_chars=7, asker=("ip-a", "short"))  # 0.7 s: within 1 s less 0.25 s
     with pytest.raises(ServiceUnavailable) as refused:
         admission.admit("realtime", [now], first_chars=9, asker=("ip-a", "nine"))  # 0.9 s: within the margin
     assert "0.25 s kept for retries" in refused.value.message
     assert refused.value.retry_after == FIRST_AUDIO_WINDOW_S
-    Refusals(client).remember("ip-a", "nine", retry_after_s=FIRST_AUDIO_WINDOW_S, now=now - 10)
+    Refusals(client).remember("ip-a", "nine", retry_after_s=FIRST_AUDIO_WINDOW_S, now=now - 10, pending=False)
     admission.admit("realtime", [now], first_chars=9, asker=("ip-a", "nine"))  # its retry may use the margin
     with pytest.raises(ServiceUnavailable):
         admission.admit("realtime", [now], first_chars=11, asker=("ip-a", "nine"))  # over the limit itself
@@ -360,6 +374,8 @@ def test_the_first_audio_check_keeps_a_margin_for_retries_of_at_most_half_its_li
     with pytest.raises(ServiceUnavailable):
         halved.admit("realtime", [now], first_chars=6, asker=("ip-a", "six"))
     admission.admit("realtime", [now], first_chars=9)  # who asks unknown: no retry could be told apart, no margin
+    client.delete(keys.REFUSALS_PENDING)
+    admission.admit("realtime", [now], first_chars=9, asker=("ip-b", "nine"))  # no retry awaited: no margin
     client.flushdb()
 
 
@@ -376,6 +392,8 @@ def test_the_api_lets_in_the_same_request_sent_again_after_its_retry_after_befor
     # Within the 1 s allowance, but a first try must leave 5 s of it to spare: only retries get in.
     app = _app_on(isolated, settings_env, admission_lateness_s=1.0, admission_retry_margin_s=5)
     asking = {"text": "May I come in again?", "seed": 7}
+    assert app.test_client().post("/v1/jobs", json={**asking, "seed": 6}).status_code == 202, "no retry awaited"
+    Refusals(client).remember("ip-other", "refused", retry_after_s=60, now=now, pending=True)  # one is now
     first = app.test_client().post("/v1/jobs", json=asking)
     assert first.status_code == 503 and "kept for retries" in first.get_json()["error"]["message"]
     assert first.get_json()["error"]["estimated_excess_s"] == 0, "no listener would be late: only the margin"
