@@ -30,6 +30,10 @@ FIRST_AUDIO_WINDOW_S = 5
 #: ... and only when there were at least this many (fewer say little; an idle service is let in).
 FIRST_AUDIO_SAMPLES = 3
 
+#: A refusal's detail present only when the job was refused for the margin kept for retries alone (its value: the
+#: margin): such a refusal is not for want of capacity, so its retry is not awaited.
+KEPT_FOR_RETRIES = "room_kept_for_retries_s"
+
 #: Who asks: the caller id and the digest of the request's body (None: not known, judged as a newcomer).
 Asker = tuple[str, str] | None
 
@@ -116,7 +120,7 @@ class Admission:
                 if excess > 0
                 else f"would leave less than the {margin_s:g} s kept for retries (TTS_ADMISSION_RETRY_MARGIN_S)"
             )
-            kept = {} if excess > 0 else {"room_kept_for_retries_s": margin_s}
+            kept = {} if excess > 0 else {KEPT_FOR_RETRIES: margin_s}
             raise ServiceUnavailable(
                 f"the engines are at capacity: admitting this realtime job {over} (streams already admitted: their "
                 f"deadlines; this job: TTS_ADMISSION_LATENESS_S={self.lateness_s:g} s); retry after Retry-After, "
@@ -149,18 +153,17 @@ class Admission:
         if self.first_audio_s <= 0 or first_chars <= 0:
             return
         estimate = self.estimated_first_audio_s(first_chars)
-        limit = max(self.first_audio_s - margin_s, self.first_audio_s / 2)
-        if estimate > limit:
+        kept_s = min(margin_s, self.first_audio_s / 2)
+        if estimate > self.first_audio_s - kept_s:
             ADMISSION_REJECTIONS.labels("first_audio").inc()
-            kept = f", less {self.first_audio_s - limit:g} s kept for retries" if limit < self.first_audio_s else ""
-            only = {"room_kept_for_retries_s": self.first_audio_s - limit} if estimate <= self.first_audio_s else {}
+            less = f", less {kept_s:g} s kept for retries" if kept_s > 0 else ""
             raise ServiceUnavailable(
                 f"the engines are at capacity: this realtime job's first audio would take about {estimate:.1f} s to "
-                f"make (limit TTS_ADMISSION_FIRST_AUDIO_S={self.first_audio_s:g} s{kept}); retry after Retry-After, "
+                f"make (limit TTS_ADMISSION_FIRST_AUDIO_S={self.first_audio_s:g} s{less}); retry after Retry-After, "
                 'or submit with priority "batch"',
                 retry_after=max(FIRST_AUDIO_WINDOW_S, math.ceil(estimate)),
                 estimated_first_audio_s=round(estimate, 2),
-                **only,
+                **({KEPT_FOR_RETRIES: kept_s} if estimate <= self.first_audio_s else {}),
             )
 
     def check_room(self) -> None:
@@ -193,7 +196,7 @@ class Admission:
             self.check_first_audio(first_chars, margin_s=margin)
         except ServiceUnavailable as refused:
             # Refused for the margin alone, it is not awaited: only want of capacity keeps the margin up.
-            awaited = "room_kept_for_retries_s" not in refused.details
+            awaited = KEPT_FOR_RETRIES not in refused.details
             self.refusals.remember(*asker, retry_after_s=refused.retry_after, now=now, pending=awaited)
             raise
         if retry:

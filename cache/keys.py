@@ -142,23 +142,21 @@ def cached_file(digest: str) -> str:
     return f"{PREFIX}:cache:file:{digest}"
 
 
-def idempotency(caller: str, key: str) -> str:
-    """Return the key remembering which job a caller's idempotency key created.
+def _pair(first: str, second: str) -> str:
+    """Hash two strings as a pair, each part length-prefixed: a caller id may hold ':' (an IPv6 address), so plain
+    joining would let caller ``ip-::1`` with ``a`` and caller ``ip-:`` with ``:1:a`` share a key."""
+    material = f"{len(first)}:{first}{len(second)}:{second}".encode("utf-8", "surrogatepass")
+    return hashlib.sha256(material).hexdigest()
 
-    A hash of the pair, each part length-prefixed: a caller id may hold ':' (an IPv6 address), so plain
-    joining would let caller ``ip-::1`` with key ``a`` and caller ``ip-:`` with key ``:1:a`` share a key.
-    """
-    material = f"{len(caller)}:{caller}{len(key)}:{key}".encode("utf-8", "surrogatepass")
-    return f"{PREFIX}:idem:{hashlib.sha256(material).hexdigest()}"
+
+def idempotency(caller: str, key: str) -> str:
+    """Return the key remembering which job a caller's idempotency key created (hashed as a pair)."""
+    return f"{PREFIX}:idem:{_pair(caller, key)}"
 
 
 def refusal(caller: str, digest: str) -> str:
-    """Return the key remembering that a caller's request (by its body's digest) was refused at the door.
-
-    Hashed from the length-prefixed pair, as ``idempotency`` is.
-    """
-    material = f"{len(caller)}:{caller}{len(digest)}:{digest}".encode("utf-8", "surrogatepass")
-    return f"{PREFIX}:{{refused}}:{hashlib.sha256(material).hexdigest()}"
+    """Return the key remembering that a caller's request (by its body's digest) was refused at the door."""
+    return f"{PREFIX}:{{refused}}:{_pair(caller, digest)}"
 
 
 #: The refusals made because the engines were past capacity, whose retries are still to come (a sorted set:

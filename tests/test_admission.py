@@ -11,7 +11,7 @@ import redis
 from flask import Flask
 
 from api import create_app
-from api.admission import FIRST_AUDIO_WINDOW_S, Admission
+from api.admission import FIRST_AUDIO_WINDOW_S, KEPT_FOR_RETRIES, Admission
 from cache import keys
 from cache.breaker import CircuitBreaker
 from cache.refusals import EARLY_S, Refusals
@@ -326,7 +326,7 @@ def test_a_newcomer_must_leave_the_margin_kept_for_retries_and_the_same_request_
     with pytest.raises(ServiceUnavailable) as refused:
         admission.admit("realtime", [now], asker=asker)
     assert refused.value.retry_after == 1 and "kept for retries" in refused.value.message
-    assert refused.value.details["room_kept_for_retries_s"] == 0.25
+    assert refused.value.details[KEPT_FOR_RETRIES] == 0.25
     with pytest.raises(ServiceUnavailable):
         admission.admit("realtime", [now], asker=asker)  # sent again at once, before its Retry-After: a newcomer
     with pytest.raises(ServiceUnavailable):
