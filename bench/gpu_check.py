@@ -27,7 +27,7 @@ from bench.engine_limit import read_corpus, segment_pool
 from bench.full_model import MODEL, ensure_full_model, model_spec
 from bench.gpu_check_engine import EngineCell, measure_precision
 from bench.gpu_check_service import ServiceLevel, models_file, run_levels, service_env
-from bench.report import RESULTS, write_result
+from bench.report import RESULTS, save_result, write_result
 
 #: What ``--rehearse`` changes: the CPU, a small step count, batches and a precision it runs in minutes (on 2 cores
 #: a batch of 64 prompts in fp16 takes minutes: torch's CPU half-precision matmul is 3-18x slower than fp32 here).
@@ -56,6 +56,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--service-precision", default=None, help="the served model's precision (the registry's)")
     parser.add_argument("--torch-threads", type=int, default=0, help="torch CPU threads (default: all cores)")
     parser.add_argument("--skip-service", action="store_true")
+    parser.add_argument("--no-build", action="store_true", help="use --model as it is (the tiny model, say)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     preset = REHEARSAL if args.rehearse else GPU
@@ -94,7 +95,7 @@ def table(cells: list[EngineCell], levels: list[ServiceLevel], precision: str = 
 
 
 def document(args: argparse.Namespace, device_words: str, timings: dict[str, float], cells: list[EngineCell],
-             levels: list[ServiceLevel]) -> str:  # fmt: skip
+             levels: list[ServiceLevel], *, service_error: str | None = None) -> str:  # fmt: skip
     """Return the markdown: what ran where, the table, and what each column means."""
     kind = "CPU REHEARSAL (small step count: the figures say nothing of a GPU)" if args.rehearse else "GPU check"
     return "\n".join([
@@ -110,6 +111,7 @@ def document(args: argparse.Namespace, device_words: str, timings: dict[str, flo
         f"service {timings['service']:.0f}s, whole run {timings['total']:.0f}s.",
         "",
         *table(cells, levels, args.service_precision or "registry's"),
+        *([] if service_error is None else ["", f"**The service part failed:** {service_error}"]),
         "",
         "RTF: seconds per second of one segment's audio (below 1 is faster than real time). tokens/s: audio tokens "
         "made per second by the whole batch. Peak GPU MiB: torch's peak allocation during the call. Service "
@@ -123,12 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from workers.engines.chattts_device import device_name, memory_budget, on_cuda
 
-    if not args.rehearse and not on_cuda(args.device):
+    if args.device.startswith("cuda") and not on_cuda(args.device):
         sys.exit(f"no CUDA device {args.device} here; `make gpu-check BENCH_ARGS=--rehearse` rehearses on the CPU")
     started = time.perf_counter()
     out = args.out / time.strftime("gpu-check-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    timings = {"build": ensure_full_model(model_spec(args.model))}
+    timings = {"build": 0.0 if args.no_build else ensure_full_model(model_spec(args.model))}
     budget = memory_budget(args.device)
     words = device_name(args.device) + (f", {budget.total_mb:.0f} MiB" if budget else "")
     print(f"gpu check on {args.device} ({words}); model build {timings['build']:.0f}s", flush=True)
@@ -140,10 +142,17 @@ def main(argv: list[str] | None = None) -> int:
         cells += measure_precision(args.model, precision=precision, device=args.device, batches=batches,
                                    steps=args.steps, pool=pool, torch_threads=args.torch_threads)  # fmt: skip
     timings["engine"] = time.perf_counter() - engine_started
+    # The engine's figures are written whatever the service part does: a lease may not run the check twice.
+    save_result("gpu_check", document(args, words, {**timings, "service": 0.0, "total": 0.0}, cells, []))
     levels: list[ServiceLevel] = []
+    service_error = None
     service_started = time.perf_counter()
     if not args.skip_service:
-        levels = serve(args, out)
+        try:
+            levels = serve(args, out)
+        except Exception as e:  # the table says the service part failed, and why; the logs are in ``out``
+            service_error = f"{type(e).__name__}: {e}"
+            print(f"service part failed: {service_error} (logs in {out})", file=sys.stderr, flush=True)
     timings["service"] = time.perf_counter() - service_started
     timings["total"] = time.perf_counter() - started
     record: dict[str, Any] = {
@@ -152,10 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         "timings": timings,
         "engine": [c.record() for c in cells],
         "service": [lv.record() for lv in levels],
+        "service_error": service_error,
     }
     (out / "gpu_check.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
-    write_result("gpu_check", document(args, words, timings, cells, levels))
-    return 0
+    write_result("gpu_check", document(args, words, timings, cells, levels, service_error=service_error))
+    return 1 if service_error else 0
 
 
 def serve(args: argparse.Namespace, out: Path) -> list[ServiceLevel]:

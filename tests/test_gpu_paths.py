@@ -89,6 +89,29 @@ def test_the_llama_is_cast_to_half_precision_when_asked_even_on_the_cpu(tiny_mod
         engine.unload()
 
 
+def test_half_precision_hands_the_llama_every_position_exactly_past_what_bf16_can_hold(tiny_model_dir: Path) -> None:
+    engine = ChatTTSEngine(weights_dir=tiny_model_dir, device="cpu", precision="bf16", half_on_cpu=True,
+                           tokens_per_char=1000.0, max_tokens=300, fixed_token_budget=True)  # fmt: skip
+    engine.load()
+    assert engine.llama_dtype == torch.bfloat16, "torch's CPU build multiplies bf16, slowly"
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def record(module: object, args: object, kwargs: dict[str, torch.Tensor]) -> None:
+        seen.append((kwargs["position_ids"], kwargs["cache_position"]))
+
+    hook = engine.chat.gpt.gpt.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        engine.synthesize([SynthesisRequest(text=TEXTS[0])])
+    finally:
+        hook.remove()
+        engine.unload()
+    assert all(not p.is_floating_point() and not c.is_floating_point() for p, c in seen)
+    last = [int(p[0, -1]) for p, _ in seen]
+    assert last[-1] > 256, "bf16 holds integers exactly only up to 256"
+    assert last == list(range(last[0], last[0] + len(last))), "one position further each step, none rounded"
+    assert [int(c[-1]) for _, c in seen] == last, "one item, no padding: the cache position is the position"
+
+
 def test_half_precision_runs_in_fp32_on_a_cpu_without_native_half_matmuls(tiny_model_dir: Path) -> None:
     engine = ChatTTSEngine(weights_dir=tiny_model_dir, device="cpu", precision="fp16")
     engine.load()

@@ -208,16 +208,19 @@ class _Rows:
                 codes = [gpt.emb_code[q](last[:, :, q]).to(gpt.device) for q in range(gpt.num_vq)]
                 model_input.inputs_embeds = torch.stack(codes, 3).sum(3)
             model_input.input_ids = None
+        # ChatTTS casts every input to the Llama's dtype, positions too; in half precision that rounds them (bf16
+        # holds integers exactly only to 256, fp16 to 2048), so they go to the device as the integers they are.
+        positions, cache_position = model_input.position_ids, model_input.cache_position
         model_input.to(gpt.device_gpt, gpt.gpt.dtype)
         outputs = gpt.gpt(
             attention_mask=model_input.attention_mask,
-            position_ids=model_input.position_ids,
+            position_ids=positions.to(gpt.device_gpt),
             # The first step starts a cache that grows in place, not by copying itself each step (kv_cache).
             past_key_values=self.past if self.past is not None else growing_cache(gpt.gpt.config, self.capacity),
             inputs_embeds=model_input.inputs_embeds,
             use_cache=True,
             output_attentions=False,
-            cache_position=model_input.cache_position,
+            cache_position=cache_position.to(gpt.device_gpt),
         )
         self.past = outputs.past_key_values
         hidden: torch.Tensor = outputs.last_hidden_state.narrow(1, -1, 1).squeeze(1).to(gpt.device, dtype=torch.float)
