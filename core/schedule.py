@@ -62,6 +62,10 @@ class Timeline:
         if duration is not None and index < len(self.durations):
             self.durations[index] = duration
 
+    def started(self) -> bool:
+        """Say whether the listener is playing: segment 0 has arrived."""
+        return 0 in self.arrivals
+
     def grow(self, newer: Timeline) -> None:
         """Take what another view of the job knows: the arrivals and durations of segments written (by other
         workers too) and, for a text stream that grew, the lengths of the segments this one lacks. Grown in place,

@@ -108,6 +108,23 @@ def test_a_call_still_making_a_playing_streams_nearly_due_segment_takes_no_joine
     assert planner.can_slow([first]) and planner.can_slow([])
 
 
+def test_a_jobs_later_segment_goes_ahead_of_first_segments_only_once_its_listener_plays() -> None:
+    # Calls as long as a real-size model's (6 s): a stream's next segment is ordered two calls (12 s) early.
+    planner = BatchPlanner(max_batch=1, max_ratio=1.5, timing=BatchTiming(lead=2.0), clock=lambda: 100.0)
+    planner.ran([_pending("abc", 0.0)], elapsed=6.0)
+    playing = {"now": False}
+    own_first = _pending("the first", 100.0)  # due now: its listener waits for it
+    others_first = _pending("other first", 101.0)  # another job's, due in 1 s
+    # The job's second segment, due when its first has played (2 s after it arrives).
+    second = Pending(SPEC, SynthesisRequest(text="the second"), 102.0, early=lambda: playing["now"])
+    waiting = [second, others_first, own_first]
+    assert planner.plan(list(waiting))[0] == [own_first], "before its first arrives, it stalls no one"
+    assert planner.plan([second, others_first])[0] == [others_first], "nor goes before another job's first"
+    playing["now"] = True  # its first segment arrived: its listener plays
+    assert planner.plan(list(waiting))[0] == [second], "now it must be made before its listener runs out"
+    assert not planner.can_slow([second]), "and a call making it takes no joiners"
+
+
 class RecordingEngine:
     """Stand-in engine call that records batch sizes and returns len(text) samples per item."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
@@ -135,6 +136,44 @@ def test_a_segment_whose_job_vanishes_as_it_is_read_is_skipped_and_leaves_no_key
     )
     assert synthesizer.run(job_id, 1) is Outcome.SKIPPED
     assert not services.redis.exists(*keys.all_job_keys(job_id)), "no attempt counter without a job"
+
+
+def test_a_later_segment_is_ordered_early_only_once_its_jobs_first_segment_has_arrived(app: Flask) -> None:
+    services = app.extensions["tts"]
+    store = JobStore(services.redis, ttl=600)
+    request = JobRequest(model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav",
+                         priority="realtime", seed=None, cache=False)  # fmt: skip
+    job_id = store.create(request, ["First part.", "Second part."])
+    backend = _EarlyRecordingBackend()
+    synthesizer = SegmentSynthesizer(
+        store=store,
+        cache=services.cache,
+        stats=Stats(services.redis),
+        enqueue=lambda *_args, **_kwargs: None,  # the test runs each segment itself
+        registry=services.registry,
+        backend=backend,  # type: ignore[arg-type]
+        max_attempts=2,
+        worker="test",
+        book=services.book,
+        policy=SchedulingPolicy(deadlines=POLICY),
+    )
+    assert synthesizer.run(job_id, 1) is Outcome.WRITTEN  # the second first: its listener has nothing yet
+    (second_early,) = backend.early
+    assert callable(second_early) and not second_early(), "no listener plays yet: nothing to stall"
+    assert synthesizer.run(job_id, 0) is Outcome.WRITTEN
+    assert backend.early[1] is False, "a first segment is never early: it gets the first segment's priority"
+    assert second_early(), "the job's timeline is shared: its first segment arrived, so its listener plays"
+
+
+class _EarlyRecordingBackend:
+    """Answers with a short waveform and records the ``early`` each segment was submitted with."""
+
+    def __init__(self) -> None:
+        self.early: list[object] = []
+
+    def synthesize(self, *_: object, early: object = False, **__: object) -> tuple[Any, int]:
+        self.early.append(early)
+        return np.zeros(2400, dtype=np.float32), 24000
 
 
 def test_starting_a_segment_reads_its_job_counts_the_attempt_and_marks_the_job_running(app: Flask) -> None:

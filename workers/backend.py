@@ -7,7 +7,7 @@ from typing import Protocol
 from core.registry import ModelSpec
 from workers.batcher import Batcher
 from workers.engines.base import SynthesisRequest, Waveform
-from workers.planner import Due
+from workers.planner import Due, Early
 from workers.pool.pool import ModelPool
 
 
@@ -15,7 +15,7 @@ class SynthesisBackend(Protocol):
     """Anything that turns a segment request into a waveform for a model."""
 
     def synthesize(
-        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: Due | None = None, early: bool = False
+        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: Due | None = None, early: Early = False
     ) -> tuple[Waveform, int]:
         """Return the waveform and its sample rate; ``deadline``, ``early``: when it is needed (see Batcher)."""
         ...
@@ -38,7 +38,7 @@ class PooledBackend:
         self.timeout_s = timeout_s
 
     def synthesize(
-        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: Due | None = None, early: bool = False
+        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: Due | None = None, early: Early = False
     ) -> tuple[Waveform, int]:
         """Wait for this segment's share of a batched engine call; give up after one hung call ahead plus its own."""
         future = self.batcher.submit(spec, request, deadline=deadline, early=early)

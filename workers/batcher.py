@@ -16,7 +16,7 @@ from core.errors import SynthesisError
 from core.policy import BatchTiming
 from core.registry import ModelSpec
 from workers.engines.base import RateReady, SynthesisRequest, Waveform, expect_one_per_input
-from workers.planner import BatchPlanner, Due, Pending
+from workers.planner import BatchPlanner, Due, Early, Pending
 
 log = logging.getLogger(__name__)
 
@@ -150,12 +150,12 @@ class Batcher:
         self.joined = 0
 
     def submit(
-        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: Due | None = None, early: bool = False
+        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: Due | None = None, early: Early = False
     ) -> Future[tuple[Waveform, int]]:
         """Queue one segment due at ``deadline`` (epoch seconds; none: now); resolve to its waveform and rate.
 
-        ``early``: the segment continues a stream already playing, so it should be written
-        before its deadline, not start at it: it is ordered ``lead`` engine calls earlier.
+        ``early`` (or a function saying so now): the segment continues a stream already playing, so it should be
+        written before its deadline, not start at it: it is ordered ``lead`` engine calls earlier.
         """
         pending = Pending(spec, request, self._clock() if deadline is None else deadline, early)
         self._queue_for(spec.name).put(pending)
@@ -236,7 +236,7 @@ class Batcher:
             running = [(c.live(), r, c, c.unfinished()) for r, c in self._running.items() if c.joinable()]
         for live, replica, call, rows in sorted(running, key=lambda t: t[:2]):
             room = max(0, self.max_batch - live)
-            allowed = urgent if self.planner.can_slow(rows) else [p for p in urgent if p.early]
+            allowed = urgent if self.planner.can_slow(rows) else [p for p in urgent if self.planner.early(p)]
             take = allowed[:room]
             if take:
                 chosen = {id(p) for p in take}

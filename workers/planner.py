@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 
 #: A deadline in epoch seconds, or a function returning the current one.
 Due = float | Callable[[], float]
+#: Whether a segment continues a stream whose listener is playing, or a function saying so now.
+Early = bool | Callable[[], bool]
 #: Requests remembered as having been in a failed batch (oldest forgotten first).
 _MAX_SUSPECTS = 4096
 
@@ -31,8 +33,9 @@ class Pending:
     #: When the listener needs it (epoch seconds, or a function giving the current estimate, which
     #: may move as the job's first audio becomes known); its arrival time when none was given (FIFO).
     due: Due
-    #: Start it ``lead`` engine calls early: it continues a stream, and a late one makes its listener stall.
-    early: bool = False
+    #: Start it ``lead`` engine calls early: it continues a stream whose listener is playing, and a late one makes
+    #: that listener stall. A job's later segment before its first has arrived stalls no one yet: it is not early.
+    early: Early = False
     future: Future[tuple[Waveform, int]] = field(default_factory=Future)
     submitted: float = field(default_factory=time.monotonic)
     #: When its waveform was handed over (time.perf_counter), 0 until then.
@@ -112,7 +115,7 @@ class BatchPlanner:
         if not rows:
             return True
         start_by = self._clock() + self._batch_s.get(rows[0].spec.name, 0.0)
-        return all(self.due(p) > start_by for p in rows if p.early)
+        return all(self.due(p) > start_by for p in rows if self.early(p))
 
     def _horizon(self, head: Pending, head_due: float, *, waiting: int) -> float:
         """Return how much later than the head a segment may be due and still join its batch.
@@ -142,13 +145,18 @@ class BatchPlanner:
             # A first segment gains priority as it waits past its deadline, up to first_priority_s: under
             # overload its listener, who has nothing yet, waits first-hand; when the engines keep up it gains
             # little, and streams already playing keep theirs.
-            if not p.early:
+            if not self.early(p):
                 return min(timing.first_priority_s, max(0.0, now - due))
             # A stream's next segment must be written by its deadline, so it starts ``lead`` calls earlier;
             # a call lasts about as long as its longest text, so a long segment's call is counted longer.
             return timing.lead * call_s * max(1.0, len(p.request.text) / call_chars)
 
         return {id(p): d - lead(p, d) for p, d in ((p, self.due(p)) for p in items)}
+
+    @staticmethod
+    def early(pending: Pending) -> bool:
+        """Say whether a segment continues a stream whose listener is playing now."""
+        return pending.early() if callable(pending.early) else pending.early
 
     def due(self, pending: Pending) -> float:
         """Return a segment's deadline now; one that cannot be computed (its job vanished) is due at once."""

@@ -180,7 +180,9 @@ class SegmentSynthesizer:
             spec,
             SynthesisRequest(text=text, voice=request.voice, speed=request.speed, seed=request.seed, mode=request.mode),
             deadline=(plan.due0 if index == 0 else due) if self.policy.by_deadline else None,
-            early=index > 0,
+            # A later segment is early (ordered before its deadline) only once its listener plays: until the job's
+            # first segment has arrived, none of its later ones can stall anyone, and none goes before it.
+            early=plan.started if index > 0 else False,
         )
         synth_s = time.perf_counter() - started
         return MadeSegment(
