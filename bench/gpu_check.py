@@ -25,16 +25,18 @@ from typing import Any
 
 from bench.engine_limit import read_corpus, segment_pool
 from bench.full_model import MODEL, ensure_full_model, model_spec
-from bench.gpu_check_engine import EngineCell, measure_precision
+from bench.gpu_check_engine import EngineCell, NewLength, measure_new_lengths, measure_precision
 from bench.gpu_check_service import ServiceLevel, models_file, run_levels, service_env
 from bench.report import RESULTS, save_result, write_result
 
 #: What ``--rehearse`` changes: the CPU, a small step count, batches and a precision it runs in minutes (on 2 cores
 #: a batch of 64 prompts in fp16 takes minutes: torch's CPU half-precision matmul is 3-18x slower than fp32 here).
-REHEARSAL = {"device": "cpu", "steps": 24, "batches": "1,4,16", "service_max_tokens": 24, "window": 20.0,
-             "service_precision": "fp32"}  # fmt: skip
+#: Its service levels are few and long enough that a real-size job (5 segments, about 10 s on 2 cores) finishes
+#: inside them: at 20 s and 64 callers none did, and the table said nothing.
+REHEARSAL = {"device": "cpu", "steps": 24, "batches": "1,4,16", "service_max_tokens": 24, "window": 60.0,
+             "levels": "1,4", "service_precision": "fp32"}  # fmt: skip
 #: The check itself, on a GPU.
-GPU = {"device": "cuda:0", "steps": 200, "batches": "1,16,64", "window": 30.0}
+GPU = {"device": "cuda:0", "steps": 200, "batches": "1,16,64", "window": 30.0, "levels": "1,16,64"}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -48,7 +50,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--precisions", default="fp32,fp16,bf16")
     parser.add_argument("--batches", default=None, help="engine batch sizes (1,16,64)")
     parser.add_argument("--steps", type=int, default=None, help="audio tokens per segment in the engine part (200)")
-    parser.add_argument("--levels", default="1,16,64", help="concurrent callers per service level")
+    parser.add_argument("--new-lengths", default="97,131,173",
+                        help="segment lengths (audio tokens) to time the decoder and vocoder at, twice")  # fmt: skip
+    parser.add_argument("--levels", default=None, help="concurrent callers per service level (1,16,64)")
     parser.add_argument("--window", type=float, default=None, help="measured seconds per level (30)")
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--drain", type=float, default=30.0, help="longest wait for a level's jobs after its window")
@@ -94,12 +98,29 @@ def table(cells: list[EngineCell], levels: list[ServiceLevel], precision: str = 
     return lines
 
 
+def new_length_table(probes: list[NewLength]) -> list[str]:
+    """Return the decoder and vocoder's cost at segment lengths they had not seen, and again (none: nothing)."""
+    if not probes:
+        return []
+    return [
+        "",
+        "Decoder and vocoder on one segment (the first precision's engine, after its cells): at a length it had "
+        "not decoded before, then the same length again.",
+        "",
+        "| audio tokens | first s | again s |",
+        "|---|---|---|",
+        *[f"| {p.tokens} | {p.first_s:.3f} | {p.again_s:.3f} |" for p in probes],
+    ]
+
+
 def document(args: argparse.Namespace, device_words: str, timings: dict[str, float], cells: list[EngineCell],
-             levels: list[ServiceLevel], *, service_error: str | None = None) -> str:  # fmt: skip
+             levels: list[ServiceLevel], *, service_error: str | None = None,
+             new_lengths: list[NewLength] | None = None) -> str:  # fmt: skip
     """Return the markdown: what ran where, the table, and what each column means."""
     kind = "CPU REHEARSAL (small step count: the figures say nothing of a GPU)" if args.rehearse else "GPU check"
+    size = "random weights, ChatTTS's real sizes" if args.model == MODEL else "not ChatTTS's real sizes"
     return "\n".join([
-        f"## {kind}: {args.model} (random weights, ChatTTS's real sizes) on {args.device}, {device_words}",
+        f"## {kind}: {args.model} ({size}) on {args.device}, {device_words}",
         "",
         f"Engine: one timed call per cell ({'after' if args.device.startswith('cuda') else 'without'} an untimed "
         f"one of the same shapes), every segment {args.steps} audio tokens. Service: one worker, "
@@ -112,6 +133,7 @@ def document(args: argparse.Namespace, device_words: str, timings: dict[str, flo
         "",
         *table(cells, levels, args.service_precision or "registry's"),
         *([] if service_error is None else ["", f"**The service part failed:** {service_error}"]),
+        *new_length_table(new_lengths or []),
         "",
         "RTF: seconds per second of one segment's audio (below 1 is faster than real time). tokens/s: audio tokens "
         "made per second by the whole batch. Peak GPU MiB: torch's peak allocation during the call. Service "
@@ -137,13 +159,21 @@ def main(argv: list[str] | None = None) -> int:
     pool = segment_pool(read_corpus(), 64, language="zh", seed=7)
     batches = [int(b) for b in args.batches.split(",")]
     cells: list[EngineCell] = []
+    new_lengths: list[NewLength] = []
+    lengths = [int(n) for n in args.new_lengths.split(",") if n]
+
+    def probe(engine: Any) -> None:
+        new_lengths.extend(measure_new_lengths(engine, device=args.device, lengths=lengths))
+
     engine_started = time.perf_counter()
-    for precision in args.precisions.split(","):
+    for n, precision in enumerate(args.precisions.split(",")):
         cells += measure_precision(args.model, precision=precision, device=args.device, batches=batches,
-                                   steps=args.steps, pool=pool, torch_threads=args.torch_threads)  # fmt: skip
+                                   steps=args.steps, pool=pool, torch_threads=args.torch_threads,
+                                   after=probe if n == 0 else None)  # fmt: skip
     timings["engine"] = time.perf_counter() - engine_started
     # The engine's figures are written whatever the service part does: a lease may not run the check twice.
-    save_result("gpu_check", document(args, words, {**timings, "service": 0.0, "total": 0.0}, cells, []))
+    partial = {**timings, "service": 0.0, "total": 0.0}
+    save_result("gpu_check", document(args, words, partial, cells, [], new_lengths=new_lengths))
     levels: list[ServiceLevel] = []
     service_error = None
     service_started = time.perf_counter()
@@ -162,9 +192,11 @@ def main(argv: list[str] | None = None) -> int:
         "engine": [c.record() for c in cells],
         "service": [lv.record() for lv in levels],
         "service_error": service_error,
+        "new_lengths": [p.record() for p in new_lengths],
     }
     (out / "gpu_check.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
-    write_result("gpu_check", document(args, words, timings, cells, levels, service_error=service_error))
+    write_result("gpu_check", document(args, words, timings, cells, levels, service_error=service_error,
+                                       new_lengths=new_lengths))  # fmt: skip
     return 1 if service_error else 0
 
 

@@ -8,6 +8,7 @@ second of speech). Peak memory is torch's own count on the device (none on the C
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -34,6 +35,48 @@ class EngineCell:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class NewLength:
+    """ChatTTS's decoder and vocoder on one segment of a length not decoded before, then at once again."""
+
+    tokens: int
+    first_s: float
+    again_s: float
+
+    def record(self) -> dict[str, Any]:
+        """Return the probe as JSON values."""
+        return asdict(self)
+
+
+def measure_new_lengths(engine: Any, *, device: str, lengths: list[int]) -> list[NewLength]:
+    """Time the decoder and vocoder on one segment's hidden states at each of ``lengths`` audio tokens, twice.
+
+    The service decodes every segment at its own length; a GPU library that prepares its work per input shape
+    pays for that the first time a length comes, which the engine cells (every segment one length, after an
+    untimed call) never show. The first GPU run's service made one segment of 108 tokens in 9.6 s where the
+    engine made 200 in 3-4 s: this tells whether new lengths are where that time went.
+    """
+    import torch
+
+    from workers.engines.chattts_device import synchronize
+
+    chat = engine.chat
+    found = []
+    with torch.inference_mode():
+        for tokens in lengths:
+            hidden = torch.randn(tokens, chat.config.gpt.hidden_size, device=torch.device(device))
+            seconds = []
+            for _ in range(2):
+                synchronize(device)
+                started = time.perf_counter()
+                chat._decode_to_wavs([hidden.clone()], True)
+                synchronize(device)
+                seconds.append(time.perf_counter() - started)
+            found.append(NewLength(tokens=tokens, first_s=seconds[0], again_s=seconds[1]))
+            print(f"  decoder + vocoder at {tokens} new tokens: {seconds[0]:.3f}s, again {seconds[1]:.3f}s", flush=True)
+    return found
+
+
 def pick_texts(pool: list[str], batch: int) -> list[str]:
     """Return ``batch`` segments spread evenly over the pool's lengths (the whole pool, cycled, if it is smaller)."""
     ordered = sorted(pool, key=len)
@@ -51,10 +94,12 @@ def measure_precision(
     pool: list[str],
     torch_threads: int = 0,
     warm: bool | None = None,
+    after: Callable[[Any], None] | None = None,
 ) -> list[EngineCell]:
     """Load ``model`` in ``precision`` on ``device`` and time one call per batch size, each segment ``steps`` tokens.
 
-    ``warm`` (default: on a GPU) runs each cell's call once untimed first.
+    ``warm`` (default: on a GPU) runs each cell's call once untimed first; ``after`` is given the loaded engine
+    once the cells are done.
     """
     from workers.engines.base import SynthesisRequest
     from workers.engines.chattts_device import on_cuda, peak_memory_mb, reset_peak_memory, synchronize
@@ -95,6 +140,8 @@ def measure_precision(
             )
             cells.append(cell)
             print(f"  {precision} batch {batch:>2}: {seconds:.2f}s, {tokens / seconds:.0f} tokens/s", flush=True)
+        if after is not None:
+            after(engine)
     finally:
         engine.unload()
     return cells

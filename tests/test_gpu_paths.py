@@ -11,8 +11,8 @@ import torch
 
 from bench.engine_real import combine, document, run_batches, settings_to_try
 from bench.gpu_check import main as gpu_check_main
-from bench.gpu_check import parse_args, table
-from bench.gpu_check_engine import EngineCell, measure_precision, pick_texts
+from bench.gpu_check import new_length_table, parse_args, table
+from bench.gpu_check_engine import EngineCell, measure_new_lengths, measure_precision, pick_texts
 from bench.gpu_check_service import level_summary, models_file
 from bench.loadgen import JobResult, LevelRun
 from workers.engines.base import SynthesisRequest
@@ -158,8 +158,9 @@ def test_the_engine_table_runs_a_pool_in_length_sorted_batches(engine: ChatTTSEn
 def test_the_rehearsal_is_the_gpu_check_on_the_cpu_with_a_small_step_count() -> None:
     args = parse_args(["--rehearse"])
     assert (args.device, args.steps, args.service_max_tokens, args.batches) == ("cpu", 24, 24, "1,4,16")
+    assert (args.levels, args.window) == ("1,4", 60), "few callers, long enough for real-size jobs to finish"
     gpu = parse_args([])
-    assert (gpu.device, gpu.steps, gpu.batches, gpu.window) == ("cuda:0", 200, "1,16,64", 30)
+    assert (gpu.device, gpu.steps, gpu.batches, gpu.window, gpu.levels) == ("cuda:0", 200, "1,16,64", 30, "1,16,64")
     assert gpu.service_precision is None, "on a GPU the service runs the registry's precision"
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="--rehearse"):
@@ -176,6 +177,15 @@ def test_the_gpu_check_writes_one_table_of_engine_and_service_rows(tmp_path: Pat
     assert len(lines) == 3 and lines[2].startswith("| service |")
     registry = models_file(tmp_path, "chattts-random", {"max_tokens": 24})
     assert '"max_tokens": 24' in registry.read_text(encoding="utf-8")
+
+
+def test_the_gpu_check_times_the_decoder_at_lengths_it_has_not_seen_and_again(engine: ChatTTSEngine) -> None:
+    probes = measure_new_lengths(engine, device="cpu", lengths=[37, 53])
+    assert [p.tokens for p in probes] == [37, 53]
+    assert all(p.first_s > 0 and p.again_s > 0 for p in probes)
+    lines = new_length_table(probes)
+    assert lines[-2].startswith("| 37 | ") and lines[-1].startswith("| 53 | ")
+    assert new_length_table([]) == [], "no probe, no table"
 
 
 def test_pick_texts_spreads_a_batch_over_the_lengths() -> None:
