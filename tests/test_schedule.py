@@ -116,40 +116,19 @@ class _UnusedBackend:
         raise AssertionError("a segment of a vanished job must not reach the engine")
 
 
-def test_a_segment_whose_job_vanishes_as_it_is_read_is_skipped_and_leaves_no_key(app: Flask) -> None:
-    services = app.extensions["tts"]
-    store = _VanishingStore(services.redis, ttl=600)
-    request = JobRequest(model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav",
-                         priority="realtime", seed=None, cache=False)  # fmt: skip
-    job_id = store.create(request, ["First part.", "Second part."])
-    synthesizer = SegmentSynthesizer(
+#: A two-segment realtime job on the offline model.
+REQUEST = JobRequest(model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav",
+                     priority="realtime", seed=None, cache=False)  # fmt: skip
+
+
+def _synthesizer(services: Any, store: JobStore, backend: object) -> SegmentSynthesizer:
+    """Return a worker's segment synthesizer on the app's services, with ``store`` and ``backend``; the tests run
+    each segment themselves, so nothing is enqueued."""
+    return SegmentSynthesizer(
         store=store,
         cache=services.cache,
         stats=Stats(services.redis),
-        enqueue=services.enqueue,
-        registry=services.registry,
-        backend=_UnusedBackend(),  # type: ignore[arg-type]
-        max_attempts=2,
-        worker="test",
-        book=services.book,
-        policy=SchedulingPolicy(deadlines=POLICY),
-    )
-    assert synthesizer.run(job_id, 1) is Outcome.SKIPPED
-    assert not services.redis.exists(*keys.all_job_keys(job_id)), "no attempt counter without a job"
-
-
-def test_a_later_segment_is_ordered_early_only_once_its_jobs_first_segment_has_arrived(app: Flask) -> None:
-    services = app.extensions["tts"]
-    store = JobStore(services.redis, ttl=600)
-    request = JobRequest(model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav",
-                         priority="realtime", seed=None, cache=False)  # fmt: skip
-    job_id = store.create(request, ["First part.", "Second part."])
-    backend = _EarlyRecordingBackend()
-    synthesizer = SegmentSynthesizer(
-        store=store,
-        cache=services.cache,
-        stats=Stats(services.redis),
-        enqueue=lambda *_args, **_kwargs: None,  # the test runs each segment itself
+        enqueue=lambda *_args, **_kwargs: None,
         registry=services.registry,
         backend=backend,  # type: ignore[arg-type]
         max_attempts=2,
@@ -157,6 +136,23 @@ def test_a_later_segment_is_ordered_early_only_once_its_jobs_first_segment_has_a
         book=services.book,
         policy=SchedulingPolicy(deadlines=POLICY),
     )
+
+
+def test_a_segment_whose_job_vanishes_as_it_is_read_is_skipped_and_leaves_no_key(app: Flask) -> None:
+    services = app.extensions["tts"]
+    store = _VanishingStore(services.redis, ttl=600)
+    job_id = store.create(REQUEST, ["First part.", "Second part."])
+    synthesizer = _synthesizer(services, store, _UnusedBackend())
+    assert synthesizer.run(job_id, 1) is Outcome.SKIPPED
+    assert not services.redis.exists(*keys.all_job_keys(job_id)), "no attempt counter without a job"
+
+
+def test_a_later_segment_is_ordered_early_only_once_its_jobs_first_segment_has_arrived(app: Flask) -> None:
+    services = app.extensions["tts"]
+    store = JobStore(services.redis, ttl=600)
+    job_id = store.create(REQUEST, ["First part.", "Second part."])
+    backend = _EarlyRecordingBackend()
+    synthesizer = _synthesizer(services, store, backend)
     assert synthesizer.run(job_id, 1) is Outcome.WRITTEN  # the second first: its listener has nothing yet
     (second_early,) = backend.early
     assert callable(second_early) and not second_early(), "no listener plays yet: nothing to stall"
@@ -178,8 +174,7 @@ class _EarlyRecordingBackend:
 
 def test_starting_a_segment_reads_its_job_counts_the_attempt_and_marks_the_job_running(app: Flask) -> None:
     store = JobStore(app.extensions["tts"].redis, ttl=600)
-    request = JobRequest(model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav",
-                         priority="realtime", seed=None, cache=False)  # fmt: skip
+    request = REQUEST
     job_id = store.create(request, ["First part.", "Second part."])
     first = store.start_segment(job_id, 1)
     assert first.state is StartState.GO
