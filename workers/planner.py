@@ -144,7 +144,8 @@ class BatchPlanner:
         def lead(p: Pending, due: float) -> float:
             # A first segment gains priority as it waits past its deadline, up to first_priority_s: under
             # overload its listener, who has nothing yet, waits first-hand; when the engines keep up it gains
-            # little, and streams already playing keep theirs.
+            # little, and streams already playing keep theirs. (A later segment whose listener has not started
+            # is due with the clock, for at most core.schedule.UNSTARTED_LIMIT_S, so it gains none before that.)
             if not self.early(p):
                 return min(timing.first_priority_s, max(0.0, now - due))
             # A stream's next segment must be written by its deadline, so it starts ``lead`` calls earlier;
