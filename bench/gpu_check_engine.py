@@ -7,12 +7,15 @@ second of speech). Peak memory is torch's own count on the device (none on the C
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from bench.full_model import loaded_engine, model_spec
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,17 @@ class NewLength:
         return asdict(self)
 
 
+def timed(device: str, work: Callable[[], T]) -> tuple[T, float]:
+    """Run ``work`` from an idle ``device`` until the device is idle again; return its result and the seconds."""
+    from workers.engines.chattts_device import synchronize
+
+    synchronize(device)
+    started = time.perf_counter()
+    result = work()
+    synchronize(device)
+    return result, time.perf_counter() - started
+
+
 def measure_new_lengths(engine: Any, *, device: str, lengths: list[int]) -> list[NewLength]:
     """Time the decoder and vocoder on one segment's hidden states at each of ``lengths`` audio tokens, twice.
 
@@ -58,20 +72,16 @@ def measure_new_lengths(engine: Any, *, device: str, lengths: list[int]) -> list
     """
     import torch
 
-    from workers.engines.chattts_device import synchronize
-
     chat = engine.chat
+
+    def decode(hidden: torch.Tensor) -> Any:
+        return chat._decode_to_wavs([hidden.clone()], True)  # it deletes what it is given
+
     found = []
     with torch.inference_mode():
         for tokens in lengths:
             hidden = torch.randn(tokens, chat.config.gpt.hidden_size, device=torch.device(device))
-            seconds = []
-            for _ in range(2):
-                synchronize(device)
-                started = time.perf_counter()
-                chat._decode_to_wavs([hidden.clone()], True)
-                synchronize(device)
-                seconds.append(time.perf_counter() - started)
+            seconds = [timed(device, functools.partial(decode, hidden))[1] for _ in range(2)]
             found.append(NewLength(tokens=tokens, first_s=seconds[0], again_s=seconds[1]))
             print(f"  decoder + vocoder at {tokens} new tokens: {seconds[0]:.3f}s, again {seconds[1]:.3f}s", flush=True)
     return found
@@ -102,7 +112,7 @@ def measure_precision(
     once the cells are done.
     """
     from workers.engines.base import SynthesisRequest
-    from workers.engines.chattts_device import on_cuda, peak_memory_mb, reset_peak_memory, synchronize
+    from workers.engines.chattts_device import on_cuda, peak_memory_mb, reset_peak_memory
 
     warm = on_cuda(device) if warm is None else warm
 
@@ -120,12 +130,8 @@ def measure_precision(
                 # The first call at new shapes pays one-off costs (the allocator's first blocks, kernel choice)
                 # that serving never pays again. On the CPU none showed (measured), and it would double the time.
                 engine.synthesize(requests)
-            synchronize(device)
             reset_peak_memory(device)
-            started = time.perf_counter()
-            waves = engine.synthesize(requests)
-            synchronize(device)
-            seconds = time.perf_counter() - started
+            waves, seconds = timed(device, functools.partial(engine.synthesize, requests))
             audio = sum(len(w) for w in waves) / engine.sample_rate
             cell = EngineCell(
                 precision=precision,

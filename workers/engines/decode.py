@@ -211,6 +211,7 @@ class _Rows:
         # ChatTTS casts every input to the Llama's dtype, positions too; in half precision that rounds them (bf16
         # holds integers exactly only to 256, fp16 to 2048), so they go to the device as the integers they are.
         positions, cache_position = model_input.position_ids, model_input.cache_position
+        model_input.position_ids = model_input.cache_position = None  # its cast skips what is None
         model_input.to(gpt.device_gpt, gpt.gpt.dtype)
         outputs = gpt.gpt(
             attention_mask=model_input.attention_mask,
