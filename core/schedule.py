@@ -55,8 +55,6 @@ class Timeline:
         self.start_estimate = start_estimate
         self.durations = list(durations)  # seconds of (stretched) playback per segment
         self.arrivals = dict(arrivals)  # index → when the segment was written
-        #: When segment 0 is expected, once an engine call making it has begun here (None until then).
-        self.first_expected: float | None = None
 
     def arrived(self, index: int, at: float, duration: float | None = None) -> None:
         """Record that segment ``index`` was written at ``at`` (with its real, stretched duration)."""
@@ -64,15 +62,9 @@ class Timeline:
         if duration is not None and index < len(self.durations):
             self.durations[index] = duration
 
-    def starting(self, expected_at: float) -> None:
-        """Record that segment 0 has entered an engine call, expected to be made at ``expected_at``: its listener
-        starts within about one call, so the later segments must be on their way by then (see ``started``). A
-        call retried after a failure tells it again, later."""
-        self.first_expected = expected_at
-
     def started(self) -> bool:
-        """Say whether the listener plays, or is about to: segment 0 has arrived, or is being made."""
-        return 0 in self.arrivals or self.first_expected is not None
+        """Say whether the listener is playing: segment 0 has arrived."""
+        return 0 in self.arrivals
 
     def grow(self, newer: Timeline) -> None:
         """Take what another view of the job knows: the arrivals and durations of segments written (by other
@@ -95,12 +87,10 @@ class Timeline:
             return self.due0
         start = self.arrivals.get(0)
         if start is None:
-            # Not started: no earlier than the estimate (when segment 0's call here expects it, once one began)
-            # nor than now, but fixed after a while, in case segment 0 was written by a worker that did not tell
-            # us (deadlines must not float forever).
+            # Not started: no earlier than the estimate nor than now, but fixed after a while, in case
+            # segment 0 was written by a worker that did not tell us (deadlines must not float forever).
             now = time.time() if now is None else now
-            estimate = self.start_estimate if self.first_expected is None else self.first_expected
-            start = min(max(estimate, now), estimate + UNSTARTED_LIMIT_S)
+            start = min(max(self.start_estimate, now), self.start_estimate + UNSTARTED_LIMIT_S)
         playing = start  # when the listener starts segment j
         durations = self.durations
         if index > len(durations):  # a text stream's segment this view has no length of yet: like the others

@@ -7,7 +7,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import pytest
 
 from core.errors import SynthesisError
 from core.policy import BatchTiming
@@ -124,37 +123,6 @@ def test_a_jobs_later_segment_goes_ahead_of_first_segments_only_once_its_listene
     playing["now"] = True  # its first segment arrived: its listener plays
     assert planner.plan(list(waiting))[0] == [second], "now it must be made before its listener runs out"
     assert not planner.can_slow([second]), "and a call making it takes no joiners"
-
-
-def _told_at_start(text: str) -> list[float]:
-    """Make one segment of ``text`` on a batcher whose calls last 1.5 s for 3 characters at most, at a clock stopped
-    at 100; return what its ``on_start`` was told."""
-    batcher = Batcher(RecordingEngine(delay_s=0.0), max_batch=4, max_wait_s=0.0, clock=lambda: 100.0)
-    batcher.planner.ran([_pending("abc", 0.0)], elapsed=1.5)
-    told: list[float] = []
-    try:
-        batcher.submit(SPEC, SynthesisRequest(text=text), on_start=told.append).result(5)
-    finally:
-        batcher.close()
-    return told
-
-
-def test_a_segment_is_told_when_it_enters_an_engine_call_and_when_that_call_should_make_it() -> None:
-    assert _told_at_start("abd") == [pytest.approx(101.5)], "once, as its call begins: one call's time from now"
-    assert _told_at_start("x" * 6) == [pytest.approx(103.0)], "twice the usual longest text: counted twice as long"
-
-
-def test_a_segment_whose_start_cannot_be_told_is_made_all_the_same() -> None:
-    batcher = Batcher(RecordingEngine(delay_s=0.0), max_batch=4, max_wait_s=0.0)
-
-    def broken(_: float) -> None:
-        raise RuntimeError("the timeline is gone")
-
-    try:
-        wave, _ = batcher.submit(SPEC, SynthesisRequest(text="abd"), on_start=broken).result(5)
-    finally:
-        batcher.close()
-    assert len(wave) == 3
 
 
 class RecordingEngine:

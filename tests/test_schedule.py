@@ -53,18 +53,6 @@ def test_before_its_first_audio_a_jobs_later_deadlines_follow_the_clock_but_only
     assert plan.deadline(1, now=10_000.0) == pytest.approx(101.0 + 30.0 + 2.0), "then fixed, so it cannot starve"
 
 
-def test_once_segment_zero_is_being_made_the_later_deadlines_count_from_when_its_call_expects_it() -> None:
-    plan = timeline(lane="realtime", accepted_at=100.0, chars=[10, 10], seconds_per_char=0.2, policy=POLICY)
-    assert not plan.started()
-    plan.starting(105.0)  # segment 0 entered an engine call at 104 that should make it at 105
-    assert plan.started(), "its listener starts within a call: the later segments count as early from now"
-    assert plan.deadline(1, now=104.0) == pytest.approx(107.0), "needed once segment 0, expected at 105, has played"
-    assert plan.deadline(1, now=106.0) == pytest.approx(108.0), "the call runs over: no earlier than now, as before"
-    assert plan.deadline(1, now=10_000.0) == pytest.approx(105.0 + 30.0 + 2.0), "and fixed after a while"
-    plan.arrived(0, 105.5, 2.0)
-    assert plan.deadline(1, now=10_000.0) == pytest.approx(107.5), "its arrival replaces the expectation"
-
-
 def test_the_listener_model_counts_stalls_and_their_length() -> None:
     assert playback_stalls([10.0, 11.0, 13.0], [2.0, 1.0, 1.0]) == (0, 0.0)
     assert playback_stalls([10.0, 14.0, 15.0], [2.0, 1.0, 1.0]) == (1, 2.0)
@@ -159,7 +147,7 @@ def test_a_segment_whose_job_vanishes_as_it_is_read_is_skipped_and_leaves_no_key
     assert not services.redis.exists(*keys.all_job_keys(job_id)), "no attempt counter without a job"
 
 
-def test_a_later_segment_is_ordered_early_only_once_its_jobs_first_segment_is_being_made(app: Flask) -> None:
+def test_a_later_segment_is_ordered_early_only_once_its_jobs_first_segment_has_arrived(app: Flask) -> None:
     services = app.extensions["tts"]
     store = JobStore(services.redis, ttl=600)
     job_id = store.create(REQUEST, ["First part.", "Second part."])
@@ -167,34 +155,20 @@ def test_a_later_segment_is_ordered_early_only_once_its_jobs_first_segment_is_be
     synthesizer = _synthesizer(services, store, backend)
     assert synthesizer.run(job_id, 1) is Outcome.WRITTEN  # the second first: its listener has nothing yet
     (second_early,) = backend.early
-    assert callable(second_early) and not second_early(), "no listener plays yet, nor soon: nothing to stall"
-    assert backend.on_start == [None], "a later segment's start tells no one"
-    backend.probe = second_early
+    assert callable(second_early) and not second_early(), "no listener plays yet: nothing to stall"
     assert synthesizer.run(job_id, 0) is Outcome.WRITTEN
     assert backend.early[1] is False, "a first segment is never early: it gets the first segment's priority"
-    assert backend.probed[1] is True, (
-        "once the first segment's engine call has begun, its listener starts within a call: the later segments "
-        "must be on their way by then, so they are early before it has arrived"
-    )
-    assert second_early(), "and stay so once it has"
+    assert second_early(), "the job's timeline is shared: its first segment arrived, so its listener plays"
 
 
 class _EarlyRecordingBackend:
-    """Answers with a short waveform, telling ``on_start`` as the batcher does when a call begins; records the
-    ``early`` and ``on_start`` each segment came with, and what ``probe`` said once its call had begun."""
+    """Answers with a short waveform and records the ``early`` each segment was submitted with."""
 
     def __init__(self) -> None:
         self.early: list[object] = []
-        self.on_start: list[object] = []
-        self.probe: Any = lambda: None
-        self.probed: list[object] = []
 
-    def synthesize(self, *_: object, early: object = False, on_start: Any = None, **__: object) -> tuple[Any, int]:
+    def synthesize(self, *_: object, early: object = False, **__: object) -> tuple[Any, int]:
         self.early.append(early)
-        self.on_start.append(on_start)
-        if on_start is not None:
-            on_start(time.time() + 1.0)
-        self.probed.append(self.probe())
         return np.zeros(2400, dtype=np.float32), 24000
 
 

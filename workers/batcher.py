@@ -16,7 +16,7 @@ from core.errors import SynthesisError
 from core.policy import BatchTiming
 from core.registry import ModelSpec
 from workers.engines.base import RateReady, SynthesisRequest, Waveform, expect_one_per_input
-from workers.planner import BatchPlanner, Due, Early, Pending, Starting
+from workers.planner import BatchPlanner, Due, Early, Pending
 
 log = logging.getLogger(__name__)
 
@@ -150,21 +150,14 @@ class Batcher:
         self.joined = 0
 
     def submit(
-        self,
-        spec: ModelSpec,
-        request: SynthesisRequest,
-        *,
-        deadline: Due | None = None,
-        early: Early = False,
-        on_start: Starting | None = None,
+        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: Due | None = None, early: Early = False
     ) -> Future[tuple[Waveform, int]]:
         """Queue one segment due at ``deadline`` (epoch seconds; none: now); resolve to its waveform and rate.
 
         ``early`` (or a function saying so now): the segment continues a stream already playing, so it should be
-        written before its deadline, not start at it: it is ordered ``lead`` engine calls earlier. ``on_start`` is
-        told when it enters an engine call (its own or one it joined), with when that call expects to make it.
+        written before its deadline, not start at it: it is ordered ``lead`` engine calls earlier.
         """
-        pending = Pending(spec, request, self._clock() if deadline is None else deadline, early, on_start)
+        pending = Pending(spec, request, self._clock() if deadline is None else deadline, early)
         self._queue_for(spec.name).put(pending)
         return pending.future
 
@@ -270,9 +263,7 @@ class Batcher:
                 self.joined += len(group)
             else:
                 call.open = False  # it is ending: no more offers to it
-        if joined:
-            self._starting(group)
-        else:
+        if not joined:
             for pending in group:
                 inbox.put(pending)  # never started: back in line
 
@@ -355,7 +346,6 @@ class Batcher:
         call = _Running(group)
         with self._lock:
             self._running[replica] = call
-        self._starting(group)
         started = time.perf_counter()
         try:
             # A segment's caller gets its audio the moment it is made, not when the longest of its batch is.
@@ -387,16 +377,6 @@ class Batcher:
                 self._observe(spec.name, len(made), sum(len(p.request.text) for p in made), elapsed)
             except Exception:  # observing must never break serving
                 log.exception("batch observer failed")
-
-    def _starting(self, group: list[Pending]) -> None:
-        """Tell each segment that asked that it has entered an engine call, and when the call expects to make it."""
-        now = self._clock()
-        for pending in group:
-            if pending.on_start is not None:
-                try:
-                    pending.on_start(now + self.planner.call_s(pending))
-                except Exception:  # a hint to the scheduler: it must never keep a segment from its call
-                    log.exception("a segment's start could not be told")
 
     def mean_batch_size(self) -> float:
         """Return the mean number of segments per engine call so far."""

@@ -20,8 +20,6 @@ log = logging.getLogger(__name__)
 Due = float | Callable[[], float]
 #: Whether a segment continues a stream whose listener is playing, or a function saying so now.
 Early = bool | Callable[[], bool]
-#: Told when a segment enters an engine call, with when that call expects to have made it (epoch seconds).
-Starting = Callable[[float], None]
 #: Requests remembered as having been in a failed batch (oldest forgotten first).
 _MAX_SUSPECTS = 4096
 
@@ -38,9 +36,6 @@ class Pending:
     #: Start it ``lead`` engine calls early: it continues a stream whose listener is playing, and a late one makes
     #: that listener stall. A job's later segment before its first has arrived stalls no one yet: it is not early.
     early: Early = False
-    #: Told when it enters an engine call (see ``Starting``): a job's first segment tells its timeline, so that its
-    #: later segments are on their way when its listener starts, not only once it has.
-    on_start: Starting | None = None
     future: Future[tuple[Waveform, int]] = field(default_factory=Future)
     submitted: float = field(default_factory=time.monotonic)
     #: When its waveform was handed over (time.perf_counter), 0 until then.
@@ -140,15 +135,10 @@ class BatchPlanner:
             return min(timing.urgent_horizon_s, timing.horizon_s)
         return timing.horizon_s
 
-    def call_s(self, pending: Pending) -> float:
-        """Return how long an engine call making ``pending`` is expected to take: about as long as its longest
-        text, so a segment longer than the usual call's longest counts longer (0 before the model's first call)."""
-        name = pending.spec.name
-        call_s, call_chars = self._batch_s.get(name, 0.0), self._batch_chars.get(name, 1.0)
-        return call_s * max(1.0, len(pending.request.text) / call_chars)
-
     def _urgency(self, items: list[Pending]) -> dict[int, float]:
         """Return each item's deadline, moved earlier by the lead it deserves."""
+        name = items[0].spec.name
+        call_s, call_chars = self._batch_s.get(name, 0.0), self._batch_chars.get(name, 1.0)
         now, timing = self._clock(), self.timing
 
         def lead(p: Pending, due: float) -> float:
@@ -158,8 +148,9 @@ class BatchPlanner:
             # is due with the clock, for at most core.schedule.UNSTARTED_LIMIT_S, so it gains none before that.)
             if not self.early(p):
                 return min(timing.first_priority_s, max(0.0, now - due))
-            # A stream's next segment must be written by its deadline, so it starts ``lead`` calls earlier.
-            return timing.lead * self.call_s(p)
+            # A stream's next segment must be written by its deadline, so it starts ``lead`` calls earlier;
+            # a call lasts about as long as its longest text, so a long segment's call is counted longer.
+            return timing.lead * call_s * max(1.0, len(p.request.text) / call_chars)
 
         return {id(p): d - lead(p, d) for p, d in ((p, self.due(p)) for p in items)}
 

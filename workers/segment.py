@@ -180,11 +180,9 @@ class SegmentSynthesizer:
             spec,
             SynthesisRequest(text=text, voice=request.voice, speed=request.speed, seed=request.seed, mode=request.mode),
             deadline=(plan.due0 if index == 0 else due) if self.policy.by_deadline else None,
-            # A later segment is early (ordered before its deadline) only once its listener plays or is about to:
-            # until the job's first segment has entered an engine call, none of its later ones can stall anyone
-            # soon, and none goes before it. The first tells the timeline when its call begins.
+            # A later segment is early (ordered before its deadline) only once its listener plays: until the job's
+            # first segment has arrived, none of its later ones can stall anyone, and none goes before it.
             early=plan.started if index > 0 else False,
-            on_start=plan.starting if index == 0 else None,
         )
         synth_s = time.perf_counter() - started
         return MadeSegment(
