@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import pytest
+import redis
 from flask import Flask
 from flask.testing import FlaskClient
 
@@ -15,6 +19,9 @@ from cache.jobstore import JobRequest, JobStore, SegmentStart, StartState
 from cache.stats import Stats
 from core.policy import SchedulingPolicy
 from core.schedule import DeadlinePolicy, admission_excess, playback_stalls, priority_step, timeline
+from devstack.processes import wait_for
+from devstack.redis_server import RedisServer
+from workers.arrivals import FirstArrivals
 from workers.segment import Outcome, SegmentSynthesizer
 
 POLICY = DeadlinePolicy(first_audio_s=1.0, batch_delay_s=60.0, batch_stretch=2.0)
@@ -121,7 +128,9 @@ REQUEST = JobRequest(model="espeak-en", voice="default", speed=1.0, mode="balanc
                      priority="realtime", seed=None, cache=False)  # fmt: skip
 
 
-def _synthesizer(services: Any, store: JobStore, backend: object) -> SegmentSynthesizer:
+def _synthesizer(
+    services: Any, store: JobStore, backend: object, *, worker: str = "test", arrivals: FirstArrivals | None = None
+) -> SegmentSynthesizer:
     """Return a worker's segment synthesizer on the app's services, with ``store`` and ``backend``; the tests run
     each segment themselves, so nothing is enqueued."""
     return SegmentSynthesizer(
@@ -132,9 +141,10 @@ def _synthesizer(services: Any, store: JobStore, backend: object) -> SegmentSynt
         registry=services.registry,
         backend=backend,  # type: ignore[arg-type]
         max_attempts=2,
-        worker="test",
+        worker=worker,
         book=services.book,
         policy=SchedulingPolicy(deadlines=POLICY),
+        arrivals=arrivals,
     )
 
 
@@ -169,6 +179,72 @@ class _EarlyRecordingBackend:
 
     def synthesize(self, *_: object, early: object = False, **__: object) -> tuple[Any, int]:
         self.early.append(early)
+        return np.zeros(2400, dtype=np.float32), 24000
+
+
+@pytest.fixture
+def unserved(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """Return a client of a database of the test Redis that no running worker serves: its jobs stay as a test
+    leaves them (a worker's janitor would hand their unpublished segments to the broker)."""
+    client = redis.Redis.from_url(redis_server.url, db=9)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
+
+
+def test_a_later_segment_waiting_on_one_worker_learns_at_once_that_another_worker_wrote_its_first(
+    app: Flask, unserved: redis.Redis
+) -> None:
+    services = app.extensions["tts"]
+    store = JobStore(unserved, ttl=600)
+    job_id = store.create(REQUEST, ["First part.", "Second part."])
+    arrivals = FirstArrivals(unserved, store.segment_meta_one)
+    waiting = _HeldBackend()
+    here = _synthesizer(services, store, waiting, worker="here", arrivals=arrivals)
+    elsewhere = _synthesizer(services, store, _EarlyRecordingBackend(), worker="elsewhere")
+    with ThreadPoolExecutor(1) as pool:
+        second = pool.submit(here.run, job_id, 1)  # read before its first segment is written: nothing to count from
+        early, due = wait_for(lambda: waiting.submitted, 5, "the second segment waits for its engine call")[0]
+        assert not early() and arrivals.following() == 1
+
+        assert elsewhere.run(job_id, 0) is Outcome.WRITTEN  # another worker writes the first
+        wait_for(early, 5, "the waiting segment learns that its listener plays")
+        first = store.segment_meta_one(job_id, 0)
+        assert due() == pytest.approx(first["finished_at"] + first["duration_s"]), (
+            "it is due when the listener ends the first segment, as that worker wrote it"
+        )
+        waiting.release.set()
+        assert second.result(10) is Outcome.WRITTEN
+    wait_for(lambda: arrivals.following() == 0, 5, "the follow ended with the arrival")
+
+
+def test_a_follow_of_a_first_segment_ends_with_its_job_or_after_its_limit(unserved: redis.Redis) -> None:
+    store = JobStore(unserved, ttl=600)
+    arrivals = FirstArrivals(unserved, store.segment_meta_one, limit_s=1.0, idle_s=0.2)
+    canceled, forgotten = (store.create(REQUEST, ["First part.", "Second part."]) for _ in range(2))
+    plans = [timeline(lane="realtime", accepted_at=time.time(), chars=[11, 12], seconds_per_char=0.1, policy=POLICY)
+             for _ in range(2)]  # fmt: skip
+    arrivals.follow(canceled, plans[0], stretch=1.0)
+    arrivals.follow(forgotten, plans[1], stretch=1.0)
+    assert arrivals.following() == 2
+    store.cancel(canceled)
+    wait_for(lambda: arrivals.following() == 1, 5, "the canceled job's follow ended with its status event")
+    wait_for(lambda: arrivals.following() == 0, 5, "the other's ended after its limit, with nothing written")
+    assert not plans[0].started() and not plans[1].started()
+    wait_for(lambda: not any(t.name == "first-arrivals" for t in threading.enumerate()), 5, "its thread ends idle")
+
+
+class _HeldBackend:
+    """Holds each segment (as a busy engine would) until ``release`` is set; records its ``early`` and deadline."""
+
+    def __init__(self) -> None:
+        self.submitted: list[tuple[Any, Any]] = []
+        self.release = threading.Event()
+
+    def synthesize(self, *_: object, deadline: Any = None, early: Any = False, **__: object) -> tuple[Any, int]:
+        self.submitted.append((early, deadline))
+        self.release.wait(10)
         return np.zeros(2400, dtype=np.float32), 24000
 
 

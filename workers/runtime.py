@@ -25,6 +25,7 @@ from core.metrics import BATCH_SIZE, GPU_MEMORY, MODEL_MEMORY, MODELS_RESIDENT, 
 from core.policy import SchedulingPolicy, scheduling_policy
 from core.registry import ModelSpec, Registry, load_registry
 from core.settings import Settings
+from workers.arrivals import FirstArrivals
 from workers.backend import PooledBackend
 from workers.batcher import Batcher, BatchObserver
 from workers.celery_app import Enqueue
@@ -259,6 +260,7 @@ def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> Wor
         book=shared.book,
         policy=shared.policy,
         wait_for_room=shared.budget.wait_for_room,
+        arrivals=FirstArrivals(client, shared.store.segment_meta_one),
     )
     reconciler = Reconciler(
         store=shared.store,

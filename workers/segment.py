@@ -27,6 +27,7 @@ from core.metrics import SEGMENT_REDELIVERIES, SEGMENTS, STORE_FULL_WAITS
 from core.policy import SchedulingPolicy
 from core.registry import Registry
 from core.schedule import Timeline
+from workers.arrivals import FirstArrivals
 from workers.backend import SynthesisBackend
 from workers.celery_app import Enqueue
 from workers.engines.base import SynthesisRequest
@@ -64,6 +65,7 @@ class SegmentSynthesizer:
         wait_for_room: Callable[[float], bool] | None = None,
         room_wait_s: float = 60.0,
         observer: SegmentObserver | None = None,
+        arrivals: FirstArrivals | None = None,
     ) -> None:
         self.store = store
         self.cache = cache
@@ -79,6 +81,7 @@ class SegmentSynthesizer:
         self.room_wait_s = room_wait_s
         self._timelines = Timelines(store=store, policy=policy.deadlines, default_pace=book.default_seconds_per_char)
         self.observer = observer or default_observers(stats=stats, cache=cache, book=book, store=store)
+        self.arrivals = arrivals  # tells the timelines here when other workers write a job's first segment
         self._working_on: Counter[str] = Counter()
         self._working_lock = threading.Lock()
 
@@ -152,16 +155,21 @@ class SegmentSynthesizer:
             return Outcome.SKIPPED
         self.observer.started(start, index)
         plan = self._timelines.of(job_id, start)
+        lane = start.record.request.priority
+        if index > 0 and self.arrivals is not None and self.policy.by_deadline and not plan.started():
+            # Its listener starts when segment 0 is written, perhaps by another worker: learn of it at once.
+            self.arrivals.follow(job_id, plan, stretch=self.policy.deadlines.stretch(lane))
         made = self._synthesize(job_id, index, start.record, start.text, plan)
         self.observer.made(made)
         write = self._write(made, start.attempt)
         outcome = _OUTCOMES[write.result]
-        lane = made.request.priority
         if outcome is Outcome.WRITTEN:  # later segments here follow its listener
             plan.arrived(index, made.finished_at, made.duration_s * self.policy.deadlines.stretch(lane))
         self.observer.written(made, outcome.value)
         if write.result is WriteResult.FINISHED:
             self._timelines.forget(job_id)
+            if self.arrivals is not None:
+                self.arrivals.forget(job_id)
             self.observer.job_finished(job_id, lane)
         elif write.next_index is not None:
             self._feed_next(job_id, write.next_index, plan, lane)
