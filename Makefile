@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install install-dev install-bench constraints run worker test chaos lint tiny-model full-model bench-engine bench-real gpu-check bench bench-batch bench-cache bench-stream bench-schedule bench-goodput bench-held bench-text bench-textstream soak clean
+.PHONY: help install install-dev install-bench constraints run worker test chaos lint tiny-model full-model bench-engine bench-real gpu-check bench bench-batch bench-cache bench-stream bench-schedule bench-workers bench-goodput bench-held bench-text bench-textstream soak clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -73,6 +73,10 @@ bench-stream: install-bench  ## Time to first audio: one sentence vs a 3,000-cha
 bench-schedule: install-bench  ## FIFO vs deadline scheduling at 10 and 50 callers (first audio, stalls, jobs/s).
 	scripts/ensure_redis_server.sh
 	$(PY) -m bench.schedule $(BENCH_ARGS)
+
+bench-workers: install-bench  ## One worker with two model hosts vs two workers with one each, at 10 and 20 callers (a job's segments split over workers; ~4 min).
+	scripts/ensure_redis_server.sh
+	$(PY) -m bench.split_workers $(BENCH_ARGS)
 
 bench-goodput: install-bench  ## Open-loop Poisson arrivals at 0.25-1.5x the measured capacity, FIFO and deadline: the rate at which no admitted listener stalls (~12 min).
 	scripts/ensure_redis_server.sh

@@ -1,0 +1,178 @@
+"""One worker against the same model hosts split over two workers, one run (``make bench-workers``).
+
+``python -m bench.split_workers [--levels 10,20] [--duration S]``
+
+Production runs one worker per GPU, and a job's segments go to whichever worker takes them: its first segment
+is often made by one worker while another holds its later ones. Two stacks (Redis, the API, deadline scheduling)
+differ only in how their model hosts are spread: ``one`` runs one worker with two hosts, ``split`` two workers
+with one host each, on the same Redis. Both are started first and stay up; each level drives them in turn with
+the headline benchmark's closed-loop callers and listener model, alternating which goes first. The table gives,
+per level and layout, jobs/s, first audio, the share of jobs whose listener stalled and p99 total stall; the
+verdict asks that splitting the hosts over workers cost no stalls at 10 callers (at most 1% of jobs, as one
+worker does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.headline_levels import progress, run_level
+from bench.headline_stack import ServiceStack
+from bench.http_clients import ServedClient
+from bench.report import write_run
+from bench.stack_args import HEARTBEAT_S, Plan, add_stack_arguments, corpus_texts, make_plan, service_env
+from devstack.local import free_port
+from devstack.worker import WorkerProcess
+
+LAYOUTS = ("one", "split")
+#: Model hosts in either layout: one per core of this 2-core machine, each with one torch thread.
+HOSTS = 2
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Read the command line (the headline benchmark's stack options, the hosts fixed at two)."""
+    parser = argparse.ArgumentParser(prog="python -m bench.split_workers", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    add_stack_arguments(parser, levels="10,20")
+    parser.add_argument("--batch-max", type=int, default=8, help="TTS_BATCH_MAX_SIZE of every worker (default 8)")
+    args = parser.parse_args(argv)
+    args.device = args.device or "cpu"
+    args.replicas = 1  # per worker of the split layout; the one worker gets HOSTS (see stack_env)
+    if not any(pair.startswith("TTS_BATCH_MAX_SIZE=") for pair in args.service_env):
+        args.service_env.append(f"TTS_BATCH_MAX_SIZE={args.batch_max}")
+    return args
+
+
+def stack_env(env: dict[str, str], layout: str) -> dict[str, str]:
+    """Return a layout's environment: its workers' model hosts add up to HOSTS."""
+    return {**env, "TTS_MODEL_REPLICAS": str(HOSTS if layout == "one" else 1)}
+
+
+class SplitStack(ServiceStack):
+    """The bench stack with a second worker on the same Redis, each worker with its own metrics port."""
+
+    def __init__(self, env: dict[str, str], workdir: Path) -> None:
+        super().__init__(env, workdir, api_processes=2)
+        self.second = WorkerProcess({**self.env, "TTS_METRICS_PORT": str(free_port())}, workdir / "worker2.log")
+
+    def start(self, *, ready_timeout: float = 300, overlap: bool = False) -> None:
+        """Start Redis, both workers and the API."""
+        super().start(ready_timeout=ready_timeout, overlap=overlap)
+        self.second.start()
+        self.second.wait_heartbeat(self.client, timeout=ready_timeout)
+
+    def stop(self) -> None:
+        """Stop the second worker, then the rest."""
+        try:
+            self.second.stop()
+        finally:
+            super().stop()
+
+
+def _f(value: float | None, spec: str = ".2f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def table(levels: list[dict[str, Any]]) -> str:
+    """Return the markdown comparison, one row per level and layout."""
+    lines = [
+        "| callers | model hosts | jobs/s | p50 / p99 first audio (s) | jobs with a stall | p99 stall (s) | errors "
+        "| jobs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    names = {"one": f"one worker × {HOSTS}", "split": f"{HOSTS} workers × 1"}
+    for level in levels:
+        for layout in LAYOUTS:
+            s = level[layout]
+            lines.append(
+                f"| {level['callers']} | {names[layout]} | {s['jobs_per_s']:.2f} | "
+                f"{_f(s['first_audio_p50'])} / {_f(s['first_audio_p99'])} | {_f(s['stall_share'], '.1%')} | "
+                f"{_f(s['stall_p99_s'])} | {sum(s['errors'].values()) if s['errors'] else 0} | {s['jobs_measured']} |"
+            )
+    return "\n".join(lines)
+
+
+def verdicts(levels: list[dict[str, Any]]) -> list[str]:
+    """Return the verdict: at 10 callers, split workers stall no more than 1% of jobs."""
+    by = {level["callers"]: level for level in levels}
+    share = by[10]["split"]["stall_share"] if 10 in by else None
+    if share is None:
+        return []
+    return [f"- 10 callers, jobs without a stall on {HOSTS} workers: {1 - share:.1%} (target ≥ 99%): "
+            f"{'met' if share <= 0.01 else 'NOT met'}"]  # fmt: skip
+
+
+def drive(
+    stacks: dict[str, ServiceStack], args: argparse.Namespace, plan: Plan, texts: list[tuple[str, int]]
+) -> list[dict[str, Any]]:
+    """Run every level against both stacks, alternating which goes first; return the levels' summaries."""
+    levels: list[dict[str, Any]] = []
+    for n, callers in enumerate(int(x) for x in args.levels.split(",")):
+        level: dict[str, Any] = {"callers": callers}
+        for layout in LAYOUTS if n % 2 == 0 else LAYOUTS[::-1]:
+            stack = stacks[layout]
+            for other in stacks.values():
+                other.wait_idle()
+            summary = run_level(ServedClient(stack.api.url, model=args.model), texts, callers, plan,
+                                window_s=plan.window_s, seed=n, probe=stack.queued)  # fmt: skip
+            level[layout] = summary
+            progress(layout, summary)
+        levels.append(level)
+    return levels
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start both stacks, drive every level against each, print and write the table."""
+    args = parse_args(argv)
+    plan = make_plan(args)
+    out = args.out / f"split-workers-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    env = service_env(args, out)
+    texts = corpus_texts(args.model)
+    print(f"split-workers benchmark: {args.model}, {os.cpu_count()} CPUs, levels {args.levels}, "
+          f"{plan.window_s:g}s each; results in {out}", flush=True)  # fmt: skip
+    started = time.monotonic()
+    for layout in LAYOUTS:
+        (out / layout).mkdir(exist_ok=True)
+    stacks: dict[str, ServiceStack] = {
+        "one": ServiceStack(stack_env(env, "one"), out / "one", api_processes=2),
+        "split": SplitStack(stack_env(env, "split"), out / "split"),
+    }
+    try:
+        for stack in stacks.values():
+            stack.start()
+        levels = drive(stacks, args, plan, texts)
+    finally:
+        for stack in stacks.values():
+            stack.stop()
+        for layout in LAYOUTS:
+            shutil.rmtree(out / layout / "redis", ignore_errors=True)
+    document = "\n".join(
+        [
+            f"## One worker against split workers: {args.model}, {os.cpu_count()} CPUs, {HOSTS} model hosts of "
+            f"{args.torch_threads} torch thread(s) either way, {plan.window_s:g}s per level, "
+            f"{time.strftime('%Y-%m-%d %H:%M')}",
+            "",
+            "Service settings of both stacks: " + ", ".join(f"`{pair}`" for pair in args.service_env) + ".",
+            "",
+            table(levels),
+            "",
+            *verdicts(levels),
+            "",
+            f"Whole run: {time.monotonic() - started:.0f}s (heartbeat {HEARTBEAT_S:g}s). Files: {out}",
+        ]
+    )
+    write_run(out, "split-workers", document, levels)
+    print()
+    print(document)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
