@@ -8,6 +8,7 @@ from typing import Any
 
 from bench.headline_cpu import meter_window
 from bench.headline_stack import ServiceStack
+from bench.http_clients import ServedClient
 from bench.loadgen import Client, run_closed_loop
 from bench.report import summarize
 from bench.stack_args import Plan
@@ -94,3 +95,31 @@ def progress(side: str, summary: dict[str, Any]) -> None:
         f"cpu {summary['cpu'] or '–'} ({summary['wall_s']}s)",
         flush=True,
     )
+
+
+def drive_alternating(
+    stacks: dict[str, ServiceStack],
+    *,
+    model: str,
+    levels: str,
+    plan: Plan,
+    texts: list[tuple[str, int]],
+    counters: bool = True,
+) -> list[dict[str, Any]]:
+    """Run every level of ``levels`` ("10,50") against each of ``stacks`` in turn, alternating which goes first,
+    with all of them idle before each; return one summary per level, keyed by stack name. ``counters``: read the
+    worker's metrics over each window (one worker per stack)."""
+    found: list[dict[str, Any]] = []
+    names = list(stacks)
+    for n, callers in enumerate(int(x) for x in levels.split(",")):
+        level: dict[str, Any] = {"callers": callers}
+        for name in names if n % 2 == 0 else names[::-1]:
+            stack = stacks[name]
+            for other in stacks.values():
+                other.wait_idle()
+            level[name] = run_level(ServedClient(stack.api.url, model=model), texts, callers, plan,
+                                    window_s=plan.window_s, seed=n, probe=stack.queued,
+                                    counters=stack.worker_totals if counters else None)  # fmt: skip
+            progress(name, level[name])
+        found.append(level)
+    return found

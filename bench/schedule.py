@@ -19,9 +19,8 @@ import sys
 import time
 from typing import Any
 
-from bench.headline_levels import progress, run_level
+from bench.headline_levels import drive_alternating
 from bench.headline_stack import ServiceStack
-from bench.http_clients import ServedClient
 from bench.report import write_run
 from bench.stack_args import (
     HEARTBEAT_S,
@@ -104,27 +103,6 @@ def verdicts(levels: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def drive(
-    stacks: dict[str, ServiceStack], args: argparse.Namespace, plan: Plan, texts: list[tuple[str, int]]
-) -> list[dict[str, Any]]:
-    """Run every level against both stacks, alternating which goes first; return the levels' summaries."""
-    levels: list[dict[str, Any]] = []
-    for n, callers in enumerate(int(x) for x in args.levels.split(",")):
-        level: dict[str, Any] = {"callers": callers}
-        order = SCHEDULERS if n % 2 == 0 else SCHEDULERS[::-1]
-        for name in order:
-            stack = stacks[name]
-            for other in stacks.values():
-                other.wait_idle()
-            summary = run_level(ServedClient(stack.api.url, model=args.model), texts, callers, plan,
-                                window_s=plan.window_s, seed=n, probe=stack.queued,
-                                counters=stack.worker_totals)  # fmt: skip
-            level[name] = summary
-            progress(name, summary)
-        levels.append(level)
-    return levels
-
-
 def document(args: argparse.Namespace, plan: Plan, levels: list[dict[str, Any]], footer: str) -> str:
     """Return the markdown: the settings both stacks ran with, the table, the verdicts and ``footer``."""
     return "\n".join(
@@ -164,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for stack in stacks.values():
             stack.start()
-        levels = drive(stacks, args, plan, texts)
+        levels = drive_alternating(stacks, model=args.model, levels=args.levels, plan=plan, texts=texts)
     finally:
         for stack in stacks.values():
             stack.stop()

@@ -22,11 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.headline_levels import progress, run_level
+from bench.headline_levels import drive_alternating
 from bench.headline_stack import ServiceStack
-from bench.http_clients import ServedClient
 from bench.report import write_run
-from bench.stack_args import HEARTBEAT_S, Plan, add_stack_arguments, corpus_texts, make_plan, service_env
+from bench.stack_args import HEARTBEAT_S, add_stack_arguments, corpus_texts, make_plan, service_env
 from devstack.local import free_port
 from devstack.worker import WorkerProcess
 
@@ -108,25 +107,6 @@ def verdicts(levels: list[dict[str, Any]]) -> list[str]:
             f"{'met' if share <= 0.01 else 'NOT met'}"]  # fmt: skip
 
 
-def drive(
-    stacks: dict[str, ServiceStack], args: argparse.Namespace, plan: Plan, texts: list[tuple[str, int]]
-) -> list[dict[str, Any]]:
-    """Run every level against both stacks, alternating which goes first; return the levels' summaries."""
-    levels: list[dict[str, Any]] = []
-    for n, callers in enumerate(int(x) for x in args.levels.split(",")):
-        level: dict[str, Any] = {"callers": callers}
-        for layout in LAYOUTS if n % 2 == 0 else LAYOUTS[::-1]:
-            stack = stacks[layout]
-            for other in stacks.values():
-                other.wait_idle()
-            summary = run_level(ServedClient(stack.api.url, model=args.model), texts, callers, plan,
-                                window_s=plan.window_s, seed=n, probe=stack.queued)  # fmt: skip
-            level[layout] = summary
-            progress(layout, summary)
-        levels.append(level)
-    return levels
-
-
 def main(argv: list[str] | None = None) -> int:
     """Start both stacks, drive every level against each, print and write the table."""
     args = parse_args(argv)
@@ -147,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for stack in stacks.values():
             stack.start()
-        levels = drive(stacks, args, plan, texts)
+        # Only the first worker's metrics could be read in the split layout: neither is read.
+        levels = drive_alternating(stacks, model=args.model, levels=args.levels, plan=plan, texts=texts, counters=False)
     finally:
         for stack in stacks.values():
             stack.stop()

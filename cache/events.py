@@ -9,6 +9,8 @@ from typing import Any, Protocol
 
 import redis
 
+from core.loops import OnDemandLoop
+
 log = logging.getLogger(__name__)
 
 #: A stream entry id ("<ms>-<seq>") as numbers, so that ids compare as Redis orders them.
@@ -59,16 +61,14 @@ class EventHub:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._waiting: dict[str, list[_Waiter]] = {}
-        self._running = False
+        self._loop = OnDemandLoop("event-hub", self._lock, self._round, lambda: bool(self._waiting))
 
     def wait(self, key: str, after: str, timeout_s: float) -> str:
         """Block until stream ``key`` has an entry newer than ``after`` or time runs out; return the id seen."""
         waiter = _Waiter(parse_id(after))
         with self._lock:
             self._waiting.setdefault(key, []).append(waiter)
-            if not self._running:
-                self._running = True
-                threading.Thread(target=self._run, name="event-hub", daemon=True).start()
+            self._loop.start()
             self._changed.notify()
         try:
             waiter.woken.wait(max(0.0, timeout_s))
@@ -94,17 +94,6 @@ class EventHub:
             found.remove(waiter)
             if not found:
                 del self._waiting[key]
-
-    def _run(self) -> None:
-        try:
-            while self._round():
-                pass
-        finally:
-            with self._lock:
-                self._running = False
-                if self._waiting:  # registered as the loop ended: start another
-                    self._running = True
-                    threading.Thread(target=self._run, name="event-hub", daemon=True).start()
 
     def _round(self) -> bool:
         with self._lock:

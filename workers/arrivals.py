@@ -5,8 +5,8 @@ deadline follows the clock (``core.schedule.Timeline``), and it is not early. Wh
 too, it records the arrival on the shared timeline itself. When another worker does, this one would learn of it
 only when another segment of the job starts here, or never (the deadline stops following the clock after
 ``UNSTARTED_LIMIT_S``). Meanwhile, under load, the segment waits behind everything due before now, and its
-listener, already playing, stalls: measured with two workers on the tiny model at 10 callers, 7% of jobs stalled,
-against none with one worker.
+listener, already playing, stalls: with two workers on the tiny model at 10 callers, 5–17% of jobs stalled,
+against none with one worker (``make bench-workers``, bench/NOTES-workers.md).
 
 One thread per worker follows the event streams of those jobs, with one blocked ``XREAD`` for all of them (as
 ``cache/events.py`` does for the API's waiters), and records segment 0's arrival on the timeline as soon as its
@@ -26,6 +26,7 @@ import redis
 
 from cache import keys
 from cache.records import TERMINAL
+from core.loops import OnDemandLoop
 from core.schedule import UNSTARTED_LIMIT_S, Timeline
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ class FirstArrivals:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._follows: dict[str, _Follow] = {}
-        self._running = False
+        self._loop = OnDemandLoop("first-arrivals", self._lock, self._round, lambda: bool(self._follows))
 
     def follow(self, job_id: str, timeline: Timeline, *, stretch: float) -> None:
         """Record segment 0's arrival on ``timeline`` once it is written, unless the timeline knows it already."""
@@ -75,9 +76,7 @@ class FirstArrivals:
             if job_id in self._follows:
                 return
             self._follows[job_id] = _Follow(timeline, stretch, time.monotonic())
-            if not self._running:
-                self._running = True
-                threading.Thread(target=self._run, name="first-arrivals", daemon=True).start()
+            self._loop.start()
             self._changed.notify()
 
     def forget(self, job_id: str) -> None:
@@ -89,17 +88,6 @@ class FirstArrivals:
         """Return how many jobs are followed."""
         with self._lock:
             return len(self._follows)
-
-    def _run(self) -> None:
-        try:
-            while self._round():
-                pass
-        finally:
-            with self._lock:
-                self._running = False
-                if self._follows:  # begun as the loop ended: start another
-                    self._running = True
-                    threading.Thread(target=self._run, name="first-arrivals", daemon=True).start()
 
     def _round(self) -> bool:
         with self._lock:
@@ -120,7 +108,8 @@ class FirstArrivals:
         return True
 
     def _prune(self) -> None:
-        """Drop the follows that are over: segment 0 recorded (by this worker, or here), or followed too long."""
+        """Drop the follows that are over: segment 0 recorded (by this worker's own write, or by this follower), or
+        followed too long."""
         now = time.monotonic()
         for job_id, f in list(self._follows.items()):
             if 0 in f.timeline.arrivals or now - f.since > self.limit_s:
@@ -135,14 +124,14 @@ class FirstArrivals:
             if found is None:
                 continue
             for raw_id, fields in entries:
-                found.after = _text(raw_id)
                 event = {_text(k): _text(v) for k, v in fields.items()}
                 if event.get("type") == "segment" and event.get("index") == "0":
-                    self._arrived(job_id, found)
+                    self._arrived(job_id, found)  # a Redis fault here: the event is read again next round
                     break
                 if event.get("type") == "status" and event.get("status") in TERMINAL:
                     self.forget(job_id)
                     break
+                found.after = _text(raw_id)
 
     def _arrived(self, job_id: str, found: _Follow) -> None:
         """Record segment 0's arrival, with its real duration, as the worker that wrote it recorded them."""
