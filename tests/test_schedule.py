@@ -185,8 +185,9 @@ class _EarlyRecordingBackend:
 @pytest.fixture
 def unserved(redis_server: RedisServer) -> Iterator[redis.Redis]:
     """Return a client of a database of the test Redis that no running worker serves: its jobs stay as a test
-    leaves them (a worker's janitor would hand their unpublished segments to the broker)."""
-    client = redis.Redis.from_url(redis_server.url, db=9)
+    leaves them (a worker's janitor would hand their unpublished segments to the broker). Not ``from_url(url,
+    db=9)``: the URL names database 0, and its path wins over the argument."""
+    client = redis.Redis(host="127.0.0.1", port=redis_server.port, db=9)
     client.flushdb()
     yield client
     client.flushdb()
