@@ -19,6 +19,11 @@ def as_text(value: object) -> str | None:
     return None if value is None else as_bytes(value).decode()
 
 
+def as_str(value: object) -> str:
+    """Decode a reply of a client made without decode_responses that is known to be there (bytes)."""
+    return as_bytes(value).decode()
+
+
 def as_bytes(value: object) -> bytes:
     if not isinstance(value, bytes):
         raise TypeError(f"expected bytes from Redis, got {type(value).__name__}")

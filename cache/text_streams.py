@@ -23,7 +23,7 @@ import redis
 from redis.exceptions import LockError
 
 from cache import keys, scripts
-from cache.job_reads import as_bytes
+from cache.job_reads import as_str
 from cache.jobstore import JobStore
 from cache.records import JobRecord, JobStatus, PieceResult
 from cache.schedule import ScheduleBook
@@ -111,7 +111,7 @@ class TextStreams:
         result = PieceResult(int(reply[0]))
         if result is not PieceResult.TAKEN:
             return self._answer(job_id, result, seq, int(reply[1]))
-        tail, final_reached, total, next_seq = _text(reply[2]), bool(int(reply[3])), int(reply[4]), int(reply[5])
+        tail, final_reached, total, next_seq = as_str(reply[2]), bool(int(reply[3])), int(reply[4]), int(reply[5])
         cap = self.caps.first_segment_max_chars if total == 0 else self.caps.segment_max_chars
         if not final_reached and ready_cut(tail, final=False, max_chars=cap) == 0:
             return PieceAnswer(result, seq, 0, total, True, next_seq)  # nothing speakable yet: it waits
@@ -123,7 +123,7 @@ class TextStreams:
         status, total, is_open, next_seq = self.redis.hmget(
             keys.job(job_id), ["status", "segments_total", "text_open", "text_next_seq"]
         )
-        ended = status is None or JobStatus(_text(status)).terminal
+        ended = status is None or JobStatus(as_str(status)).terminal
         return PieceAnswer(result, seq, detail, int(total or 0), is_open == b"1" and not ended, int(next_seq or 0))
 
     def sweep(self, now: float | None = None) -> dict[str, int]:
@@ -131,7 +131,7 @@ class TextStreams:
         now = time.time() if now is None else now
         counts = {"flushed": 0, "ended": 0}
         for raw in self.redis.zrangebyscore(keys.TEXT_STREAMS, "-inf", now - self.flush_s, start=0, num=200):
-            job_id = _text(raw)
+            job_id = as_str(raw)
             record = self.store.get(job_id)
             if record is None or record.status.terminal or not record.text_open:
                 self.redis.zrem(keys.TEXT_STREAMS, job_id)
@@ -177,14 +177,14 @@ class TextStreams:
         tail_raw, next_raw, final_raw, total_raw, chars_raw, request_raw = self.redis.hmget(keys.job(job_id), fields)
         if request_raw is None:
             return False
-        tail = _text(tail_raw or b"")
+        tail = as_str(tail_raw or b"")
         close = (final_raw is not None and int(next_raw or 0) > int(final_raw)) or reason is not None
         total, chars = int(total_raw or 0), int(chars_raw or 0)
         cap = self.caps.first_segment_max_chars if total == 0 else self.caps.segment_max_chars
         cut = len(tail) if close or flush else ready_cut(tail, final=False, max_chars=cap)
         if cut == 0 and not close:
             return False  # nothing ready (or a flush of an empty tail)
-        request = JobRecord.from_hash({"id": job_id, "request": _text(request_raw)}).request
+        request = JobRecord.from_hash({"id": job_id, "request": as_str(request_raw)}).request
         try:
             texts = self._plan(tail[:cut], self.language_of(request.model), planned_chars=chars, segments=total)
         except TextOverLimit as e:
@@ -251,10 +251,6 @@ class TextStreams:
             self.store.published(job_id, indexes)
         except Exception as e:  # they wait in the outbox, which a worker's janitor publishes after its grace
             log.warning("text stream %s: could not enqueue segments %s (%s); the outbox will", job_id, indexes, e)
-
-
-def _text(value: object) -> str:
-    return as_bytes(value).decode()
 
 
 def build_text_streams(

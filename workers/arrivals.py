@@ -25,6 +25,7 @@ from typing import Any
 import redis
 
 from cache import keys
+from cache.job_reads import as_str
 from cache.records import TERMINAL
 from core.loops import OnDemandLoop
 from core.schedule import UNSTARTED_LIMIT_S, Timeline
@@ -70,7 +71,7 @@ class FirstArrivals:
 
     def follow(self, job_id: str, timeline: Timeline, *, stretch: float) -> None:
         """Record segment 0's arrival on ``timeline`` once it is written, unless the timeline knows it already."""
-        if 0 in timeline.arrivals:
+        if timeline.started():
             return
         with self._lock:
             if job_id in self._follows:
@@ -112,26 +113,26 @@ class FirstArrivals:
         followed too long."""
         now = time.monotonic()
         for job_id, f in list(self._follows.items()):
-            if 0 in f.timeline.arrivals or now - f.since > self.limit_s:
+            if f.timeline.started() or now - f.since > self.limit_s:
                 del self._follows[job_id]
 
     def _read(self, reply: Any, jobs: dict[str, str]) -> None:
         """Take a round's events (``jobs``: each stream's job): segment 0 written, or the job ended."""
         for raw_key, entries in reply.items() if isinstance(reply, dict) else reply or []:
-            job_id = jobs[_text(raw_key)]
+            job_id = jobs[as_str(raw_key)]
             with self._lock:
                 found = self._follows.get(job_id)
             if found is None:
                 continue
             for raw_id, fields in entries:
-                event = {_text(k): _text(v) for k, v in fields.items()}
+                event = {as_str(k): as_str(v) for k, v in fields.items()}
                 if event.get("type") == "segment" and event.get("index") == "0":
                     self._arrived(job_id, found)  # a Redis fault here: the event is read again next round
                     break
                 if event.get("type") == "status" and event.get("status") in TERMINAL:
                     self.forget(job_id)
                     break
-                found.after = _text(raw_id)
+                found.after = as_str(raw_id)
 
     def _arrived(self, job_id: str, found: _Follow) -> None:
         """Record segment 0's arrival, with its real duration, as the worker that wrote it recorded them."""
@@ -140,7 +141,3 @@ class FirstArrivals:
         duration = meta.get("duration_s")
         found.timeline.arrived(0, at, None if duration is None else float(duration) * found.stretch)
         self.forget(job_id)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -79,9 +79,10 @@ class SegmentSynthesizer:
         self.policy = policy
         self.wait_for_room = wait_for_room  # blocks until the store has room (cache/budget.py), or says it timed out
         self.room_wait_s = room_wait_s
-        self._timelines = Timelines(store=store, policy=policy.deadlines, default_pace=book.default_seconds_per_char)
+        self._timelines = Timelines(
+            store=store, policy=policy.deadlines, default_pace=book.default_seconds_per_char, arrivals=arrivals
+        )
         self.observer = observer or default_observers(stats=stats, cache=cache, book=book, store=store)
-        self.arrivals = arrivals  # tells the timelines here when other workers write a job's first segment
         self._working_on: Counter[str] = Counter()
         self._working_lock = threading.Lock()
 
@@ -156,9 +157,9 @@ class SegmentSynthesizer:
         self.observer.started(start, index)
         plan = self._timelines.of(job_id, start)
         lane = start.record.request.priority
-        if index > 0 and self.arrivals is not None and self.policy.by_deadline and not plan.started():
+        if index > 0 and self.policy.by_deadline:
             # Its listener starts when segment 0 is written, perhaps by another worker: learn of it at once.
-            self.arrivals.follow(job_id, plan, stretch=self.policy.deadlines.stretch(lane))
+            self._timelines.await_first(job_id, plan, lane)
         made = self._synthesize(job_id, index, start.record, start.text, plan)
         self.observer.made(made)
         write = self._write(made, start.attempt)
@@ -168,8 +169,6 @@ class SegmentSynthesizer:
         self.observer.written(made, outcome.value)
         if write.result is WriteResult.FINISHED:
             self._timelines.forget(job_id)
-            if self.arrivals is not None:
-                self.arrivals.forget(job_id)
             self.observer.job_finished(job_id, lane)
         elif write.next_index is not None:
             self._feed_next(job_id, write.next_index, plan, lane)

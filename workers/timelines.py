@@ -9,15 +9,25 @@ from typing import Any
 from cache.jobstore import JobStore
 from cache.records import JobRecord, SegmentStart
 from core.schedule import DeadlinePolicy, Timeline, timeline
+from workers.arrivals import FirstArrivals
 
 
 class Timelines:
     """The timelines of jobs this worker holds segments of, shared by those segments; oldest forgotten first."""
 
-    def __init__(self, *, store: JobStore, policy: DeadlinePolicy, default_pace: float, limit: int = 10_000) -> None:
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        policy: DeadlinePolicy,
+        default_pace: float,
+        limit: int = 10_000,
+        arrivals: FirstArrivals | None = None,
+    ) -> None:
         self.store = store
         self.policy = policy
         self.default_pace = default_pace  # seconds of audio per character, for a job written without its pace
+        self.arrivals = arrivals  # tells a timeline when another worker writes its job's first segment
         self._timelines: OrderedDict[str, Timeline] = OrderedDict()
         self._lock = threading.Lock()
         self._limit = limit
@@ -70,7 +80,15 @@ class Timelines:
             arrivals={i: float(m["finished_at"]) for i, m in meta.items() if "finished_at" in m},
         )
 
+    def await_first(self, job_id: str, plan: Timeline, lane: str) -> None:
+        """Have ``plan`` learn segment 0's arrival the moment any worker writes it (a later segment of the job waits
+        here, and its listener starts then); without ``arrivals``, only segments started here later tell it."""
+        if self.arrivals is not None:
+            self.arrivals.follow(job_id, plan, stretch=self.policy.stretch(lane))
+
     def forget(self, job_id: str) -> None:
         """Drop a finished job's timeline."""
         with self._lock:
             self._timelines.pop(job_id, None)
+        if self.arrivals is not None:
+            self.arrivals.forget(job_id)
