@@ -12,6 +12,7 @@ from bench.http_clients import ServedClient
 from bench.loadgen import Client, run_closed_loop
 from bench.report import summarize
 from bench.stack_args import Plan
+from cache.stats import Stats, Window
 
 
 def run_level(
@@ -24,9 +25,14 @@ def run_level(
     seed: int,
     probe: Callable[[], int] | None = None,
     counters: Callable[[], dict[str, float]] | None = None,
+    stats: Stats | None = None,
 ) -> dict[str, Any]:
-    """Drive one level and return its summary with the CPU use (and the worker's view) of its window."""
+    """Drive one level and return its summary with the CPU use (and the worker's view) of its window.
+
+    ``counters`` reads one worker's metrics; ``stats``, the engine calls every worker of the service recorded
+    (whole seconds around the window), for a service of several workers."""
     start = time.monotonic()
+    unix = time.time() - start  # turns this level's monotonic times into Unix seconds
     metering = meter_window(start + plan.warmup_s, start + plan.warmup_s + window_s, probe=probe, counters=counters)
     run = run_closed_loop(
         client, texts, callers=callers, warmup_s=plan.warmup_s, window_s=window_s, drain_s=plan.drain_s, seed=seed
@@ -35,6 +41,9 @@ def run_level(
     summary = summarize(run)
     summary["queue"] = {k: meter.pop(k) for k in ("queue_mean", "queue_max") if k in meter} or None
     summary.update(worker_view(meter.pop("counters", {}), window_s))
+    if stats is not None:
+        opened = unix + start + plan.warmup_s
+        summary.update(engine_view(stats.between(opened, opened + window_s), window_s))
     summary["cpu_roles"] = meter.pop("roles", None)
     summary["cpu"] = dict(meter)
     summary["wall_s"] = round(time.monotonic() - start, 1)
@@ -56,6 +65,16 @@ def worker_view(delta: dict[str, float], window_s: float) -> dict[str, Any]:
         "audio_made_per_s": delta["tts_audio_seconds_total"] / window_s if "tts_audio_seconds_total" in delta else None,
         "queue_wait_mean_s": mean("tts_queue_wait_seconds"),
         "first_segment_mean_s": mean("tts_time_to_first_segment_seconds"),
+    }
+
+
+def engine_view(recent: Window, window_s: float) -> dict[str, Any]:
+    """Return the engines' batch size, busy share (host-seconds per second) and speed while busy, from the
+    statistics every worker records per engine call."""
+    return {
+        "mean_batch_size": recent.segments / recent.calls if recent.calls else None,
+        "engine_busy": recent.busy_s / window_s,
+        "chars_per_busy_s": recent.chars_per_busy_second or None,
     }
 
 
@@ -108,7 +127,8 @@ def drive_alternating(
 ) -> list[dict[str, Any]]:
     """Run every level of ``levels`` ("10,50") against each of ``stacks`` in turn, alternating which goes first,
     with all of them idle before each; return one summary per level, keyed by stack name. ``counters``: read the
-    worker's metrics over each window (one worker per stack)."""
+    worker's metrics over each window (one worker per stack); otherwise the engine calls every worker recorded
+    in the stack's Redis."""
     found: list[dict[str, Any]] = []
     names = list(stacks)
     for n, callers in enumerate(int(x) for x in levels.split(",")):
@@ -119,7 +139,8 @@ def drive_alternating(
                 other.wait_idle()
             level[name] = run_level(ServedClient(stack.api.url, model=model), texts, callers, plan,
                                     window_s=plan.window_s, seed=n, probe=stack.queued,
-                                    counters=stack.worker_totals if counters else None)  # fmt: skip
+                                    counters=stack.worker_totals if counters else None,
+                                    stats=None if counters else Stats(stack.client))  # fmt: skip
             progress(name, level[name])
         found.append(level)
     return found

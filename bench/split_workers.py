@@ -7,9 +7,10 @@ is often made by one worker while another holds its later ones. Two stacks (Redi
 differ only in how their model hosts are spread: ``one`` runs one worker with two hosts, ``split`` two workers
 with one host each, on the same Redis. Both are started first and stay up; each level drives them in turn with
 the headline benchmark's closed-loop callers and listener model, alternating which goes first. The table gives,
-per level and layout, jobs/s, first audio, the share of jobs whose listener stalled and p99 total stall; the
-verdict asks that splitting the hosts over workers cost no stalls at 10 callers (at most 1% of jobs, as one
-worker does).
+per level and layout, jobs/s, first audio, the share of jobs whose listener stalled and p99 total stall, and from
+the engine calls every worker recorded (the shared statistics in the stack's Redis) the mean batch and the
+characters made per second a host was busy; the verdict asks that splitting the hosts over workers cost no stalls
+at 10 callers (at most 1% of jobs, as one worker does).
 """
 
 from __future__ import annotations
@@ -81,9 +82,9 @@ def _f(value: float | None, spec: str = ".2f") -> str:
 def table(levels: list[dict[str, Any]]) -> str:
     """Return the markdown comparison, one row per level and layout."""
     lines = [
-        "| callers | model hosts | jobs/s | p50 / p99 first audio (s) | jobs with a stall | p99 stall (s) | errors "
-        "| jobs |",
-        "|---|---|---|---|---|---|---|---|",
+        "| callers | model hosts | jobs/s | p50 / p99 first audio (s) | jobs with a stall | p99 stall (s) "
+        "| mean batch | chars per busy host-second | errors | jobs |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     names = {"one": f"one worker × {HOSTS}", "split": f"{HOSTS} workers × 1"}
     for level in levels:
@@ -92,7 +93,9 @@ def table(levels: list[dict[str, Any]]) -> str:
             lines.append(
                 f"| {level['callers']} | {names[layout]} | {s['jobs_per_s']:.2f} | "
                 f"{_f(s['first_audio_p50'])} / {_f(s['first_audio_p99'])} | {_f(s['stall_share'], '.1%')} | "
-                f"{_f(s['stall_p99_s'])} | {sum(s['errors'].values()) if s['errors'] else 0} | {s['jobs_measured']} |"
+                f"{_f(s['stall_p99_s'])} | {_f(s.get('mean_batch_size'), '.1f')} | "
+                f"{_f(s.get('chars_per_busy_s'), '.0f')} | "
+                f"{sum(s['errors'].values()) if s['errors'] else 0} | {s['jobs_measured']} |"
             )
     return "\n".join(lines)
 

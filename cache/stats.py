@@ -85,12 +85,14 @@ class Stats:
 
     def window(self, *, since: float | None = None, seconds: int = WINDOW_S) -> Window:
         """Sum the buckets of the last ``seconds`` (or since ``since``, if later)."""
-        now = int(time.time()) // BUCKET_S
-        first = now - seconds // BUCKET_S
-        if since is not None:
-            first = max(first, int(since) // BUCKET_S)
+        now = time.time()
+        start = now - seconds
+        return self.between(start if since is None else max(start, since), now)
+
+    def between(self, start: float, end: float) -> Window:
+        """Sum the buckets from the one holding ``start`` to the one holding ``end`` (Unix seconds), both in."""
         # Summed in Redis: one round trip and a few fields back, however long the window.
-        flat = self._sum(args=[keys.STATS, first, now])
+        flat = self._sum(args=[keys.STATS, int(start) // BUCKET_S, int(end) // BUCKET_S])
         totals = {_text(flat[i]): float(flat[i + 1]) for i in range(0, len(flat), 2)}
         return Window(**{k: v for k, v in totals.items() if k in Window.__dataclass_fields__})
 

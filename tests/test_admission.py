@@ -243,6 +243,15 @@ def test_the_stats_window_sums_every_bucket_in_it_and_none_before_since(redis_cl
     assert Stats(redis_client).window(since=now + 5) == Window()
 
 
+def test_the_stats_between_two_times_sum_the_buckets_holding_them_and_none_outside(redis_client: redis.Redis) -> None:
+    base = int(time.time()) - 100  # seconds no live worker records into
+    for second, chars in ((base, 1), (base + 1, 10), (base + 2, 100), (base + 3, 1000)):
+        redis_client.hset(keys.stats(second), mapping={"chars": chars, "calls": 1, "segments": 2})
+    window = Stats(redis_client).between(base + 1.5, base + 2.25)
+    assert (window.chars, window.calls, window.segments) == (110, 2, 4)
+    assert Stats(redis_client).between(base + 3.5, base + 1.5) == Window(), "an end before the start sums nothing"
+
+
 def test_a_realtime_job_is_refused_when_recent_first_segments_say_its_own_would_take_longer_than_the_limit(
     paced: tuple[str, redis.Redis],
 ) -> None:
