@@ -211,7 +211,7 @@ def main() -> None:
     settings = load_settings(tiny_model_dir=Path(model_dir))
     spec = load_registry(settings).get("chattts-tiny")
     pool = ModelPool(
-        lambda s: ModelHost(s, device="cpu", log_level="WARNING", torch_threads=TORCH_THREADS),
+        lambda s, _replica: ModelHost(s, device="cpu", log_level="WARNING", torch_threads=TORCH_THREADS),
         budget_mb=settings.model_budget_mb,
         idle_s=3600,
         call_timeout_s=600,

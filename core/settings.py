@@ -54,7 +54,12 @@ class Settings(JobSettings, ApiSettings, WorkerSettings):
         PROJECT_ROOT / "models" / "chattts-tiny",
         description="Where `make tiny-model` builds the tiny random-weight ChatTTS used by tests and benchmarks.",
     )
-    device: str = Field("auto", description="Worker device: auto, cpu, cuda, cuda:N.")
+    device: str = Field(
+        "auto",
+        pattern=r"^\s*(auto|cpu|cuda(:\d+)?)\s*(,\s*(auto|cpu|cuda(:\d+)?)\s*)*$",
+        description="Worker device: auto, cpu, cuda, cuda:N, or a comma-separated list of them, whose devices a "
+        "worker's model hosts take in turn (replica 0 the first).",
+    )
     engine_plugins: str = Field(
         "",
         description="Comma-separated modules imported when the model registry loads (API and workers alike), "

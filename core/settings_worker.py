@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings
 
@@ -16,6 +18,12 @@ class WorkerSettings(BaseSettings):
         ge=1,
         description="Segments one worker holds at once (threads): the window its deadline scheduler orders; "
         "several times the batch size lets batches fill.",
+    )
+    worker_layout: Literal["per-device", "one"] = Field(
+        "per-device",
+        description="How `make run` and `make worker` start workers on a machine with GPUs: `per-device`, one worker "
+        "pinned to each GPU; `one`, a single worker with a model host on each GPU (TTS_MODEL_REPLICAS, unless set, "
+        "becomes the number of GPUs), which batches from every segment the machine holds.",
     )
     model_replicas: int = Field(
         1,

@@ -32,8 +32,8 @@ def tiny(tiny_model_dir: Path) -> ModelSpec:
 
 @pytest.fixture
 def pool() -> Iterator[ModelPool]:
-    made = ModelPool(lambda spec: ModelHost(spec, device="cpu", torch_threads=1), budget_mb=100_000, idle_s=60,
-                     call_timeout_s=60)  # fmt: skip
+    made = ModelPool(lambda spec, _replica: ModelHost(spec, device="cpu", torch_threads=1), budget_mb=100_000,
+                     idle_s=60, call_timeout_s=60)  # fmt: skip
     yield made
     made.close()
 

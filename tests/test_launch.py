@@ -17,7 +17,7 @@ import pytest
 from tests.support.processes import alive, children, cmdline, environ, wait_for
 from tests.support.run_script import RunScript, readyz, supervisorctl_or_skip
 from tests.support.servers import ROOT
-from workers.launch import BACKOFF_MAX_S, next_backoff
+from workers.launch import BACKOFF_MAX_S, build_slots, next_backoff, parse_args
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes through /proc")
 
@@ -30,14 +30,16 @@ GRACEFUL_SLEEPER = (
 
 
 @contextmanager
-def launcher(tmp_path: Path, child_code: str, devices: int = 2) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+def launcher(
+    tmp_path: Path, child_code: str, devices: int = 2, env: dict[str, str] | None = None
+) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
     """Run `python -m workers.launch` over stand-in children; SIGKILL it (and so them) at the end."""
     log_path = tmp_path / "launch.log"
     command = shlex.join([sys.executable, "-c", child_code])
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "workers.launch", "--fake-devices", str(devices), "--worker-command", command],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
         )  # fmt: skip
     try:
         yield process, log_path
@@ -89,6 +91,30 @@ def test_a_killed_worker_is_restarted_in_its_own_slot_with_a_log_line(tmp_path: 
         log = log_path.read_text()
         assert f"worker in slot 0 (pid {victim}) killed by SIGKILL; restarting it in 1 s" in log
         assert f"worker in slot 0 restarted as pid {after['0'][0]}" in log
+
+
+def test_the_one_layout_starts_a_single_worker_with_a_model_host_on_each_device(tmp_path: Path) -> None:
+    layout = {"TTS_WORKER_LAYOUT": "one"}
+    with launcher(tmp_path, SLEEPER, devices=3, env=layout) as (process, _):
+        only = wait_for(lambda: full(process.pid, SLEEPER, count=1), 30, "one worker")
+        [worker] = only["0,1,2"]
+        seen = environ(worker)
+        assert (seen["TTS_DEVICE"], seen["TTS_MODEL_REPLICAS"]) == ("cpu,cpu,cpu", "3")
+        assert len(slots(process.pid, SLEEPER)) == 1
+
+
+def test_the_one_layout_names_the_visible_gpus_in_order_and_keeps_a_replica_count_that_was_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("TTS_MODEL_REPLICAS", raising=False)
+    [slot] = build_slots(parse_args(["--devices", "2,5", "--layout", "one"]))
+    assert slot.env["CUDA_VISIBLE_DEVICES"] == "2,5"  # inside the worker they are cuda:0 and cuda:1
+    assert (slot.env["TTS_DEVICE"], slot.env["TTS_MODEL_REPLICAS"]) == ("cuda:0,cuda:1", "2")
+    monkeypatch.setenv("TTS_MODEL_REPLICAS", "4")
+    [slot] = build_slots(parse_args(["--devices", "2,5", "--layout", "one"]))
+    assert "TTS_MODEL_REPLICAS" not in slot.env, "a count the operator set is theirs: 4 hosts over the 2 GPUs"
+    per_device = build_slots(parse_args(["--devices", "2,5"]))
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in per_device] == ["2", "5"]
 
 
 def test_sigterm_stops_every_worker_restarts_none_and_exits_0(tmp_path: Path) -> None:

@@ -14,12 +14,14 @@ from pathlib import Path
 import pytest
 
 from core.registry import ModelSpec
+from core.settings import SettingsInvalid, load_settings
 from tests.chaos.stack import write_registry
 from tests.support.processes import alive, wait_for
 from tests.support.servers import ROOT
 from workers.engines.base import SynthesisRequest
 from workers.pool.handle import ModelHost
-from workers.pool.pool import ModelPool
+from workers.pool.pool import ModelPool, replica_device
+from workers.runtime import _model_pool
 
 EN = ModelSpec(name="espeak-en", engine="espeak", voices={"default": ""}, options={"language": "en-us"}, memory_mb=1)
 YUE = ModelSpec(name="espeak-yue", engine="espeak", voices={"default": ""}, options={"language": "yue"}, memory_mb=1)
@@ -44,7 +46,9 @@ def _gone(pid: int | None, timeout: float = 10) -> bool:
 @pytest.fixture
 def pool() -> Iterator[ModelPool]:
     """Return a pool with a generous budget; stop every host afterwards."""
-    made = ModelPool(lambda spec: ModelHost(spec, device="cpu"), budget_mb=100_000, idle_s=60, call_timeout_s=30)
+    made = ModelPool(
+        lambda spec, _replica: ModelHost(spec, device="cpu"), budget_mb=100_000, idle_s=60, call_timeout_s=30
+    )
     yield made
     made.close()
 
@@ -120,6 +124,25 @@ def test_replicas_of_a_model_are_processes_of_their_own_and_unload_together(pool
     assert sorted(m["replica"] for m in pool.loaded()) == [0, 1]
     assert pool.unload("espeak-en")
     assert pool.loaded() == []
+
+
+def test_replicas_take_the_devices_of_a_list_in_turn_and_every_replica_the_one_device_given() -> None:
+    assert [replica_device("cuda:0, cuda:1", r) for r in range(4)] == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
+    assert [replica_device("cuda:1", r) for r in range(2)] == ["cuda:1", "cuda:1"]
+    assert load_settings(device="cuda:0,cuda:1").device == "cuda:0,cuda:1"
+    with pytest.raises(SettingsInvalid, match="TTS_DEVICE"):
+        load_settings(device="cuda:0,gpu")
+
+
+def test_a_worker_given_several_devices_starts_each_replica_of_a_model_on_the_next_one() -> None:
+    pool = _model_pool(load_settings(device="cpu,auto", model_idle_s=60))
+    try:
+        for replica in (0, 1, 2):
+            pool.synthesize(EN, HELLO, replica)
+        assert {m["replica"]: m["device"] for m in pool.loaded()} == {0: "cpu", 1: "auto", 2: "cpu"}
+        assert len({m["pid"] for m in pool.loaded()}) == 3
+    finally:
+        pool.close()
 
 
 def test_a_model_host_ends_when_its_worker_is_killed_even_in_the_middle_of_a_batch(tmp_path: Path) -> None:

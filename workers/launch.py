@@ -2,7 +2,11 @@
 
     python -m workers.launch                 # detect GPUs
     python -m workers.launch --devices 0,2   # only these GPUs
+    python -m workers.launch --layout one    # one worker with a model host on each GPU (TTS_WORKER_LAYOUT=one)
     python -m workers.launch --fake-devices 3  # three CPU workers standing in for three GPUs (tests)
+
+A worker batches only the segments it took from the broker; one worker holding a host on every GPU batches
+from all of them, and made fuller calls on the CPU stand-in (bench/NOTES-workers.md).
 
 A worker that exits is restarted in its own slot (same GPU, same environment) after a backoff
 that doubles from 1 s to 30 s; there is never more than one worker per slot. SIGTERM or Ctrl-C
@@ -25,6 +29,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 BASE_METRICS_PORT_ENV = "TTS_METRICS_PORT"
+REPLICAS_ENV = "TTS_MODEL_REPLICAS"
+LAYOUT_ENV = "TTS_WORKER_LAYOUT"
+LAYOUTS = ("per-device", "one")
 WORKER_COMMAND: tuple[str, ...] = (sys.executable, "-m", "workers")
 #: glibc malloc settings for workers, unless the environment sets its own. A worker's 128 task threads each
 #: get a malloc arena, and segment-sized buffers (100 KB to a few MB of audio) freed in one and allocated in
@@ -51,6 +58,20 @@ def visible_gpus() -> list[str]:
     except (OSError, subprocess.SubprocessError):
         return []
     return [str(i) for i, line in enumerate(listing.stdout.splitlines()) if line.startswith("GPU ")]
+
+
+def one_worker_environment(devices: Sequence[str], *, fake: bool, base_port: int) -> dict[str, str]:
+    """Return the environment of one worker driving every device: a model host on each of them in turn, and as
+    many hosts as devices unless TTS_MODEL_REPLICAS says otherwise."""
+    env = {
+        "CUDA_VISIBLE_DEVICES": ",".join(devices),
+        # Inside the worker the visible GPUs are cuda:0 … cuda:N-1.
+        "TTS_DEVICE": ",".join("cpu" if fake else f"cuda:{i}" for i in range(len(devices))),
+        BASE_METRICS_PORT_ENV: str(base_port) if base_port else "0",
+    }
+    if REPLICAS_ENV not in os.environ:
+        env[REPLICAS_ENV] = str(len(devices))
+    return env
 
 
 def worker_environments(devices: Sequence[str], *, fake: bool, base_port: int) -> list[dict[str, str]]:
@@ -207,18 +228,27 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", help="comma-separated GPU indexes (default: all visible)")
     parser.add_argument("--fake-devices", type=int, default=0, help="start N CPU workers pinned to fake indexes")
+    parser.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default=os.environ.get(LAYOUT_ENV) or LAYOUTS[0],
+        help=f"a worker per device, or one worker with a model host on each (default: ${LAYOUT_ENV} or per-device)",
+    )
     # Tests run a stand-in child instead of a real worker (a shell-quoted command line).
     parser.add_argument("--worker-command", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
 def build_slots(args: argparse.Namespace) -> list[Slot]:
-    """Return one slot per device the arguments (or this machine) name, or one CPU slot."""
+    """Return one slot per device the arguments (or this machine) name, one slot for all of them (the ``one``
+    layout), or one CPU slot."""
     fake = args.fake_devices > 0
     devices = [str(i) for i in range(args.fake_devices)] if fake else (
         args.devices.split(",") if args.devices else visible_gpus()
     )  # fmt: skip
     base_port = int(os.environ.get(BASE_METRICS_PORT_ENV, "9310"))
+    if args.layout == "one" and devices:
+        return [Slot(name=",".join(devices), env=one_worker_environment(devices, fake=fake, base_port=base_port))]
     envs = worker_environments(devices, fake=fake, base_port=base_port)
     names = devices or ["cpu"]
     return [Slot(name=name, env=env) for name, env in zip(names, envs, strict=True)]

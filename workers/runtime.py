@@ -33,7 +33,7 @@ from workers.engines.base import SynthesisRequest
 from workers.janitor import Janitor
 from workers.memory import release_free_memory
 from workers.pool.handle import ModelHost
-from workers.pool.pool import ModelPool
+from workers.pool.pool import ModelPool, replica_device
 from workers.reconciler import Reconciler
 from workers.segment import SegmentSynthesizer
 
@@ -171,8 +171,11 @@ def _model_pool(settings: Settings) -> ModelPool:
     """Return the pool that runs each model in a host process of its own."""
     # "auto" is resolved inside each model host: the worker itself never imports torch.
     return ModelPool(
-        lambda spec: ModelHost(
-            spec, device=settings.device, log_level=settings.log_level, torch_threads=settings.torch_threads
+        lambda spec, replica: ModelHost(
+            spec,
+            device=replica_device(settings.device, replica),
+            log_level=settings.log_level,
+            torch_threads=settings.torch_threads,
         ),
         budget_mb=settings.model_budget_mb,
         idle_s=settings.model_idle_s,

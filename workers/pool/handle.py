@@ -81,6 +81,7 @@ class ModelHost:
         load_timeout_s: float = 600,
     ) -> None:
         self.spec = spec
+        self.device = device
         self._conn, child = _SPAWN.Pipe()
         # Resolved here, where the registry's plugins were imported: the spawned host has imported none of them.
         builder = engine_entry(spec.engine).builder

@@ -18,7 +18,16 @@ from workers.pool.handle import HostCrashed, HostHung, ModelHost, refused
 
 log = logging.getLogger(__name__)
 
-HostFactory = Callable[[ModelSpec], ModelHost]
+#: Starts a host for a model's replica (the replica says which of the worker's devices it runs on).
+HostFactory = Callable[[ModelSpec, int], ModelHost]
+
+
+def replica_device(devices: str, replica: int) -> str:
+    """Return the device of a model's ``replica``: ``devices`` is one device (``auto``, ``cpu``, ``cuda``,
+    ``cuda:N``) for every replica, or a comma-separated list of them, whose replicas take them in turn (replica 0
+    the first), so one worker can drive a host on each of several GPUs."""
+    listed = [d.strip() for d in devices.split(",") if d.strip()] or ["auto"]
+    return listed[replica % len(listed)]
 
 
 def _tell(ready: RateReady, rate: int, index: int, wave: Waveform) -> None:
@@ -100,7 +109,7 @@ class ModelPool:
                     self.counts["crashes"] += 1
                     log.warning("model %s host %s had died; restarting it", spec.name, host.pid)
             self._make_room(spec)
-            host = self._start_host(spec)
+            host = self._start_host(spec, key[1])
             self.counts["loads"] += 1
             self.load_seconds.append(host.load_s)
             MODEL_LOADS.labels(spec.name).inc()
@@ -162,12 +171,13 @@ class ModelPool:
         return idle
 
     def loaded(self) -> list[dict[str, Any]]:
-        """Describe the loaded models: name, pid, memory, pinned."""
+        """Describe the loaded models: name, replica, the device asked for it, pid, memory, pinned."""
         with self._lock:
             return [
                 {
                     "model": k[0],
                     "replica": k[1],
+                    "device": h.device,
                     "pid": h.pid,
                     "memory_mb": round(h.memory_mb, 1),
                     "gpu_mb": h.memory["gpu_mb"],
