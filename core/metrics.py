@@ -82,7 +82,7 @@ MODEL_LOAD_SECONDS = Histogram("tts_model_load_seconds", "Time to start a model 
 MODEL_EVICTIONS = Counter("tts_model_evictions_total", "Models unloaded to make room or after idling.",
                           ["model", "reason"])  # fmt: skip
 MODELS_RESIDENT = Gauge("tts_models_resident", "Models loaded in this worker.", multiprocess_mode="livesum")
-MODEL_MEMORY = Gauge("tts_model_memory_mb", "Memory held by each loaded model.", ["model"],
+MODEL_MEMORY = Gauge("tts_model_memory_mb", "Memory held by each loaded model, its replicas together.", ["model"],
                      multiprocess_mode="livesum")  # fmt: skip
-GPU_MEMORY = Gauge("tts_gpu_memory_mb", "GPU memory reserved by each loaded model.", ["model"],
+GPU_MEMORY = Gauge("tts_gpu_memory_mb", "GPU memory reserved by each loaded model, its replicas together.", ["model"],
                    multiprocess_mode="livesum")  # fmt: skip

@@ -65,9 +65,9 @@ class WorkerRuntime:
         MODELS_RESIDENT.set(len(loaded))
         MODEL_MEMORY.clear()
         GPU_MEMORY.clear()
-        for model in loaded:
-            MODEL_MEMORY.labels(model["model"]).set(model["memory_mb"])
-            GPU_MEMORY.labels(model["model"]).set(model["gpu_mb"])
+        for model in loaded:  # a model's replicas together (one per core or per GPU)
+            MODEL_MEMORY.labels(model["model"]).inc(model["memory_mb"])
+            GPU_MEMORY.labels(model["model"]).inc(model["gpu_mb"])
         self.heartbeats.beat(
             self.hostname,
             {
