@@ -93,7 +93,10 @@ def test_a_killed_worker_is_restarted_in_its_own_slot_with_a_log_line(tmp_path: 
         assert f"worker in slot 0 restarted as pid {after['0'][0]}" in log
 
 
-def test_the_one_layout_starts_a_single_worker_with_a_model_host_on_each_device(tmp_path: Path) -> None:
+def test_the_one_layout_starts_a_single_worker_with_a_model_host_on_each_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TTS_MODEL_REPLICAS", raising=False)  # unset: the layout gives a host per device
     layout = {"TTS_WORKER_LAYOUT": "one"}
     with launcher(tmp_path, SLEEPER, devices=3, env=layout) as (process, _):
         only = wait_for(lambda: full(process.pid, SLEEPER, count=1), 30, "one worker")
