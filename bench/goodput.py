@@ -36,7 +36,7 @@ from bench.http_clients import ServedClient
 from bench.loadgen import Client, JobResult
 from bench.openloop import LEAD_S, UNDERRUN_S, Arrival, OpenRun, gaps, run_open_loop, waits
 from bench.pace_probe import probe, relative
-from bench.report import RESULTS, percentile, write_run
+from bench.report import RESULTS, cell, percentile, write_run
 from bench.stack_args import Plan, corpus_texts, default_replicas, service_env
 from bench.texts import STORY
 from core.text import split_sentences
@@ -247,10 +247,6 @@ def good(summary: dict[str, Any]) -> bool:
     return whole and p95 is not None and p95 <= FIRST_AUDIO_GATE_S
 
 
-def _f(value: float | None, spec: str = ".2f") -> str:
-    return "–" if value is None else format(value, spec)
-
-
 def table(rows: list[dict[str, Any]]) -> str:
     """Return one markdown row per rate, scheduler and seed."""
     lines = [
@@ -273,15 +269,15 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {row['multiple']:g} | {row['scheduler']} | {row['seed']} | {s['offered_per_s']:.1f} | "
             f"{s['offered_chars_per_s']:.0f} ({s['batch_chars_share']:.0%}) | "
             f"{s['realtime_admitted']} / {s['realtime_offered']} | {refused} | "
-            f"{s['retried_admitted']} / {s['retried']} | {_f(s['first_audio_p50'])} / {_f(s['first_audio_p95'])} / "
-            f"{_f(s['first_audio_p99'])} | {_f(s.get('first_audio_from_first_try_p95'))} | "
-            f"{_f(s['underrun_share'], '.1%')} | {_f(s['gap_p99_s'])} | "
-            f"{_f(s['done_p95'])} | {s['completed_per_s']:.1f} ({s['completed_chars_per_s']:.0f} / "
+            f"{s['retried_admitted']} / {s['retried']} | {cell(s['first_audio_p50'])} / {cell(s['first_audio_p95'])} / "
+            f"{cell(s['first_audio_p99'])} | {cell(s.get('first_audio_from_first_try_p95'))} | "
+            f"{cell(s['underrun_share'], '.1%')} | {cell(s['gap_p99_s'])} | "
+            f"{cell(s['done_p95'])} | {s['completed_per_s']:.1f} ({s['completed_chars_per_s']:.0f} / "
             f"{s['completed_all_chars_per_s']:.0f}) | {s['good_per_s']:.1f} | {s['audio_s_per_s']:.1f} | "
-            f"{s['batch_admitted']} / {s['batch_offered']}, {_f(s['batch_done_p95'], '.1f')} | "
-            f"{sum(s['admitted_failed'].values()) + s['unfinished']} | {_f(e.get('busy_share'), '.0%')} "
-            f"({_f(e.get('mean_batch_size'), '.1f')}) | {_f(e.get('steal_pct'), '.0f')}% | "
-            f"{_f(e.get('machine_pace'))}× |"
+            f"{s['batch_admitted']} / {s['batch_offered']}, {cell(s['batch_done_p95'], '.1f')} | "
+            f"{sum(s['admitted_failed'].values()) + s['unfinished']} | {cell(e.get('busy_share'), '.0%')} "
+            f"({cell(e.get('mean_batch_size'), '.1f')}) | {cell(e.get('steal_pct'), '.0f')}% | "
+            f"{cell(e.get('machine_pace'))}× |"
         )
     return "\n".join(lines)
 
@@ -316,7 +312,7 @@ def verdicts(rows: list[dict[str, Any]], capacity: float, schedulers: list[str])
             checks = [
                 ("no underrun among admitted realtime jobs", s["underrun_share"] == 0),
                 (
-                    f"p95 first audio {_f(s['first_audio_p95'])} s ≤ {FIRST_AUDIO_GATE_S:g} s",
+                    f"p95 first audio {cell(s['first_audio_p95'])} s ≤ {FIRST_AUDIO_GATE_S:g} s",
                     s["first_audio_p95"] is not None and s["first_audio_p95"] <= FIRST_AUDIO_GATE_S,
                 ),
                 (
@@ -373,10 +369,10 @@ def drive(
                 rows.append({"multiple": multiple, "scheduler": name, "seed": seed, "summary": summary})
                 print(f"  {multiple:g}× {name} seed {seed}: offered {summary['offered_per_s']:.1f}/s, admitted "
                       f"{summary['realtime_admitted']}/{summary['realtime_offered']}, p95 first audio "
-                      f"{_f(summary['first_audio_p95'])} s, underruns {_f(summary['underrun_share'], '.1%')}, "
+                      f"{cell(summary['first_audio_p95'])} s, underruns {cell(summary['underrun_share'], '.1%')}, "
                       f"completed {summary['completed_per_s']:.1f}/s, engines busy "
-                      f"{_f(summary['engines']['busy_share'], '.0%')}, steal "
-                      f"{_f(summary['engines']['steal_pct'], '.0f')}%, machine pace {_f(pace)}×",
+                      f"{cell(summary['engines']['busy_share'], '.0%')}, steal "
+                      f"{cell(summary['engines']['steal_pct'], '.0f')}%, machine pace {cell(pace)}×",
                       flush=True)  # fmt: skip
     return rows
 

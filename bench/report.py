@@ -8,6 +8,7 @@ import shutil
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,40 @@ from bench.loadgen import STALL_EPSILON_S, LevelRun
 from devstack.local import ROOT
 
 RESULTS = ROOT / "bench" / "results"
+
+#: A column of a side-by-side table: its header, and its cell from one side's level summary.
+Column = tuple[str, Callable[[dict[str, Any]], str]]
+
+
+def cell(value: float | None, spec: str = ".2f") -> str:
+    """Return a figure as a table shows it: ``spec``, or "–" when there is none."""
+    return "–" if value is None else format(value, spec)
+
+
+#: The closed-loop columns every side-by-side table of the service's levels shows.
+JOBS_PER_S: Column = ("jobs/s", lambda s: f"{s['jobs_per_s']:.2f}")
+FIRST_AUDIO: Column = (
+    "p50 / p99 first audio (s)",
+    lambda s: f"{cell(s['first_audio_p50'])} / {cell(s['first_audio_p99'])}",
+)
+STALLED: Column = ("jobs with a stall", lambda s: cell(s["stall_share"], ".1%"))
+STALL_P99: Column = ("p99 stall (s)", lambda s: cell(s["stall_p99_s"]))
+ERRORS: Column = ("errors", lambda s: str(sum(s["errors"].values()) if s["errors"] else 0))
+JOBS: Column = ("jobs", lambda s: str(s["jobs_measured"]))
+
+
+def side_by_side(levels: list[dict[str, Any]], sides: dict[str, str], side_header: str, columns: list[Column]) -> str:
+    """Return a markdown table with a row per level and side (``sides``: each summary's key in a level → its
+    label): the callers, the side's label under ``side_header``, then ``columns``."""
+    lines = [
+        "| " + " | ".join(["callers", side_header, *(header for header, _ in columns)]) + " |",
+        "|" + "---|" * (len(columns) + 2),
+    ]
+    for level in levels:
+        for key, label in sides.items():
+            cells = [str(level["callers"]), label, *(value(level[key]) for _, value in columns)]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def percentile(values: list[float], q: float) -> float | None:

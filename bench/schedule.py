@@ -21,7 +21,18 @@ from typing import Any
 
 from bench.headline_levels import drive_alternating
 from bench.headline_stack import ServiceStack
-from bench.report import write_run
+from bench.report import (
+    ERRORS,
+    FIRST_AUDIO,
+    JOBS,
+    JOBS_PER_S,
+    STALL_P99,
+    STALLED,
+    Column,
+    cell,
+    side_by_side,
+    write_run,
+)
 from bench.stack_args import (
     HEARTBEAT_S,
     Plan,
@@ -59,27 +70,14 @@ def settings_value(name: str) -> object:
     return getattr(load_settings(), name)
 
 
-def _f(value: float | None, spec: str = ".2f") -> str:
-    return "–" if value is None else format(value, spec)
-
-
 def table(levels: list[dict[str, Any]]) -> str:
     """Return the markdown comparison, one row per level and scheduler."""
-    lines = [
-        "| callers | scheduler | jobs/s | chars/s | p50 / p99 first audio (s) | jobs with a stall | p99 stall (s) "
-        "| p99 done (s) | mean batch | errors | jobs |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for level in levels:
-        for name in SCHEDULERS:
-            s = level[name]
-            lines.append(
-                f"| {level['callers']} | {name} | {s['jobs_per_s']:.2f} | {s['chars_per_s']:.0f} | "
-                f"{_f(s['first_audio_p50'])} / {_f(s['first_audio_p99'])} | {_f(s['stall_share'], '.1%')} | "
-                f"{_f(s['stall_p99_s'])} | {_f(s['latency_p99'])} | {_f(s.get('mean_batch_size'))} | "
-                f"{sum(s['errors'].values()) if s['errors'] else 0} | {s['jobs_measured']} |"
-            )
-    return "\n".join(lines)
+    columns: list[Column] = [
+        JOBS_PER_S, ("chars/s", lambda s: f"{s['chars_per_s']:.0f}"), FIRST_AUDIO, STALLED, STALL_P99,
+        ("p99 done (s)", lambda s: cell(s["latency_p99"])), ("mean batch", lambda s: cell(s.get("mean_batch_size"))),
+        ERRORS, JOBS,
+    ]  # fmt: skip
+    return side_by_side(levels, {name: name for name in SCHEDULERS}, "scheduler", columns)
 
 
 def verdicts(levels: list[dict[str, Any]]) -> list[str]:

@@ -25,7 +25,18 @@ from typing import Any
 
 from bench.headline_levels import drive_alternating
 from bench.headline_stack import ServiceStack
-from bench.report import write_run
+from bench.report import (
+    ERRORS,
+    FIRST_AUDIO,
+    JOBS,
+    JOBS_PER_S,
+    STALL_P99,
+    STALLED,
+    Column,
+    cell,
+    side_by_side,
+    write_run,
+)
 from bench.stack_args import HEARTBEAT_S, add_stack_arguments, corpus_texts, make_plan, service_env
 from devstack.local import free_port
 from devstack.worker import WorkerProcess
@@ -75,29 +86,14 @@ class SplitStack(ServiceStack):
             super().stop()
 
 
-def _f(value: float | None, spec: str = ".2f") -> str:
-    return "–" if value is None else format(value, spec)
-
-
 def table(levels: list[dict[str, Any]]) -> str:
     """Return the markdown comparison, one row per level and layout."""
-    lines = [
-        "| callers | model hosts | jobs/s | p50 / p99 first audio (s) | jobs with a stall | p99 stall (s) "
-        "| mean batch | chars per busy host-second | errors | jobs |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    columns: list[Column] = [
+        JOBS_PER_S, FIRST_AUDIO, STALLED, STALL_P99, ("mean batch", lambda s: cell(s.get("mean_batch_size"), ".1f")),
+        ("chars per busy host-second", lambda s: cell(s.get("chars_per_busy_s"), ".0f")), ERRORS, JOBS,
+    ]  # fmt: skip
     names = {"one": f"one worker × {HOSTS}", "split": f"{HOSTS} workers × 1"}
-    for level in levels:
-        for layout in LAYOUTS:
-            s = level[layout]
-            lines.append(
-                f"| {level['callers']} | {names[layout]} | {s['jobs_per_s']:.2f} | "
-                f"{_f(s['first_audio_p50'])} / {_f(s['first_audio_p99'])} | {_f(s['stall_share'], '.1%')} | "
-                f"{_f(s['stall_p99_s'])} | {_f(s.get('mean_batch_size'), '.1f')} | "
-                f"{_f(s.get('chars_per_busy_s'), '.0f')} | "
-                f"{sum(s['errors'].values()) if s['errors'] else 0} | {s['jobs_measured']} |"
-            )
-    return "\n".join(lines)
+    return side_by_side(levels, names, "model hosts", columns)
 
 
 def verdicts(levels: list[dict[str, Any]]) -> list[str]:
