@@ -21,6 +21,7 @@ from cache.workers import WorkerRegistry
 from core.errors import ServiceUnavailable
 from core.policy import scheduling_policy
 from core.settings import load_settings
+from tests.support.databases import spare_database
 from tests.support.processes import wait_for
 
 QUEUES = ("test-realtime", "test-batch")
@@ -39,11 +40,10 @@ def quiet(settings_env: dict[str, str]) -> Iterator[redis.Redis]:
     """Return a client of a Redis database of its own, emptied before and after: no live worker records segment
     outcomes in its statistics, which a breaker's trial reads (a segment of an earlier test, made as this one runs,
     would close a half-open breaker early)."""
-    client = redis.Redis.from_url(settings_env["REDIS_URL"].rsplit("/", 1)[0] + "/4")
-    client.flushdb()
-    yield client
-    client.flushdb()
-    client.close()
+    with spare_database(settings_env["REDIS_URL"], 4) as url:
+        client = redis.Redis.from_url(url)
+        yield client
+        client.close()
 
 
 def _breaker(client: redis.Redis, cooldown_s: float = 1.1) -> CircuitBreaker:
@@ -194,13 +194,12 @@ def _app_on(redis_url: str, settings_env: dict[str, str], **settings: object) ->
 def paced(settings_env: dict[str, str]) -> Iterator[tuple[str, redis.Redis]]:
     """Return a Redis database of its own (URL and client) with one worker written by hand, whose engines make
     100 characters a second; emptied before and after."""
-    isolated = settings_env["REDIS_URL"].rsplit("/", 1)[0] + "/3"  # no real worker announces itself here
-    client = redis.Redis.from_url(isolated)
-    client.flushdb()
-    WorkerRegistry(client, ttl_s=30).beat("w1", {})
-    Stats(client).record(chars=200, busy_s=2.0, segments=10, ok=10)
-    yield isolated, client
-    client.flushdb()
+    with spare_database(settings_env["REDIS_URL"], 3) as isolated:  # no real worker announces itself here
+        client = redis.Redis.from_url(isolated)
+        WorkerRegistry(client, ttl_s=30).beat("w1", {})
+        Stats(client).record(chars=200, busy_s=2.0, segments=10, ok=10)
+        yield isolated, client
+        client.close()
 
 
 def test_with_no_worker_alive_the_api_answers_503_with_retry_after(settings_env: dict[str, str]) -> None:

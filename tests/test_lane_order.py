@@ -5,22 +5,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-import redis
 from kombu import Queue
 from kombu.message import Message
 
 from celery_config import QUEUES
 from core.settings import load_settings
+from tests.support.databases import spare_database
 from workers.celery_app import celery_enqueue, create_celery
 
 
 @pytest.fixture
 def empty_broker(settings_env: dict[str, str]) -> Iterator[str]:
     """Return the URL of a database no worker consumes, emptied before and after."""
-    url = settings_env["REDIS_URL"].rsplit("/", 1)[0] + "/6"
-    redis.Redis.from_url(url).flushdb()
-    yield url
-    redis.Redis.from_url(url).flushdb()
+    with spare_database(settings_env["REDIS_URL"], 6) as url:
+        yield url
 
 
 def test_realtime_segments_are_consumed_before_batch_segments_queued_earlier(empty_broker: str) -> None:

@@ -21,6 +21,7 @@ from core.policy import SchedulingPolicy
 from core.schedule import DeadlinePolicy, admission_excess, playback_stalls, priority_step, timeline
 from devstack.processes import wait_for
 from devstack.redis_server import RedisServer
+from tests.support.databases import spare_database
 from workers.arrivals import FirstArrivals
 from workers.segment import Outcome, SegmentSynthesizer
 
@@ -185,12 +186,10 @@ class _EarlyRecordingBackend:
 @pytest.fixture
 def unserved(redis_server: RedisServer) -> Iterator[redis.Redis]:
     """Return a client of a database of the test Redis that no running worker serves: its jobs stay as a test
-    leaves them (a worker's janitor would hand their unpublished segments to the broker). Not ``from_url(url,
-    db=9)``: the URL names database 0, and its path wins over the argument."""
-    client = redis.Redis(host="127.0.0.1", port=redis_server.port, db=9)
-    client.flushdb()
-    yield client
-    client.flushdb()
+    leaves them (a worker's janitor would hand their unpublished segments to the broker)."""
+    with spare_database(redis_server.url, 9) as url:
+        client = redis.Redis.from_url(url)
+        yield client
     client.close()
 
 
