@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from typing import Any
@@ -144,3 +145,25 @@ def drive_alternating(
             progress(name, level[name])
         found.append(level)
     return found
+
+
+def compare_stacks(
+    stacks: dict[str, ServiceStack],
+    *,
+    model: str,
+    levels: str,
+    plan: Plan,
+    texts: list[tuple[str, int]],
+    counters: bool = True,
+) -> list[dict[str, Any]]:
+    """Start every stack, drive the levels against them in turn (``drive_alternating``), then stop them all and drop
+    their Redis data; return one summary per level, keyed by stack name."""
+    try:
+        for stack in stacks.values():
+            stack.start()
+        return drive_alternating(stacks, model=model, levels=levels, plan=plan, texts=texts, counters=counters)
+    finally:
+        for stack in stacks.values():
+            stack.stop()
+        for stack in stacks.values():
+            shutil.rmtree(stack.workdir / "redis", ignore_errors=True)

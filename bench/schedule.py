@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import time
 from typing import Any
 
-from bench.headline_levels import drive_alternating
+from bench.headline_levels import compare_stacks
 from bench.headline_stack import ServiceStack
 from bench.report import (
     ERRORS,
@@ -137,15 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in SCHEDULERS:
         (out / name).mkdir(exist_ok=True)
         stacks[name] = ServiceStack({**env, "TTS_SCHEDULER": name}, out / name, api_processes=2)
-    try:
-        for stack in stacks.values():
-            stack.start()
-        levels = drive_alternating(stacks, model=args.model, levels=args.levels, plan=plan, texts=texts)
-    finally:
-        for stack in stacks.values():
-            stack.stop()
-        for name in SCHEDULERS:
-            shutil.rmtree(out / name / "redis", ignore_errors=True)
+    levels = compare_stacks(stacks, model=args.model, levels=args.levels, plan=plan, texts=texts)
     footer = f"Whole run: {time.monotonic() - started:.0f}s (heartbeat {HEARTBEAT_S:g}s). Files: {out}"
     document_text = document(args, plan, levels, footer)
     write_run(out, "schedule", document_text, levels)

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.headline_levels import drive_alternating
+from bench.headline_levels import compare_stacks
 from bench.headline_stack import ServiceStack
 from bench.report import (
     ERRORS,
@@ -123,16 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         "one": ServiceStack(stack_env(env, "one"), out / "one", api_processes=2),
         "split": SplitStack(stack_env(env, "split"), out / "split"),
     }
-    try:
-        for stack in stacks.values():
-            stack.start()
-        # Only the first worker's metrics could be read in the split layout: neither is read.
-        levels = drive_alternating(stacks, model=args.model, levels=args.levels, plan=plan, texts=texts, counters=False)
-    finally:
-        for stack in stacks.values():
-            stack.stop()
-        for layout in LAYOUTS:
-            shutil.rmtree(out / layout / "redis", ignore_errors=True)
+    # Only the first worker's metrics could be read in the split layout: neither is read.
+    levels = compare_stacks(stacks, model=args.model, levels=args.levels, plan=plan, texts=texts, counters=False)
     document = "\n".join(
         [
             f"## One worker against split workers: {args.model}, {os.cpu_count()} CPUs, {HOSTS} model hosts of "
