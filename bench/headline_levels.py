@@ -117,36 +117,6 @@ def progress(side: str, summary: dict[str, Any]) -> None:
     )
 
 
-def drive_alternating(
-    stacks: dict[str, ServiceStack],
-    *,
-    model: str,
-    levels: str,
-    plan: Plan,
-    texts: list[tuple[str, int]],
-    counters: bool = True,
-) -> list[dict[str, Any]]:
-    """Run every level of ``levels`` ("10,50") against each of ``stacks`` in turn, alternating which goes first,
-    with all of them idle before each; return one summary per level, keyed by stack name. ``counters``: read the
-    worker's metrics over each window (one worker per stack); otherwise the engine calls every worker recorded
-    in the stack's Redis."""
-    found: list[dict[str, Any]] = []
-    names = list(stacks)
-    for n, callers in enumerate(int(x) for x in levels.split(",")):
-        level: dict[str, Any] = {"callers": callers}
-        for name in names if n % 2 == 0 else names[::-1]:
-            stack = stacks[name]
-            for other in stacks.values():
-                other.wait_idle()
-            level[name] = run_level(ServedClient(stack.api.url, model=model), texts, callers, plan,
-                                    window_s=plan.window_s, seed=n, probe=stack.queued,
-                                    counters=stack.worker_totals if counters else None,
-                                    stats=None if counters else Stats(stack.client))  # fmt: skip
-            progress(name, level[name])
-        found.append(level)
-    return found
-
-
 def compare_stacks(
     stacks: dict[str, ServiceStack],
     *,
@@ -156,14 +126,30 @@ def compare_stacks(
     texts: list[tuple[str, int]],
     counters: bool = True,
 ) -> list[dict[str, Any]]:
-    """Start every stack, drive the levels against them in turn (``drive_alternating``), then stop them all and drop
-    their Redis data; return one summary per level, keyed by stack name."""
+    """Start every stack; run every level of ``levels`` ("10,50") against each in turn, alternating which goes
+    first, with all of them idle before each; then stop them all and drop their Redis data. Return one summary per
+    level, keyed by stack name. ``counters``: read the worker's metrics over each window (one worker per stack);
+    otherwise the engine calls every worker recorded in the stack's Redis."""
+    found: list[dict[str, Any]] = []
+    names = list(stacks)
     try:
         for stack in stacks.values():
             stack.start()
-        return drive_alternating(stacks, model=model, levels=levels, plan=plan, texts=texts, counters=counters)
+        for n, callers in enumerate(int(x) for x in levels.split(",")):
+            level: dict[str, Any] = {"callers": callers}
+            for name in names if n % 2 == 0 else names[::-1]:
+                stack = stacks[name]
+                for other in stacks.values():
+                    other.wait_idle()
+                level[name] = run_level(ServedClient(stack.api.url, model=model), texts, callers, plan,
+                                        window_s=plan.window_s, seed=n, probe=stack.queued,
+                                        counters=stack.worker_totals if counters else None,
+                                        stats=None if counters else Stats(stack.client))  # fmt: skip
+                progress(name, level[name])
+            found.append(level)
     finally:
         for stack in stacks.values():
             stack.stop()
         for stack in stacks.values():
             shutil.rmtree(stack.workdir / "redis", ignore_errors=True)
+    return found
