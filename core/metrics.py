@@ -65,6 +65,11 @@ OUTBOX_PUBLISHED = Counter(
     "tts_outbox_published_total",
     "Segments the janitor published from the outbox (their taker died or lost Redis first).",
 )
+UPKEEP_FAILURES = Counter(
+    "tts_upkeep_failures_total",
+    "Worker upkeep steps (janitor pass, text-stream sweep, reconcile, ...) that failed; the next pass runs anyway.",
+    ["step"],
+)
 STORE_FULL_WAITS = Counter(
     "tts_store_full_waits_total", "Segment writes refused by a job store at its memory limit (retried, not failed)."
 )

@@ -16,8 +16,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-import redis
-
 from cache import keys
 from cache.budget import StoreBudget
 from cache.custody import Custody
@@ -104,7 +102,7 @@ class Janitor:
                     self._last_account = now
                     counts["lost"] = self.account(now)
                 counts["published"] = self.publish_due(now)
-        except redis.RedisError:
+        except Exception:  # Redis, or the broker (the same Redis) failing a publish: kombu's OperationalError
             self._reachable_since = None
             self.alarm()
             raise

@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
@@ -21,7 +22,14 @@ from cache.stats import Stats
 from cache.text_streams import TextStreams, build_text_streams
 from cache.workers import WorkerRegistry
 from celery_config import QUEUES, SYNTHESIZE_TASK, queue_keys
-from core.metrics import BATCH_SIZE, GPU_MEMORY, MODEL_MEMORY, MODELS_RESIDENT, SYNTHESIS_SECONDS
+from core.metrics import (
+    BATCH_SIZE,
+    GPU_MEMORY,
+    MODEL_MEMORY,
+    MODELS_RESIDENT,
+    SYNTHESIS_SECONDS,
+    UPKEEP_FAILURES,
+)
 from core.policy import SchedulingPolicy, scheduling_policy
 from core.registry import ModelSpec, Registry, load_registry
 from core.settings import Settings
@@ -83,26 +91,33 @@ class WorkerRuntime:
     def _beat_forever(self) -> None:
         # Nothing else runs on this thread: a slow reconcile or model unload must not make us look dead.
         while not self._stop.wait(self.settings.heartbeat_s):
-            try:
-                self.announce()
-            except redis.RedisError as e:
-                log.warning("heartbeat failed: %s", e)
+            _guarded("heartbeat", self.announce)  # whatever it raises, the next beat comes
 
     def _look_after_forever(self) -> None:
-        last_reconcile = last_trim = 0.0
+        last = {"reconcile": 0.0, "trim": 0.0}
         while not self._stop.wait(self.settings.heartbeat_s):
-            if self.settings.malloc_trim_s and time.monotonic() - last_trim >= self.settings.malloc_trim_s:
-                last_trim = time.monotonic()
-                release_free_memory()
-            try:
-                self.janitor.run_once()
-                self.text_streams.sweep()
-                if time.monotonic() - last_reconcile >= self.settings.reconcile_interval_s:
-                    last_reconcile = time.monotonic()
-                    self.reconciler.run_once(holder=self.hostname, interval_s=self.settings.reconcile_interval_s)
-            except redis.RedisError as e:
-                log.warning("janitor or reconcile pass failed: %s", e)
-            self.backend.pool.reap_idle()
+            self.look_after(last)
+
+    def look_after(self, last: dict[str, float]) -> None:
+        """Run one upkeep pass: the janitor, the text-stream sweep, the reconciler when due (``last`` holds when
+        the timed steps last ran), then free memory and idle models.
+
+        A step that fails is logged and the others still run; nothing a step raises ends the thread. A broker
+        publish that fails mid-pass, for one, raises kombu's OperationalError rather than a Redis error, and a
+        worker whose upkeep had died would go on beating, looking alive, with nobody handing its lost segments
+        on, ending idle streams or failing jobs past their deadline.
+        """
+        now = time.monotonic()
+        if self.settings.malloc_trim_s and now - last["trim"] >= self.settings.malloc_trim_s:
+            last["trim"] = now
+            _guarded("memory release", release_free_memory)
+        _guarded("janitor pass", self.janitor.run_once)
+        _guarded("text-stream sweep", self.text_streams.sweep)
+        if now - last["reconcile"] >= self.settings.reconcile_interval_s:
+            last["reconcile"] = now
+            _guarded("reconcile pass", lambda: self.reconciler.run_once(
+                holder=self.hostname, interval_s=self.settings.reconcile_interval_s))  # fmt: skip
+        _guarded("idle model reaping", self.backend.pool.reap_idle)
 
     def preload(self) -> None:
         """Start loading the default and pinned models now, each in its own process, while Celery starts."""
@@ -153,6 +168,19 @@ class WorkerRuntime:
         with contextlib.suppress(redis.RedisError):
             self.heartbeats.remove(self.hostname)
         self.backend.close()
+
+
+def _guarded(step: str, run: Callable[[], object]) -> None:
+    """Run one upkeep step; log what it raises (a Redis error briefly, anything else with its traceback)."""
+    try:
+        run()
+    except redis.RedisError as e:
+        log.warning("%s failed: %s", step, e)
+    except Exception:
+        log.exception("%s failed; the next pass tries again", step)
+    else:
+        return
+    UPKEEP_FAILURES.labels(step).inc()
 
 
 def batch_observer(stats: Stats) -> BatchObserver:

@@ -1,0 +1,69 @@
+"""A worker's upkeep (janitor, text-stream sweep, reconciler) outlives any one step's failure."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from cache import keys
+from cache.jobstore import JobStatus
+from core.metrics import UPKEEP_FAILURES
+from core.settings import Settings, load_settings
+from devstack.local import free_port
+from tests.support.databases import spare_database
+from tests.support.servers import RedisServer
+from tests.test_custody import REQUEST, TEXTS
+from workers.celery_app import celery_enqueue, create_celery
+from workers.runtime import WorkerRuntime, build_runtime
+
+UPKEEP_DB = 12
+
+
+@pytest.fixture
+def quiet_url(redis_server: RedisServer) -> Iterator[str]:
+    """A database of the suite's Redis that no running worker serves."""
+    with spare_database(redis_server.url, UPKEEP_DB) as url:
+        yield url
+
+
+def _runtime(settings: Settings, broker_url: str) -> WorkerRuntime:
+    """A worker's runtime on ``settings`` whose Celery publishes to ``broker_url``."""
+    celery = create_celery(settings.model_copy(update={"redis_url": broker_url}))
+    return build_runtime(settings, hostname="w-upkeep", enqueue=celery_enqueue(celery))
+
+
+def test_a_broker_publish_failing_in_the_janitors_pass_neither_ends_the_upkeep_nor_skips_the_reconciler(
+    quiet_url: str, settings_env: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = load_settings(redis_url=quiet_url, models_file=settings_env["TTS_MODELS_FILE"],
+                             tiny_model_dir=settings_env["TTS_TINY_MODEL_DIR"], default_model="espeak-en")  # fmt: skip
+    # Nothing listens on the broker's port: Celery's publish gives up with kombu's OperationalError, not a
+    # Redis error (as when the broker drops mid-pass while the job store still answers).
+    runtime = _runtime(settings, f"redis://127.0.0.1:{free_port()}/0")
+    client = redis.Redis.from_url(quiet_url)
+    try:
+        store = runtime.store
+        to_publish = store.create(REQUEST, TEXTS)  # its segments sit in the outbox: the janitor publishes them
+        client.zadd(keys.OUTBOX, {keys.segment_member(to_publish, i): time.time() - 10 for i in range(len(TEXTS))})
+        expired = store.create(REQUEST, TEXTS)  # past its deadline: the reconciler fails it
+        client.zrem(keys.OUTBOX, *(keys.segment_member(expired, i) for i in range(len(TEXTS))))
+        client.hset(keys.job(expired), "created_at", f"{time.time() - settings.job_deadline_s - 60:.6f}")
+        failures_before = UPKEEP_FAILURES.labels("janitor pass")._value.get()
+
+        with caplog.at_level(logging.ERROR, logger="workers.runtime"):
+            runtime.look_after({"reconcile": 0.0, "trim": 0.0})  # raises nothing
+
+        assert UPKEEP_FAILURES.labels("janitor pass")._value.get() == failures_before + 1
+        assert any("janitor pass failed" in r.getMessage() and r.exc_info for r in caplog.records)
+        failed = store.get(expired)
+        assert failed is not None and failed.status is JobStatus.FAILED
+        assert "deadline" in (failed.error or "")
+        # Nothing was lost: what could not be published is still in the outbox for the next pass.
+        assert client.zscore(keys.OUTBOX, keys.segment_member(to_publish, 0)) is not None
+    finally:
+        runtime.backend.close()
+        client.close()
