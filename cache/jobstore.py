@@ -129,23 +129,33 @@ class JobStore(JobReads):
         """Drop a finished (or vanished) job from the live index."""
         self.redis.zrem(keys.LIVE_JOBS, job_id)
 
-    def unstarted_or_lost(self, job_ids: Iterable[str]) -> dict[str, list[int]]:
-        """Return, for each live job, its unwritten segments that are not pending (in one round trip)."""
+    def released(self, job_ids: Iterable[str]) -> dict[str, list[int]]:
+        """Return, for each live job, the segments released to be made: all it has planned but those still
+        pending (in one round trip). Read before anything a released segment moves through (see ``written``)."""
         job_ids = list(job_ids)
         pipe = self.redis.pipeline(transaction=False)
         for job_id in job_ids:
             pipe.hmget(keys.job(job_id), ["status", "segments_total"])
-            pipe.hkeys(keys.audio(job_id))
             pipe.lrange(keys.pending(job_id), 0, -1)
         replies = pipe.execute()
         found = {}
         for n, job_id in enumerate(job_ids):
-            (status, total), written, pending = replies[3 * n : 3 * n + 3]
+            (status, total), pending = replies[2 * n : 2 * n + 2]
             if status is None or JobStatus(as_bytes(status).decode()).terminal:
                 continue
-            skip = {int(as_bytes(i)) for i in written} | {int(as_bytes(i)) for i in pending}
-            found[job_id] = [i for i in range(int(as_bytes(total))) if i not in skip]
+            waiting = {int(as_bytes(i)) for i in pending}
+            found[job_id] = [i for i in range(int(as_bytes(total))) if i not in waiting]
         return found
+
+    def written(self, job_ids: Iterable[str]) -> dict[str, set[int]]:
+        """Return the indexes of the segments each job has written (in one round trip)."""
+        job_ids = list(job_ids)
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hkeys(keys.audio(job_id))
+        return {
+            job_id: {int(as_bytes(i)) for i in found} for job_id, found in zip(job_ids, pipe.execute(), strict=True)
+        }
 
     def touch(self, job_id: str) -> None:
         """Mark the job as looked after now (the reconciler's last visit)."""

@@ -6,6 +6,7 @@ import base64
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -240,6 +241,36 @@ def test_a_full_account_finds_segments_that_are_nowhere_and_orphaned_deliveries(
     services.enqueue(job_id, [2], "realtime")  # the queued task, as the worker would have popped it
     assert wait_done(served, job_id)["status"] == "done"
     assert _segment_events(client, job_id) == {0: 1, 1: 1, 2: 1}
+
+
+class _SubmitAfterOutboxRead(Custody):
+    """The real custody reads, with a submission landing just after the account has read the outbox."""
+
+    def __init__(self, client: redis.Redis, submit: Callable[[], str]) -> None:
+        super().__init__(client, BrokerKeys(queues=[WAITING]), task_name=SYNTHESIZE_TASK)
+        self.submit = submit
+        self.submitted: list[str] = []
+
+    def in_outbox(self) -> set[str]:
+        seen = super().in_outbox()
+        self.submitted.append(self.submit())
+        return seen
+
+
+def test_a_job_submitted_while_the_account_is_taken_is_not_declared_lost_and_published_twice(app: Flask) -> None:
+    services = app.extensions["tts"]
+    store = _store(app)
+    custody = _SubmitAfterOutboxRead(services.redis, lambda: store.create(REQUEST, TEXTS, publish=range(len(TEXTS))))
+    janitor = Janitor(store=store, custody=custody, heartbeats=WorkerRegistry(services.redis, ttl_s=6),
+                      enqueue=services.enqueue, book=services.book, worker="w-accountant", dead_after_s=6,
+                      interval_s=2, working_on=set)  # fmt: skip
+    now = time.time()
+    assert janitor.account(now) == 0
+    (job_id,) = custody.submitted
+    # Still the API's grace in the outbox (its own publish follows), not "due now" for the janitor's.
+    grace = [services.redis.zscore(keys.OUTBOX, keys.segment_member(job_id, i)) for i in range(len(TEXTS))]
+    assert all(score is not None and score > now for score in grace), grace
+    store.cancel(job_id)
 
 
 def test_a_broker_channel_whose_connection_is_gone_raises_a_connection_error(redis_server: RedisServer) -> None:

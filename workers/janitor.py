@@ -163,10 +163,13 @@ class Janitor:
         delivered or held) and put them in the outbox; return how many.
 
         What a worker killed between kombu's pop and its hold, or a reply lost to a dropped connection, leaves.
-        Segments move outbox → queue → delivered → held → written, and are read in that order, so one moving
-        on during the pass is seen at least once (only kombu's own pop-to-unacked step can hide one: the
-        result is a duplicate task, which is harmless).
+        Segments move released (a live job's, not pending) → outbox → queue → delivered → held → written, and
+        are read in that order, so one moving on during the pass is seen at least once (only kombu's own
+        pop-to-unacked step can hide one: the result is a duplicate task, which is harmless). Reading the jobs
+        first matters: a job submitted, or a stream's segment released, after the outbox was read would
+        otherwise look lost, and be published a second time beside the API's own publish.
         """
+        released = self.store.released(self.store.live_jobs())
         outbox = self.custody.in_outbox()
         queued = self.custody.queued()
         delivered = self.custody.deliveries()
@@ -175,7 +178,8 @@ class Janitor:
         for worker in self.custody.holders():
             held |= self.custody.held(worker)
         lost, orphaned, spent = [], [], []
-        unfinished = self.store.unstarted_or_lost(self.store.live_jobs())
+        written = self.store.written(released)
+        unfinished = {job_id: [i for i in indexes if i not in written[job_id]] for job_id, indexes in released.items()}
         for entry in delivered:  # an ack lost with a connection leaves one: kombu would redeliver it in an hour
             job_id, index = keys.parse_segment_member(entry.member)
             if now - entry.delivered_at >= self.dead_after_s and index not in unfinished.get(job_id, ()):
