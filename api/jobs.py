@@ -123,11 +123,16 @@ def get_job(job_id: str) -> dict[str, Any]:
 @bp.delete("/<job_id>")
 def cancel_job(job_id: str) -> dict[str, Any]:
     """Cancel the job; segments not yet made are skipped."""
+    cancel(job_id)
+    return as_json(job_view(_record(job_id)))
+
+
+def cancel(job_id: str) -> None:
+    """Cancel the job (unknown: 404) and take its segments off the deadline book; nothing for an ended job."""
     record = _record(job_id)
     svc = services()
     if svc.store.cancel(job_id):
         svc.book.remove(job_id, range(record.segments_total))
-    return as_json(job_view(_record(job_id)))
 
 
 @bp.get("/<job_id>/segments/<int:index>")

@@ -6,12 +6,13 @@ from flask import Blueprint, Response, g, request
 
 from api.contract import JobBody, SpeechBody
 from api.holds import Hold, held_response
-from api.jobs import finished_file, submit_input
+from api.jobs import cancel, finished_file, submit_input
 from api.services import services
 from api.streaming import audio_stream
 from api.validation import read_body
+from cache.records import JobStatus
 from core.audio import media_type
-from core.errors import NotReady
+from core.errors import Gone, JobFailed, ServiceError, ServiceUnavailable
 
 bp = Blueprint("speech", __name__, url_prefix="/v1/audio")
 
@@ -54,7 +55,10 @@ def speech() -> Response:
     hold = svc.holds.hold(g.caller)  # before submitting: a refused stream leaves no job behind
     try:
         job_id = submit_input(job_input)
-        rate, total = _wait_whole(job_id, hold) if fmt == "flac" else _wait_first(job_id)
+        waited = _wait_whole(job_id, hold) if fmt == "flac" else _wait_first(job_id)
+        if waited is None:
+            raise _no_audio(job_id)
+        rate, total = waited
     except BaseException:
         hold.release()
         raise
@@ -69,24 +73,48 @@ def speech() -> Response:
     )
 
 
-def _wait_first(job_id: str) -> tuple[int, int]:
-    """Wait for the job's first segment; return its sample rate and segment count."""
+def _wait_first(job_id: str) -> tuple[int, int] | None:
+    """Wait for the job's first segment; return its sample rate and segment count (None: no audio came)."""
     svc = services()
     first = svc.store.wait_segment(job_id, 0, svc.settings.max_wait_s)
     record = svc.store.get(job_id)
     if first is None or record is None or record.sample_rate is None:
-        raise NotReady(f"job {job_id} has produced no audio yet; follow it at /v1/jobs/{job_id}")
+        return None
     return record.sample_rate, record.segments_total
 
 
-def _wait_whole(job_id: str, hold: Hold) -> tuple[int, int]:
-    """Wait for every segment of the job, renewing the caller's stream slot; return its rate and segment count."""
+def _wait_whole(job_id: str, hold: Hold) -> tuple[int, int] | None:
+    """Wait for every segment of the job, renewing the caller's stream slot; return its rate and segment count
+    (None: a segment did not come)."""
     svc = services()
     record = svc.store.get(job_id)
     total = record.segments_total if record else 0
     for index in range(total):
         hold.keep()
         if svc.store.wait_segment(job_id, index, svc.settings.max_wait_s) is None:
-            raise NotReady(f"job {job_id} is still running; follow it at /v1/jobs/{job_id}")
+            return None
     record = svc.store.get(job_id)
     return ((record.sample_rate or 0) if record else 0), total
+
+
+def _no_audio(job_id: str) -> ServiceError:
+    """Return what a caller is answered whose audio did not come: the failed job's reason, or, when it is still
+    being made after TTS_MAX_WAIT_S, 503 with the job canceled.
+
+    This route is one call returning audio: its caller (OpenAI's SDKs among them, which retry 409 and 5xx)
+    follows no job, so one left running would be made for nobody, and each retry would add another.
+    """
+    svc = services()
+    record = svc.store.get(job_id)
+    if record is not None and record.status is JobStatus.DONE:  # its audio removed meanwhile (memory budget)
+        return Gone(f"job {job_id} is done but its audio is no longer kept; ask again")
+    if record is not None and record.status.terminal:
+        return JobFailed(f"job {job_id} {record.status.value}: {record.error or 'no reason recorded'}")
+    cancel(job_id)
+    wait_s = svc.settings.max_wait_s
+    return ServiceUnavailable(
+        f"no audio within {wait_s:g} s (TTS_MAX_WAIT_S): the engines are busier than that, so the job was canceled; "
+        "retry after Retry-After, or submit to POST /v1/jobs and follow the job there",
+        retry_after=5,
+        job_id=job_id,
+    )
