@@ -1,4 +1,5 @@
-"""A worker's upkeep (janitor, text-stream sweep, reconciler) outlives any one step's failure."""
+"""A worker's upkeep (janitor, text-stream sweep, reconciler) outlives any one step's failure, and what Celery drops
+with a lost broker connection is handed on."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from devstack.local import free_port
 from tests.support.databases import spare_database
 from tests.support.servers import RedisServer
 from tests.test_custody import REQUEST, TEXTS
+from workers.__main__ import forget_dropped_deliveries
 from workers.celery_app import celery_enqueue, create_celery
 from workers.runtime import WorkerRuntime, build_runtime
 
@@ -30,6 +32,11 @@ def quiet_url(redis_server: RedisServer) -> Iterator[str]:
         yield url
 
 
+def _settings(url: str, settings_env: dict[str, str]) -> Settings:
+    return load_settings(redis_url=url, models_file=settings_env["TTS_MODELS_FILE"],
+                         tiny_model_dir=settings_env["TTS_TINY_MODEL_DIR"], default_model="espeak-en")  # fmt: skip
+
+
 def _runtime(settings: Settings, broker_url: str) -> WorkerRuntime:
     """A worker's runtime on ``settings`` whose Celery publishes to ``broker_url``."""
     celery = create_celery(settings.model_copy(update={"redis_url": broker_url}))
@@ -39,8 +46,7 @@ def _runtime(settings: Settings, broker_url: str) -> WorkerRuntime:
 def test_a_broker_publish_failing_in_the_janitors_pass_neither_ends_the_upkeep_nor_skips_the_reconciler(
     quiet_url: str, settings_env: dict[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    settings = load_settings(redis_url=quiet_url, models_file=settings_env["TTS_MODELS_FILE"],
-                             tiny_model_dir=settings_env["TTS_TINY_MODEL_DIR"], default_model="espeak-en")  # fmt: skip
+    settings = _settings(quiet_url, settings_env)
     # Nothing listens on the broker's port: Celery's publish gives up with kombu's OperationalError, not a
     # Redis error (as when the broker drops mid-pass while the job store still answers).
     runtime = _runtime(settings, f"redis://127.0.0.1:{free_port()}/0")
@@ -64,6 +70,34 @@ def test_a_broker_publish_failing_in_the_janitors_pass_neither_ends_the_upkeep_n
         assert "deadline" in (failed.error or "")
         # Nothing was lost: what could not be published is still in the outbox for the next pass.
         assert client.zscore(keys.OUTBOX, keys.segment_member(to_publish, 0)) is not None
+    finally:
+        runtime.backend.close()
+        client.close()
+
+
+def test_deliveries_celery_drops_with_its_broker_connection_are_handed_on_and_their_redelivery_is_made(
+    quiet_url: str, settings_env: dict[str, str]
+) -> None:
+    settings = _settings(quiet_url, settings_env)
+    runtime = _runtime(settings, quiet_url)
+    client = redis.Redis.from_url(quiet_url)
+    try:
+        store, synthesizer = runtime.store, runtime.synthesizer
+        job_id = store.create(REQUEST, TEXTS, publish=range(len(TEXTS)))
+        store.published(job_id, range(len(TEXTS)))
+        waiting, running = keys.segment_member(job_id, 0), keys.segment_member(job_id, 1)
+        synthesizer.received(job_id, 0)  # a retry waiting out its countdown in Celery's timer
+        synthesizer.received(job_id, 1)
+        synthesizer.started(job_id, 1)  # a thread is making this one
+
+        # The consumer lost its broker connection: Celery dropped the request in its timer, and stops its steps.
+        forget_dropped_deliveries(runtime)(parent=None).stop(parent=None)
+
+        assert runtime.janitor.release_own_stale(time.time()) == 1
+        assert client.zscore(keys.OUTBOX, waiting) is not None, "the dropped delivery's segment is handed on"
+        assert runtime.janitor.custody.held("w-upkeep") == {running}, "the running one stays held"
+        synthesizer.received(job_id, 0)  # kombu delivers the dropped message again
+        assert synthesizer._deliveries_here(waiting) == 1, "taken as the only delivery here, so it is made"
     finally:
         runtime.backend.close()
         client.close()

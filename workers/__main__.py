@@ -7,6 +7,7 @@ import os
 import socket
 import sys
 
+from celery import bootsteps
 from celery.signals import task_received, worker_ready, worker_shutdown
 from celery.worker.request import Request
 from prometheus_client import start_http_server
@@ -54,6 +55,26 @@ def _connect_signals(runtime: WorkerRuntime, exit_status: list[int]) -> None:
         runtime.stop()
 
 
+def forget_dropped_deliveries(runtime: WorkerRuntime) -> type[bootsteps.StartStopStep]:
+    """Return a consumer step that, whenever Celery's consumer stops (its broker connection lost, before it
+    connects again; or at shutdown), forgets the deliveries Celery has just dropped (``forget_unstarted``).
+
+    Without it a retry waiting out its countdown when Redis restarted stayed "worked on" here for good: its hold
+    was never released, and a redelivery of its message was taken for a copy of a delivery still running.
+    """
+
+    class ForgetDroppedDeliveries(bootsteps.StartStopStep):  # type: ignore[misc]
+        requires = ("celery.worker.consumer.tasks:Tasks",)
+
+        def stop(self, parent: object) -> None:
+            forgotten = runtime.synthesizer.forget_unstarted()
+            if forgotten:
+                log.warning("the broker connection closed: forgot %d deliveries no thread had started (their "
+                            "segments go back through the outbox)", forgotten)  # fmt: skip
+
+    return ForgetDroppedDeliveries
+
+
 def _worker_argv(settings: Settings, node: str) -> list[str]:
     """Return the Celery worker command line of this process."""
     return [
@@ -90,6 +111,7 @@ def main() -> int:
     # connection drops) must exit non-zero, so that its supervisor (systemd Restart=on-failure) restarts it.
     exit_status: list[int] = []
     _connect_signals(runtime, exit_status)
+    app.steps["consumer"].add(forget_dropped_deliveries(runtime))
     app.worker_main(_worker_argv(settings, node))
     return exit_status[-1] if exit_status else 0
 

@@ -83,13 +83,14 @@ class SegmentSynthesizer:
             store=store, policy=policy.deadlines, default_pace=book.default_seconds_per_char, arrivals=arrivals
         )
         self.observer = observer or default_observers(stats=stats, cache=cache, book=book, store=store)
-        self._working_on: Counter[str] = Counter()
+        self._working_on: Counter[str] = Counter()  # deliveries received and not let go
+        self._running: Counter[str] = Counter()  # of those, the ones a thread has started on
         self._working_lock = threading.Lock()
 
     def working_on(self) -> set[str]:
         """Return the segments (``keys.segment_member``) delivered to this worker and not yet let go."""
         with self._working_lock:
-            return set(self._working_on)
+            return set(self._working_on) | set(self._running)
 
     def received(self, job_id: str, index: int) -> bool:
         """Hold a delivered segment before a thread starts on it (a worker killed meanwhile hands it on too);
@@ -106,13 +107,29 @@ class SegmentSynthesizer:
         with self._working_lock:
             return self._working_on[member]
 
+    def started(self, job_id: str, index: int) -> None:
+        """Note that a thread has started on a delivered segment (``let_go`` ends it)."""
+        with self._working_lock:
+            self._running[keys.segment_member(job_id, index)] += 1
+
     def let_go(self, job_id: str, index: int) -> None:
         """Forget a delivered segment whose task has ended (written, skipped, failed or retried)."""
         member = keys.segment_member(job_id, index)
         with self._working_lock:
-            self._working_on[member] -= 1
-            if self._working_on[member] <= 0:
-                del self._working_on[member]
+            for counts in (self._working_on, self._running):
+                counts[member] -= 1
+                if counts[member] <= 0:
+                    del counts[member]
+
+    def forget_unstarted(self) -> int:
+        """Forget the deliveries no thread has started; return how many. Call it when Celery's consumer loses its
+        broker connection: Celery then drops every such request (a retry waiting out its countdown, a request
+        reserved for a thread), so no task will let them go. Their holds go stale, and the janitor hands the
+        segments on (kombu may also deliver their messages again: a segment made twice is written once)."""
+        with self._working_lock:
+            before = sum(self._working_on.values())
+            self._working_on &= self._running  # what runs stays held until it ends
+            return before - sum(self._working_on.values())
 
     def run(self, job_id: str, index: int, *, token: str | None = None) -> Outcome:
         """Make segment ``index`` of ``job_id`` unless it exists or its job is over.

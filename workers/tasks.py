@@ -32,6 +32,7 @@ def synthesize_segment(self: Task, job_id: str, index: int, room_waits: int = 0)
     # count: one attempt. A retry is a new message with the count raised: a new attempt, unless it only waited
     # for room in the store.
     token = f"{self.request.id}:{self.request.retries - room_waits}"
+    runtime.synthesizer.started(job_id, index)
     try:
         return _synthesize(self, runtime, job_id, index, token=token, room_waits=room_waits)
     finally:
