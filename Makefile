@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 .PHONY: help install install-dev install-bench constraints run worker test chaos lint tiny-model full-model bench-engine bench-real gpu-check bench bench-batch bench-cache bench-stream bench-schedule bench-workers bench-goodput bench-held bench-text bench-textstream soak clean
 
 help:  ## List the targets.
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/; s/\$$\$$/$$/g'
 
 # Every install is held to constraints.txt: a new pin there reinstalls what it changes.
 INSTALL_SCRIPTS := scripts/install.sh scripts/prereqs.sh constraints.txt

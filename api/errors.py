@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 import redis
-from flask import Flask, Response, jsonify
+from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from api.contract import ErrorBody, ErrorDetail
@@ -46,7 +46,14 @@ def _http_error(error: HTTPException) -> Response:
     status = error.code or 500
     code = _HTTP_CODES.get(status, "http_error")
     message = error.description or error.name
-    return error_response(status, code, message)
+    allowed = getattr(error, "valid_methods", None)  # a 405's: its Allow header is required (RFC 9110)
+    if allowed:
+        message = f"{request.method} is not allowed here; this route takes {', '.join(sorted(allowed))}"
+    response = error_response(status, code, message)
+    for name, value in error.get_headers():  # Allow, WWW-Authenticate, Retry-After ...; not werkzeug's HTML type
+        if name.lower() != "content-type":
+            response.headers[name] = value
+    return response
 
 
 def _redis_down(error: redis.RedisError) -> Response:

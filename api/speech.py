@@ -54,7 +54,7 @@ def speech() -> Response:
     fmt = job_input.format
     hold = svc.holds.hold(g.caller)  # before submitting: a refused stream leaves no job behind
     try:
-        job_id = submit_input(job_input)
+        job_id = _submitted(job_input)
         waited = _wait_whole(job_id, hold) if fmt == "flac" else _wait_first(job_id)
         if waited is None:
             raise _no_audio(job_id)
@@ -71,6 +71,17 @@ def speech() -> Response:
         mimetype=media_type(fmt, rate),
         headers={**headers, "X-Accel-Buffering": "no"},
     )
+
+
+def _submitted(job_input: JobBody) -> str:
+    """Submit the translated request; an error about its ``text`` names the field this request calls ``input``."""
+    try:
+        return submit_input(job_input)
+    except ServiceError as e:
+        if e.details.get("field") == "text":
+            e.details["field"] = "input"
+            e.message = e.message.replace("text", "input", 1) if e.message.startswith("text") else e.message
+        raise
 
 
 def _wait_first(job_id: str) -> tuple[int, int] | None:

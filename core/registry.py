@@ -148,6 +148,10 @@ class ModelSpec:
         return name
 
 
+#: The make target that builds each random-weight model of models.json.
+RANDOM_WEIGHT_BUILDS = {"chattts-tiny": "make tiny-model", "chattts-random": "make full-model"}
+
+
 class Registry:
     """Name → ModelSpec, loaded from a JSON file and checked once."""
 
@@ -166,7 +170,7 @@ class Registry:
         availability = spec.availability()
         if not availability.ok:
             remedy = (
-                "it is a random-weight model: `make full-model` or `make tiny-model` builds it"
+                f"it is a random-weight model: `{RANDOM_WEIGHT_BUILDS.get(key, 'make full-model')}` builds it"
                 if spec.random_weights
                 else "see README 'Real ChatTTS weights'"
             )

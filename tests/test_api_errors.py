@@ -106,6 +106,15 @@ def test_an_unknown_route_and_a_wrong_method_are_json_errors(client: FlaskClient
     _assert_error(client.put("/v1/jobs"), 405, "method_not_allowed")
 
 
+def test_a_wrong_method_is_answered_with_the_allow_header_and_says_which_methods_the_route_takes(
+    client: FlaskClient,
+) -> None:
+    response = client.put("/v1/jobs")
+    error = _assert_error(response, 405, "method_not_allowed")
+    assert set(response.headers["Allow"].split(", ")) >= {"POST"}
+    assert "PUT" in error["message"] and "POST" in error["message"]
+
+
 def test_the_service_keeps_serving_after_bad_requests(client: FlaskClient) -> None:
     for _ in range(3):
         client.post("/v1/jobs", data="{{{", content_type="application/json")

@@ -54,6 +54,12 @@ def test_settings_refuse_a_bad_entry_without_echoing_the_keys() -> None:
     assert GOOD not in message, "a key must never reach a log"
 
 
+def test_a_key_too_short_is_refused_without_any_of_its_characters() -> None:
+    with pytest.raises(KeyConfigError) as raised:
+        parse_api_keys("s3cr3tkey9")
+    assert "s3cr" not in str(raised.value) and "10 characters" in str(raised.value)
+
+
 def test_the_api_server_does_not_start_with_a_malformed_key(settings_env: dict[str, str], tmp_path: object) -> None:
     from pathlib import Path
 

@@ -17,11 +17,11 @@ def _post_utf8(client: FlaskClient, path: str, body: dict[str, Any]) -> Any:
     return client.post(path, data=json.dumps(body, ensure_ascii=False).encode(), content_type="application/json")
 
 
-def _assert_over(response: Any, setting: str, limit: str) -> str:
+def _assert_over(response: Any, setting: str, limit: str, field: str = "text") -> str:
     assert response.status_code == 413, response.get_data(as_text=True)
     error = response.get_json()["error"]
     assert error["code"] == "payload_too_large"
-    assert error["field"] == "text"
+    assert error["field"] == field
     assert error["setting"] == setting
     assert setting in error["message"] and limit in error["message"]
     return str(error["message"])
@@ -34,9 +34,15 @@ def test_a_six_kilobyte_body_that_expands_past_the_limit_is_a_413_naming_the_lim
     assert "after normalisation" in message
 
 
-def test_the_openai_route_refuses_the_same_text(client: FlaskClient) -> None:
+def test_the_openai_route_refuses_the_same_text_naming_its_input_field(client: FlaskClient) -> None:
     response = _post_utf8(client, "/v1/audio/speech", {"input": LIGATURES, "model": "espeak-en"})
-    _assert_over(response, "TTS_MAX_TEXT_CHARS", "20,000")
+    assert _assert_over(response, "TTS_MAX_TEXT_CHARS", "20,000", field="input").startswith("input:")
+
+
+def test_the_openai_route_names_its_input_field_when_it_has_nothing_to_speak(client: FlaskClient) -> None:
+    response = client.post("/v1/audio/speech", json={"input": "\U0001f600", "model": "espeak-en"})
+    assert response.status_code == 422, response.get_data(as_text=True)
+    assert response.get_json()["error"]["field"] == "input"
 
 
 def test_a_text_of_more_segments_than_the_limit_is_a_413_naming_the_segment_limit(client: FlaskClient) -> None:
