@@ -62,7 +62,7 @@ def _job_paths(settings: Settings) -> dict[str, Any]:
                 ],
                 "requestBody": _body("JobBody"),
                 "responses": {"202": _json("JobView", "accepted"),
-                              **_errors(400, 401, 404, 413, 415, 422, 429, 503)},
+                              **_errors(400, 401, 404, 408, 413, 415, 422, 429, 503)},
             }
         },
         "/v1/jobs/{job_id}": {
@@ -77,7 +77,7 @@ def _job_paths(settings: Settings) -> dict[str, Any]:
                 "parameters": [job_id],
                 "requestBody": _body("TextPieceBody"),
                 "responses": {"200": _json("PieceView", "taken, or a retry answered again"),
-                              **_errors(400, *auth, 409, 413, 415, 422, 503)},
+                              **_errors(400, *auth, 408, 409, 413, 415, 422, 503)},
             }
         },
         "/v1/jobs/{job_id}/segments/{index}": {
@@ -110,7 +110,7 @@ def _service_paths() -> dict[str, Any]:
             "post": {
                 "summary": "OpenAI-compatible speech; audio chunked as segments finish.",
                 "requestBody": _body("SpeechBody"),
-                "responses": {"200": _audio("speech"), **_errors(400, 401, 404, 409, 413, 415, 422, 429, 503)},
+                "responses": {"200": _audio("speech"), **_errors(400, 401, 404, 408, 409, 413, 415, 422, 429, 503)},
             }
         },
         "/v1/models": {"get": {"summary": "The model registry.",

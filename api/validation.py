@@ -2,43 +2,39 @@
 
 pydantic parses the raw bytes itself (its JSON parser is bounded: nesting deeper than 200, numbers out of range,
 lone surrogates and invalid UTF-8 are parse errors, never a RecursionError or an OverflowError), so malformed JSON
-is a 400 and a well-formed body with a wrong field is a 422 that names the field.
+is a 400 and a well-formed body with a wrong field is a 422 that names the field. The body itself is read within
+bounds: an oversized one is a 413 at once; a malformed chunked body and one cut short are 400s, and one that stops
+arriving (for ``BODY_WAIT_S``) a 408.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-import time
+from collections.abc import Iterator
 from typing import IO, Any, TypeVar
 
-from flask import Request
+import gevent
+from flask import Request, Response, after_this_request
+from gevent import monkey
+from gunicorn.http.errors import NoMoreData, ParseException
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 from werkzeug.wsgi import get_input_stream
 
 from api.contract import allowed_fields
-from core.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType, ValidationFailed
+from core.errors import BadRequest, PayloadTooLarge, RequestTimeout, UnsupportedMediaType, ValidationFailed
 
 Body = TypeVar("Body", bound=BaseModel)
 #: At most this many field errors are listed in one answer.
 MAX_LISTED_ERRORS = 10
-#: An oversized body is read and dropped up to this much, for this long, so that its client can read the 413.
+#: A body must have arrived whole this long after the view starts reading it; one that stops arriving is a 408.
+BODY_WAIT_S = 10.0
+#: Once its 413 is out, an oversized body is read and dropped up to this much, for this long, so that a client
+#: still sending reads the answer rather than a reset connection.
 DRAIN_MAX_BYTES = 64 * 2**20
 DRAIN_MAX_S = 10.0
 DRAIN_STEP = 64 * 1024
-
-
-def _too_large(stream: IO[bytes], max_bytes: int) -> PayloadTooLarge:
-    """Read what the client still sends and drop it, then return the 413 to raise.
-
-    A server that answers while its client is still sending, then closes (as it does for ``Connection: close``),
-    resets the connection and the client never reads the answer. Draining costs no CPU to speak of (greenlets
-    wait on the socket) and is bounded: past ``DRAIN_MAX_BYTES`` or ``DRAIN_MAX_S`` the connection is dropped.
-    """
-    left, give_up = DRAIN_MAX_BYTES, time.monotonic() + DRAIN_MAX_S
-    while left > 0 and time.monotonic() < give_up and (chunk := stream.read(min(DRAIN_STEP, left))):
-        left -= len(chunk)
-    return PayloadTooLarge(f"request body is over {max_bytes} bytes (TTS_MAX_BODY_BYTES)", limit=max_bytes)
 
 
 def read_body(request: Request, model: type[Body], *, max_bytes: int, context: dict[str, Any] | None = None) -> Body:
@@ -46,17 +42,75 @@ def read_body(request: Request, model: type[Body], *, max_bytes: int, context: d
     # Not request.stream: past MAX_CONTENT_LENGTH it cuts a chunked body short silently. This one ends at the
     # Content-Length, or where the server says the body ends (a chunked body), and has no limit of its own.
     stream: IO[bytes] = get_input_stream(request.environ, max_content_length=None)
-    if request.content_length is not None and request.content_length > max_bytes:
+    declared = request.content_length
+    if declared is not None and declared > max_bytes:
         raise _too_large(stream, max_bytes)
     if not request.is_json:
         raise UnsupportedMediaType("send the body as JSON with 'Content-Type: application/json'")
-    raw = stream.read(max_bytes + 1)
+    raw = _read(stream, max_bytes + 1)
     if len(raw) > max_bytes:
         raise _too_large(stream, max_bytes)
+    if declared is not None and len(raw) < declared:  # gunicorn hands over what came before the client stopped
+        raise BadRequest(f"request body is incomplete: {len(raw)} of the {declared} bytes its Content-Length announced")
     try:
         return model.model_validate_json(raw, context=context)
     except ValidationError as e:
         raise contract_error(e, model) from None
+
+
+def _read(stream: IO[bytes], size: int) -> bytes:
+    """Return up to ``size`` bytes of the body, or raise 400 for one that is malformed or stops arriving."""
+    try:
+        with _time_limit(BODY_WAIT_S):
+            return stream.read(size)
+    except TimeoutError as e:
+        raise RequestTimeout(f"request body did not arrive within {BODY_WAIT_S:g} s; send it whole, at once") from e
+    except NoMoreData as e:
+        raise BadRequest("chunked request body ended before its last chunk (of size 0)") from e
+    except ParseException as e:  # only a chunked body's framing (sizes, terminators, trailers) is parsed here
+        raise BadRequest(f"chunked request body is malformed: {e}") from e
+    except OSError as e:
+        raise BadRequest(f"request body could not be read: {e}") from e
+
+
+def _too_large(stream: IO[bytes], max_bytes: int) -> PayloadTooLarge:
+    """Return the 413 to raise, and have what the client still sends read and dropped once the 413 is sent.
+
+    A server that answers while its client is still sending, then closes (as it does for ``Connection: close``),
+    resets the connection and the client never reads the answer; one that drains first leaves a client that waits
+    for the answer waiting. So the answer goes out at once and the drain follows it (the response's close, which
+    the server calls once it has written the answer), bounded by ``DRAIN_MAX_BYTES`` and ``DRAIN_MAX_S``.
+    """
+
+    @after_this_request
+    def drain_once_sent(response: Response) -> Response:
+        response.call_on_close(lambda: _drain(stream))
+        return response
+
+    return PayloadTooLarge(f"request body is over {max_bytes} bytes (TTS_MAX_BODY_BYTES)", limit=max_bytes)
+
+
+def _drain(stream: IO[bytes]) -> None:
+    """Read and drop the rest of the body, at most ``DRAIN_MAX_BYTES`` of it and for at most ``DRAIN_MAX_S``."""
+    left = DRAIN_MAX_BYTES
+    # The answer is out: a body that breaks off, stalls or is malformed now only ends the connection.
+    with contextlib.suppress(OSError, ParseException), _time_limit(DRAIN_MAX_S):
+        while left > 0 and (chunk := stream.read(min(DRAIN_STEP, left))):
+            left -= len(chunk)
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """Raise TimeoutError in a read of the body still waiting ``seconds`` from now (under gevent, as served)."""
+    # Only a gevent timeout bounds the whole read: a socket timeout starts again with each byte a client trickles
+    # in. It raises an Exception, not gevent's own Timeout (a BaseException), so that gunicorn marks the body
+    # failed and closes the connection after the answer rather than wait for the rest. Outside gevent (Flask's
+    # test client, the tests' threaded server) nothing could interrupt the read, and nothing is armed.
+    if not monkey.is_module_patched("socket"):
+        yield
+        return
+    with gevent.Timeout(seconds, TimeoutError(f"the body did not arrive within {seconds:g} s")):
+        yield
 
 
 def _field(error: ErrorDetails) -> str:

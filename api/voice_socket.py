@@ -7,7 +7,9 @@ the text. The server answers with JSON events and binary frames: ``{"type": "job
 ``{"type": "planned", "seq", "segments_total"}`` whenever a piece completes a sentence, then for each
 segment in order ``{"type": "segment", "index", "duration_s", "bytes"}`` followed by one binary frame (the
 segment's audio in the job's format), and at the end ``{"type": "done"}`` (or ``failed``/``canceled``). A bad
-message gets ``{"type": "error", "error": {...}}``, the same error body as HTTP, and the connection closes.
+message (not a string ``text``, not a boolean ``final``, a lone surrogate escape) gets ``{"type": "error", "error":
+{...}}``, the same error body as HTTP, and the connection closes. However the connection ends (the client hangs up,
+an error, the server), a job whose end was not sent is canceled: nobody will hear the rest.
 
 Flask-Sock (on simple-websocket) runs the route under gunicorn's gevent worker: the connection is a greenlet
 that reads, and its follower is a second one that waits on the process's one ``XREAD`` loop like an event
@@ -19,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import threading
 from typing import Any
 
@@ -29,12 +32,13 @@ from pydantic import ValidationError
 from simple_websocket import ConnectionClosed, Server
 
 from api.contract import ErrorBody, ErrorDetail, JobBody
+from api.jobs import cancel
 from api.services import Services, services
 from api.streaming import Ended, Idle, follow
 from api.text_pieces import refuse_piece
 from api.validation import contract_error
 from core.audio import encode
-from core.errors import ServiceError, ServiceUnavailable, ValidationFailed
+from core.errors import BadRequest, NotFound, ServiceError, ServiceUnavailable, ValidationFailed
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,12 @@ sock = Sock()
 START_TIMEOUT_S = 30.0
 #: A message larger than this closes the connection (a piece is a few tokens; the opening text at most a job's).
 MAX_MESSAGE_BYTES = 1 << 20
+#: After the final piece, how often the connection looks whether its follower has sent the job's end (a client that
+#: hangs up is noticed at once).
+FOLLOW_CHECK_S = 0.5
+#: A surrogate code point: json.loads turns an escape like "\ud800" without its other half into one, which UTF-8 (a
+#: frame, Redis) cannot carry (HTTP bodies refuse it as they parse); a pair of escapes becomes one character.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class _Socket:
@@ -52,13 +62,22 @@ class _Socket:
     def __init__(self, ws: Server) -> None:
         self.ws = ws
         self._lock = threading.Lock()
+        self._open = True
+        self._ended = False
 
     def event(self, kind: str, **data: Any) -> None:
         with self._lock:
-            self.ws.send(json.dumps({"type": kind, **data}, ensure_ascii=False))
+            self._send_json(kind, data)
+
+    def end(self, kind: str, **data: Any) -> None:
+        """Send how the job ended (``done``, ``failed``, ``canceled``), and remember that the client has it."""
+        with self._lock:
+            self._send_json(kind, data)
+            self._ended = True
 
     def audio(self, index: int, duration_s: float | None, payload: bytes) -> None:
         with self._lock:
+            self._check_open()
             self.ws.send(json.dumps({"type": "segment", "index": index, "duration_s": duration_s,
                                      "bytes": len(payload)}))  # fmt: skip
             self.ws.send(payload)
@@ -67,19 +86,67 @@ class _Socket:
         body = ErrorBody(error=ErrorDetail(code=error.code, message=error.message, **error.details))
         self.event("error", status=error.status, **body.model_dump(exclude_none=True))
 
+    def finish(self) -> bool:
+        """Send nothing more (the follower stops at its next send); say whether the job's end reached the client."""
+        with self._lock:
+            self._open = False
+            return self._ended
+
+    def _send_json(self, kind: str, data: dict[str, Any]) -> None:
+        self._check_open()
+        self.ws.send(json.dumps({"type": kind, **data}, ensure_ascii=False))
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise ConnectionClosed(message="the voice socket is finished")
+
 
 def _message(raw: str | bytes | None) -> dict[str, Any]:
-    """Parse one client message: a JSON object, or bare text (a piece)."""
+    """Parse one client message: a JSON object, or bare text (a piece); raise 400 for one holding a lone surrogate."""
     if raw is None:
         raise ValidationFailed("message", f"no message within {START_TIMEOUT_S:g} s")
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
     try:
         found = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON (or nested past the interpreter's limit): the text itself
         return {"text": text}
     if not isinstance(found, dict):
         return {"text": text}
+    # A frame's text arrives as decoded UTF-8, so only an escape can carry a surrogate: look only then.
+    if "\\u" in text and _holds_surrogate(found):
+        raise BadRequest(
+            "message is not valid JSON: it holds a lone surrogate (an escape from \\ud800 to \\udfff without its "
+            "other half), which is no character; send the character itself, or both halves of its pair"
+        )
     return found
+
+
+def _holds_surrogate(found: dict[str, Any]) -> bool:
+    """Say whether any key or string in a parsed message holds a surrogate code point (looked at without recursion)."""
+    stack: list[Any] = [found]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii() and _SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def _piece(message: dict[str, Any], *, max_chars: int) -> tuple[str, bool]:
+    """Return a piece's text and whether it is the final one, or raise 422 naming the field that is wrong."""
+    text, final = message.get("text", ""), message.get("final", False)
+    if not isinstance(final, bool):
+        raise ValidationFailed("final", "must be true or false (a JSON boolean)")
+    if not isinstance(text, str) or (not text and not final):
+        raise ValidationFailed("text", "must be a non-empty string (only the final message may be empty)")
+    if len(text) > max_chars:
+        raise ValidationFailed("text", f"is over {max_chars} characters")
+    return text, final
 
 
 def _follow(svc: Services, job_id: str, out: _Socket) -> None:
@@ -90,7 +157,7 @@ def _follow(svc: Services, job_id: str, out: _Socket) -> None:
             if isinstance(event, Idle):
                 continue
             if isinstance(event, Ended):
-                out.event(event.status, **({"error": event.error} if event.error else {}))
+                out.end(event.status, **({"error": event.error} if event.error else {}))
                 return
             meta = store.segment_meta_one(job_id, event.index)
             record = store.get(job_id)
@@ -131,12 +198,7 @@ def voice_socket(ws: Server) -> None:
                 raw = ws.receive(timeout=svc.settings.text_stream_idle_s)
                 if raw is None:
                     break  # idle: the stream ends by itself (TTS_TEXT_STREAM_IDLE_S), and the follower says so
-                message = _message(raw)
-                text, final = message.get("text", ""), message.get("final") is True
-                if not isinstance(text, str) or (not text and not final):
-                    raise ValidationFailed("text", "must be a non-empty string (only the final message may be empty)")
-                if len(text) > svc.settings.max_text_chars:
-                    raise ValidationFailed("text", f"is over {svc.settings.max_text_chars} characters")
+                text, final = _piece(_message(raw), max_chars=svc.settings.max_text_chars)
                 answer = svc.text_streams.take(job_id, seq=seq, text=text, final=final)
                 refuse_piece(answer, job_id)
                 if answer.segments_total > planned:  # the piece completed a sentence: say how many there are
@@ -145,19 +207,30 @@ def voice_socket(ws: Server) -> None:
                 seq += 1
                 hold.keep()
             while follower.is_alive():
-                follower.join(timeout=svc.holds.ttl_s / 3)
+                # Reading, not joining: a client that hangs up now (barge-in) raises ConnectionClosed at once.
+                # A message after the final piece has nothing to add and is dropped.
+                ws.receive(timeout=FOLLOW_CHECK_S)
                 hold.keep()
     except ConnectionClosed as e:
         log.info("voice socket of job %s closed by its client (%s)", job_id, e)
-        if job_id is not None and svc.store.cancel(job_id):  # nobody will listen to the rest: skip it
-            record = svc.store.get(job_id)
-            svc.book.remove(job_id, range(record.segments_total if record else 0))
-        return
     except redis.RedisError as e:
         log.warning("voice socket of job %s: the job store is unavailable (%s)", job_id, e)
         _send_error(out, ServiceUnavailable("the job store is unavailable; retry shortly", retry_after=1))
     except ServiceError as e:
         _send_error(out, e)
+    finally:
+        if not out.finish() and job_id is not None:  # the connection ends before the job's end: nobody will listen
+            _cancel(job_id)
+
+
+def _cancel(job_id: str) -> None:
+    """Cancel the job as DELETE does, unless it already ended (or is gone)."""
+    try:
+        cancel(job_id)
+    except NotFound:
+        pass
+    except redis.RedisError as e:
+        log.warning("voice socket of job %s ended; its job could not be canceled (%s)", job_id, e)
 
 
 def _send_error(out: _Socket, error: ServiceError) -> None:

@@ -57,6 +57,13 @@ class BadRequest(ServiceError):
     code = "bad_request"
 
 
+class RequestTimeout(ServiceError):
+    """Raised when a request's body stops arriving before it is whole."""
+
+    status = 408
+    code = "request_timeout"
+
+
 class Unauthorized(ServiceError):
     """Raised when API keys are configured and a request has no valid one."""
 

@@ -92,3 +92,102 @@ def test_a_voice_socket_closed_by_its_client_mid_text_cancels_its_job(
     ws.close()
     wait_for(lambda: redis_client.hget(keys.job(job_id), "status") == b"canceled", 30,
              "the job of a socket its client closed canceled")  # fmt: skip
+
+
+def _opened(api: ApiProcess, **fields: Any) -> tuple[Client, str]:
+    """Open a voice socket's job (espeak, uncached) and return the connection and the job's id."""
+    ws = _connect(api)
+    ws.send(json.dumps({"model": "espeak-en", "cache": False, **fields}))
+    opened = json.loads(ws.receive(timeout=30))
+    assert opened["type"] == "job", opened
+    return ws, opened["id"]
+
+
+def _ended_status(redis_client: Any, job_id: str, timeout: float = 30) -> str:
+    """Wait for the job to end and return how (done, failed or canceled)."""
+
+    def ended() -> str | None:
+        status = (redis_client.hget(keys.job(job_id), "status") or b"").decode()
+        return status if status in ("done", "failed", "canceled") else None
+
+    return wait_for(ended, timeout, f"job {job_id} ended")
+
+
+#: Enough sentences that espeak is still making them seconds after the first one arrives.
+MANY_SENTENCES = " ".join(f"Sentence number {i} is spoken for nobody at all." for i in range(60))
+
+
+def test_a_lone_surrogate_in_a_piece_is_answered_with_an_error_event_not_a_crash(
+    gunicorn_api: ApiProcess, worker: WorkerProcess, redis_client: Any
+) -> None:
+    ws, job_id = _opened(gunicorn_api)
+    try:
+        ws.send('{"text": "\\ud800 ok. "}')  # json.loads takes the escape; UTF-8 cannot carry what it makes
+        events, _ = _receive_until_end(ws, timeout=30)
+    finally:
+        _close(ws)
+    assert events[-1]["type"] == "error" and events[-1]["status"] == 400, events
+    assert "lone surrogate" in events[-1]["error"]["message"], events
+    assert _ended_status(redis_client, job_id) == "canceled"  # as after any bad message: the connection is over
+
+
+def test_a_lone_surrogate_in_the_opening_message_is_answered_with_an_error_event(
+    gunicorn_api: ApiProcess, worker: WorkerProcess
+) -> None:
+    ws = _connect(gunicorn_api)
+    try:
+        ws.send('{"model": "espeak-en", "text": "Hello \\udc00 there."}')
+        events, _ = _receive_until_end(ws, timeout=30)
+    finally:
+        _close(ws)
+    assert [e["type"] for e in events] == ["error"], events
+    assert events[0]["status"] == 400 and "lone surrogate" in events[0]["error"]["message"], events
+
+
+def test_a_final_that_is_not_a_boolean_is_answered_with_an_error_event_naming_it(
+    gunicorn_api: ApiProcess, worker: WorkerProcess, redis_client: Any
+) -> None:
+    ws, job_id = _opened(gunicorn_api)
+    try:
+        ws.send(json.dumps({"text": "Hi there.", "final": "true"}))
+        events, _ = _receive_until_end(ws, timeout=10)  # not taken as final, the stream would idle for 30 s
+    finally:
+        _close(ws)
+    assert events[-1]["type"] == "error" and events[-1]["status"] == 422, events
+    assert events[-1]["error"]["field"] == "final", events
+    assert _ended_status(redis_client, job_id) == "canceled"
+
+
+def test_a_bad_message_mid_text_cancels_the_job_it_leaves_unfinished(
+    gunicorn_api: ApiProcess, worker: WorkerProcess, redis_client: Any
+) -> None:
+    ws, job_id = _opened(gunicorn_api)
+    try:
+        ws.send(json.dumps({"text": MANY_SENTENCES}))
+        ws.send(json.dumps({"text": 5}))
+        events, _ = _receive_until_end(ws, timeout=30)
+    finally:
+        _close(ws)
+    assert events[-1]["type"] == "error" and events[-1]["error"]["field"] == "text", events
+    # Before, the stream stayed open until its idle end (30 s) and then spoke everything to nobody.
+    assert _ended_status(redis_client, job_id, timeout=10) == "canceled"
+
+
+def test_hanging_up_after_the_final_piece_cancels_the_job_still_being_made(
+    gunicorn_api: ApiProcess, worker: WorkerProcess, redis_client: Any
+) -> None:
+    ws, job_id = _opened(gunicorn_api)
+    try:
+        ws.send(json.dumps({"text": MANY_SENTENCES, "final": True}))
+        planned = heard = False  # "planned" once the final piece is taken; audio once the job is being made
+        while not (planned and heard):
+            message = ws.receive(timeout=30)
+            assert message is not None, f"nothing for 30 s (planned: {planned}, audio: {heard})"
+            heard = heard or isinstance(message, bytes)
+            planned = planned or (isinstance(message, str) and json.loads(message)["type"] == "planned")
+    finally:
+        _close(ws)  # barge-in: the listener stops the speech
+    assert _ended_status(redis_client, job_id) == "canceled"
+    made = int(redis_client.hget(keys.job(job_id), "segments_done") or 0)
+    total = int(redis_client.hget(keys.job(job_id), "segments_total") or 0)
+    assert made < total, f"all {total} segments were made for nobody"
