@@ -49,3 +49,22 @@ def test_a_timeline_grown_by_a_longer_view_keeps_what_it_knew_and_takes_the_new_
     assert grown is known
     assert grown.durations == [1.2, 2.0, 3.0]
     assert grown.deadlines(now=ACCEPTED + 50) == [ACCEPTED, ACCEPTED + 1.7, ACCEPTED + 3.7]
+
+
+def _job_start(job_id: str, segments: int) -> SegmentStart:
+    record = JobRecord(id=job_id, status=JobStatus.RUNNING, request=REQUEST, segments_total=segments,
+                       segment_chars=(10,) * segments, created_at=ACCEPTED, seconds_per_char=PACE)  # fmt: skip
+    return SegmentStart(StartState.GO, record=record, text="x" * 10)
+
+
+def test_the_timelines_kept_are_bounded_by_their_segments_together_oldest_forgotten_first() -> None:
+    timelines = Timelines(store=cast(JobStore, None), policy=DeadlinePolicy(first_audio_s=1.0), default_pace=PACE,
+                          segment_limit=5_000)  # fmt: skip
+    for n in range(10):  # ten books of 2,000 segments: 20,000 segments, four times the limit
+        timelines.of(f"book-{n}", _job_start(f"book-{n}", 2_000))
+
+    jobs, segments = timelines.kept()
+    assert (jobs, segments) == (2, 4_000)
+    assert timelines.known("book-9") and timelines.known("book-8") and not timelines.known("book-7")
+    timelines.forget("book-9")
+    assert timelines.kept() == (1, 2_000)

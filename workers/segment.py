@@ -142,6 +142,7 @@ class SegmentSynthesizer:
         known = self._timelines.known(job_id)
         start = self.store.start_segment(job_id, index, worker=self.worker, token=token, known=known)
         if start.state in (StartState.GONE, StartState.OVER):
+            self._timelines.forget(job_id)  # failed, canceled or finished elsewhere: none of its segments comes here
             return Outcome.SKIPPED
         if start.state is StartState.WRITTEN:
             return Outcome.DUPLICATE
@@ -167,6 +168,7 @@ class SegmentSynthesizer:
             self.store.release(self.worker, job_id, index)
             reason = f"segment {index} failed {start.failed} times (its engine raised or its worker died making it)"
             self.store.fail(job_id, reason)
+            self._timelines.forget(job_id)
             return Outcome.GAVE_UP
         if start.record is None or start.text is None:
             self.store.release(self.worker, job_id, index)

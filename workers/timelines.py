@@ -11,6 +11,13 @@ from cache.records import JobRecord, SegmentStart
 from core.schedule import DeadlinePolicy, Timeline, timeline
 from workers.arrivals import FirstArrivals
 
+#: A worker keeps the timelines of at most this many jobs ...
+MOST_JOBS = 10_000
+#: ... holding at most this many segments together (a segment costs about 100 bytes: 20 MB in all), oldest forgotten
+#: first. A job's timeline is forgotten when its last segment is written here, or a start finds it over; these
+#: bound the rest (jobs finished by other workers, or failed), whose number grows with traffic.
+MOST_SEGMENTS = 200_000
+
 
 class Timelines:
     """The timelines of jobs this worker holds segments of, shared by those segments; oldest forgotten first."""
@@ -21,7 +28,8 @@ class Timelines:
         store: JobStore,
         policy: DeadlinePolicy,
         default_pace: float,
-        limit: int = 10_000,
+        limit: int = MOST_JOBS,
+        segment_limit: int = MOST_SEGMENTS,
         arrivals: FirstArrivals | None = None,
     ) -> None:
         self.store = store
@@ -31,6 +39,8 @@ class Timelines:
         self._timelines: OrderedDict[str, Timeline] = OrderedDict()
         self._lock = threading.Lock()
         self._limit = limit
+        self._segment_limit = segment_limit
+        self._segments = 0  # the segments of every timeline kept
 
     def known(self, job_id: str) -> bool:
         """Say whether this worker has the job's timeline (its next start reads less)."""
@@ -57,13 +67,23 @@ class Timelines:
         fresh = self._build(record, len(start.text or ""), start.meta)
         with self._lock:
             found = self._timelines.get(job_id)
+            before = 0 if found is None else len(found.durations)
             if found is None:
                 found = self._timelines[job_id] = fresh
-                while len(self._timelines) > self._limit:
-                    self._timelines.popitem(last=False)
             else:
                 found.grow(fresh)
+            self._segments += len(found.durations) - before
+            while len(self._timelines) > 1 and (
+                len(self._timelines) > self._limit or self._segments > self._segment_limit
+            ):
+                _, oldest = self._timelines.popitem(last=False)
+                self._segments -= len(oldest.durations)
             return found
+
+    def kept(self) -> tuple[int, int]:
+        """Return how many jobs' timelines are kept, and how many segments they hold together."""
+        with self._lock:
+            return len(self._timelines), self._segments
 
     def _build(self, record: JobRecord, own_chars: int, meta: dict[int, dict[str, Any]]) -> Timeline:
         """Return a job's deadlines from its record, with the real durations and first-audio time known so far."""
@@ -87,8 +107,9 @@ class Timelines:
             self.arrivals.follow(job_id, plan, stretch=self.policy.stretch(lane))
 
     def forget(self, job_id: str) -> None:
-        """Drop a finished job's timeline."""
+        """Drop a finished (or failed, or canceled) job's timeline."""
         with self._lock:
-            self._timelines.pop(job_id, None)
+            gone = self._timelines.pop(job_id, None)
+            self._segments -= len(gone.durations) if gone is not None else 0
         if self.arrivals is not None:
             self.arrivals.forget(job_id)
