@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import select
+import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import redis
@@ -141,3 +143,25 @@ def held_response(hold: Hold, chunks: Iterable[Any], **response: Any) -> Respons
         raise
     answer.call_on_close(hold.release)
     return answer
+
+
+def departure(environ: Mapping[str, Any]) -> Callable[[], bool]:
+    """Return a check of whether this request's client has closed its end of the connection.
+
+    A growing audio stream has nothing to write while it waits for a segment (audio has no keep-alive), so a
+    client that left would otherwise be noticed only at the next segment, a stalled job's never. The check peeks
+    at gunicorn's socket without waiting: readable with nothing to read is the client's close. Outside gunicorn
+    (no socket in the environ), it says never.
+    """
+    sock = environ.get("gunicorn.socket")
+    if sock is None:
+        return lambda: False
+
+    def gone() -> bool:
+        try:
+            readable, _, _ = select.select([sock], [], [], 0)  # gevent's select under gunicorn: never blocks here
+            return bool(readable) and not sock.recv(1, socket.MSG_PEEK)
+        except (OSError, ValueError):  # reset, or already closed
+            return True
+
+    return gone

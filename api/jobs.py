@@ -9,7 +9,7 @@ from flask import Blueprint, Response, g, request
 
 from api.contract import JobBody, PieceView, TextPieceBody, TextStreamView, as_json
 from api.downloads import FILE_CACHE_MAX_BYTES, download, kept
-from api.holds import Hold, held_response
+from api.holds import Hold, departure, held_response
 from api.services import services
 from api.streaming import STREAMABLE, audio_stream, sse_events
 from api.text_pieces import refuse_piece
@@ -191,7 +191,9 @@ def _growing_audio(job_id: str, fmt: str) -> Response:
         raise
     return held_response(
         hold,
-        audio_stream(svc.store, job_id, fmt=fmt, keepalive_s=svc.settings.stream_keepalive_s),
+        audio_stream(
+            svc.store, job_id, fmt=fmt, keepalive_s=svc.settings.stream_keepalive_s, gone=departure(request.environ)
+        ),
         mimetype=media_type(fmt, rate),
         headers={"X-Sample-Rate": str(rate), "Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, g, request
 
 from api.contract import JobBody, SpeechBody
-from api.holds import Hold, held_response
+from api.holds import Hold, departure, held_response
 from api.jobs import cancel, finished_file, submit_input
 from api.services import services
 from api.streaming import audio_stream
@@ -67,7 +67,9 @@ def speech() -> Response:
         return finished_file(job_id, fmt, rate, total, headers=headers, hold=hold)
     return held_response(
         hold,
-        audio_stream(svc.store, job_id, fmt=fmt, keepalive_s=svc.settings.stream_keepalive_s),
+        audio_stream(
+            svc.store, job_id, fmt=fmt, keepalive_s=svc.settings.stream_keepalive_s, gone=departure(request.environ)
+        ),
         mimetype=media_type(fmt, rate),
         headers={**headers, "X-Accel-Buffering": "no"},
     )

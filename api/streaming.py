@@ -7,7 +7,7 @@ blocks in XREAD for every follower at once (cache/events.py), so held streams co
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from cache.jobstore import JobStore
@@ -90,8 +90,18 @@ def sse_events(
 STREAMABLE = frozenset({"wav", "pcm", "mp3", "opus", "ogg"})
 
 
-def audio_stream(store: JobStore, job_id: str, *, fmt: str, keepalive_s: float = KEEPALIVE_S) -> Iterator[bytes]:
-    """Yield the job's audio as it grows: a streaming header, then each segment in order, encoded as one file."""
+def audio_stream(
+    store: JobStore,
+    job_id: str,
+    *,
+    fmt: str,
+    keepalive_s: float = KEEPALIVE_S,
+    gone: Callable[[], bool] = lambda: False,
+) -> Iterator[bytes]:
+    """Yield the job's audio as it grows: a streaming header, then each segment in order, encoded as one file.
+
+    While no segment comes, every ``keepalive_s`` it asks ``gone`` whether the client has left, and ends if so.
+    """
     encoder: StreamEncoder | None = None
     for event in follow(store, job_id, keepalive_s=keepalive_s):
         if isinstance(event, Ended):
@@ -99,6 +109,8 @@ def audio_stream(store: JobStore, job_id: str, *, fmt: str, keepalive_s: float =
                 yield encoder.close()
             return
         if isinstance(event, Idle):
+            if gone():
+                return  # its slot and this greenlet go back now, not at a stalled job's next segment
             yield b""  # no bytes for the client (an audio stream has no keep-alive), but a turn to renew its slot
             continue
         pcm = store.segment(job_id, event.index)

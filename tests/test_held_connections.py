@@ -207,6 +207,21 @@ def test_a_caller_over_its_stream_limit_gets_429_naming_the_limit_until_a_stream
     wait_for(lambda: _slots(redis_client, caller) == 0, 30, "every slot given back once the streams closed")
 
 
+def test_a_growing_audio_stream_whose_client_left_gives_its_slot_back_while_its_job_is_stalled(
+    gunicorn_api: ApiProcess, redis_client: redis.Redis
+) -> None:
+    store = JobStore(redis_client, ttl=600)
+    job_id = store.create(_request(), ["made", "never made"], pending=[1])
+    store.write_segment(job_id, 0, _tone(0), sample_rate=RATE, meta={"duration_s": round(SEGMENT_SAMPLES / RATE, 4)})
+    caller = "127.0.0.78"
+    stream = RawStream(gunicorn_api.port, f"/v1/jobs/{job_id}/audio", source=caller)
+    assert stream.status == 200 and _slots(redis_client, caller) == 1
+    stream.close()  # segment 1 never comes: nothing is written that could fail to reach the client
+    # Seen at the stream's next keep-alive turn (1 s here), long before its slot would lapse unrenewed (70 s).
+    wait_for(lambda: _slots(redis_client, caller) == 0, 10, "the slot given back once the client left")
+    store.cancel(job_id)
+
+
 # --- the event hub and the slots, in this process ---------------------------------------------------------
 
 
