@@ -19,7 +19,7 @@ from cache.idempotency import IdempotencyKeys, body_digest
 from cache.records import JobRecord, JobStatus, PieceResult
 from cache.sentences import file_key, segment_keys
 from core.audio import encode, media_type, pcm16_duration
-from core.errors import Gone, JobFailed, NotFound, NotReady, ServiceUnavailable, ValidationFailed
+from core.errors import Gone, JobFailed, NotFound, NotReady, ValidationFailed
 
 bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 
@@ -66,31 +66,23 @@ def create_job() -> tuple[dict[str, Any], int, dict[str, str]]:
     else:
         if not 1 <= len(idem_key) <= 255 or not idem_key.isprintable():
             raise ValidationFailed("Idempotency-Key", "must be 1 to 255 printable characters")
-        keys, digest = IdempotencyKeys(svc.redis), body_digest(job_input.model_dump())
-        earlier = keys.claim(g.caller, idem_key, digest)
-        if earlier is not None:
-            if earlier[0] != digest:
-                raise ValidationFailed("Idempotency-Key", "was already used with a different body")
-            if not earlier[1]:
-                raise ServiceUnavailable("a request with this Idempotency-Key is still being accepted", retry_after=1)
-            job_id = earlier[1]
-        else:
-            try:
-                job_id = submit_input(job_input)
-            except Exception:
-                keys.release(g.caller, idem_key)
-                raise
-            keys.fill(g.caller, idem_key, digest, job_id)
+        job_id = IdempotencyKeys(svc.redis).submit_once(
+            g.caller, idem_key, body_digest(job_input.model_dump()),
+            submit=lambda new_id: submit_input(job_input, job_id=new_id),
+            exists=lambda known: svc.store.get(known) is not None,
+        )  # fmt: skip
     view = job_view(_record(job_id))
     return as_json(view), 202, {"Location": view.urls.self}
 
 
-def submit_input(job_input: JobBody) -> str:
-    """Submit a checked request for the caller with the app's services; return the job id."""
+def submit_input(job_input: JobBody, *, job_id: str | None = None) -> str:
+    """Submit a checked request for the caller with the app's services (as job ``job_id``, if given); return the
+    job id."""
     svc = services()
     return svc.submitter.submit(
-        job_input, owner=g.owner, cache_scope=g.caller if svc.settings.cache_per_caller else "", caller=g.caller
-    )
+        job_input, owner=g.owner, cache_scope=g.caller if svc.settings.cache_per_caller else "", caller=g.caller,
+        job_id=job_id,
+    )  # fmt: skip
 
 
 @bp.post("/<job_id>/text")

@@ -85,18 +85,22 @@ class Submitter:
     check_room: Callable[[], None] | None = None
     text_streams: TextStreams | None = None
 
-    def submit(self, job: JobBody, *, owner: str = "", cache_scope: str = "", caller: str | None = None) -> str:
+    def submit(
+        self, job: JobBody, *, owner: str = "", cache_scope: str = "", caller: str | None = None,
+        job_id: str | None = None,
+    ) -> str:  # fmt: skip
         """Plan the text, fill what the cache has, write the job and enqueue only the misses; return the id.
 
         ``owner`` (a caller id, or "" with keys off) is the only caller the job's routes answer;
         ``cache_scope`` is whose sentence-cache entries it may reuse; ``caller`` (who sent it, keys or not)
-        lets admission know the same request sent again after a refusal.
+        lets admission know the same request sent again after a refusal; ``job_id``, when given, is the id the job
+        is written under (an idempotency key claimed it first).
         """
         planned = self.plan(job, cache_scope=cache_scope)
         looked = self.look_up(planned)
         asker = (caller, body_digest(job.model_dump())) if caller is not None else None
         admitted = self.admit_job(planned, looked, asker)
-        job_id, first = self.persist(planned, looked, admitted, owner=owner)
+        job_id, first = self.persist(planned, looked, admitted, owner=owner, job_id=job_id)
         if looked.misses:  # else every segment was cached: the job is done before the answer leaves
             self.publish(job_id, planned.request.priority, first, admitted.deadlines)
         JOBS_SUBMITTED.labels(planned.request.priority).inc()
@@ -182,7 +186,9 @@ class Submitter:
             wait = self.admit(planned.request.priority, [deadlines[i] for i in window], first_chars, asker)
         return Admitted(deadlines, pace, wait)
 
-    def persist(self, planned: Planned, looked: Looked, admitted: Admitted, *, owner: str) -> tuple[str, list[int]]:
+    def persist(
+        self, planned: Planned, looked: Looked, admitted: Admitted, *, owner: str, job_id: str | None = None
+    ) -> tuple[str, list[int]]:
         """Write the job and its cached segments; return its id and the misses to enqueue now.
 
         Long jobs are fed through a window: a book's segments enter the queue as its earlier ones finish, so a
@@ -203,8 +209,9 @@ class Submitter:
                           text_chars=str(planned.text_chars), text_last_at=fields["created_at"])  # fmt: skip
         store = self.store
         job_id = store.create(
-            planned.request, planned.texts, cached=len(looked.hits), pending=later, publish=first, fields=fields
-        )
+            planned.request, planned.texts, job_id=job_id, cached=len(looked.hits), pending=later, publish=first,
+            fields=fields,
+        )  # fmt: skip
         if looked.hits:
             try:
                 store.write_segments(job_id, looked.hits)

@@ -21,6 +21,7 @@ from cache.idempotency import CLAIM_TTL_S, TTL_S, IdempotencyKeys
 from cache.jobstore import OUTBOX_GRACE_S, JobRequest, JobStore, StartState, WriteResult
 from cache.workers import WorkerRegistry
 from celery_config import SYNTHESIZE_TASK
+from core.errors import ServiceUnavailable
 from tests.support.servers import RedisServer
 from tests.test_pipeline import wait_done
 from workers import broker
@@ -184,15 +185,49 @@ def test_a_live_worker_hands_its_stale_holds_to_the_outbox(app: Flask) -> None:
     registry.remove("w-audit")
 
 
-def test_an_idempotency_claim_whose_submission_died_is_released_within_seconds(app: Flask) -> None:
-    client = app.extensions["tts"].redis
+def _claimed_earlier(client: redis.Redis, caller: str, key: str, job_id: str, seconds_ago: float) -> None:
+    """Leave the claim a request made ``seconds_ago`` and never recorded a job for (its API process died)."""
+    value = {"digest": "digest", "job_id": job_id, "filled": False, "claimed_at": time.time() - seconds_ago}
+    client.set(keys.idempotency(caller, key), json.dumps(value), ex=TTL_S)
+
+
+def test_a_retry_after_the_api_died_between_writing_a_job_and_recording_it_gets_that_job(app: Flask) -> None:
+    client, store = app.extensions["tts"].redis, _store(app)
+    written = store.create(REQUEST, TEXTS, job_id="a" * 32)  # written by the request that then died
+    _claimed_earlier(client, "caller", "died-after-writing", written, seconds_ago=CLAIM_TTL_S + 60)
+    made: list[str] = []
+
+    def submit(job_id: str) -> str:
+        made.append(job_id)
+        return job_id
+
     idem = IdempotencyKeys(client)
-    assert idem.claim("caller", "died-midway", "digest") is None
-    assert 0 < client.ttl(keys.idempotency("caller", "died-midway")) <= CLAIM_TTL_S
-    assert idem.claim("caller", "finished", "digest") is None
-    idem.fill("caller", "finished", "digest", "job-1")
-    assert client.ttl(keys.idempotency("caller", "finished")) > CLAIM_TTL_S
-    assert client.ttl(keys.idempotency("caller", "finished")) <= TTL_S
+    again = idem.submit_once("caller", "died-after-writing", "digest", submit=submit,
+                             exists=lambda job_id: store.get(job_id) is not None)  # fmt: skip
+    assert again == written and made == [], "the job the key claimed, not a second one"
+    recorded = idem.claim("caller", "died-after-writing", "digest", "b" * 32)
+    assert recorded is not None and recorded.filled and recorded.job_id == written
+    store.cancel(written)
+
+
+def test_an_idempotency_claim_whose_job_was_never_written_is_taken_over_after_seconds(app: Flask) -> None:
+    client, store = app.extensions["tts"].redis, _store(app)
+    idem = IdempotencyKeys(client)
+    _claimed_earlier(client, "caller", "died-before-writing", "c" * 32, seconds_ago=CLAIM_TTL_S + 1)
+    taken = idem.submit_once("caller", "died-before-writing", "digest", submit=lambda job_id: job_id,
+                             exists=lambda job_id: store.get(job_id) is not None)  # fmt: skip
+    assert taken != "c" * 32
+    recorded = idem.claim("caller", "died-before-writing", "digest", "d" * 32)
+    assert recorded is not None and recorded.filled and recorded.job_id == taken
+    assert client.ttl(keys.idempotency("caller", "died-before-writing")) > CLAIM_TTL_S
+
+
+def test_a_fresh_claim_whose_job_is_not_written_yet_is_waited_for_then_answered_503(app: Flask) -> None:
+    client, store = app.extensions["tts"].redis, _store(app)
+    _claimed_earlier(client, "caller", "in-flight", "e" * 32, seconds_ago=0)
+    with pytest.raises(ServiceUnavailable, match="still being accepted"):
+        IdempotencyKeys(client).submit_once("caller", "in-flight", "digest", submit=lambda job_id: job_id,
+                                            exists=lambda job_id: store.get(job_id) is not None)  # fmt: skip
 
 
 #: A queue list no worker pops, standing for a broker queue whose task waits its turn.
