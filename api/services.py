@@ -18,7 +18,7 @@ from cache.jobstore import JobStore, store_of
 from cache.refusals import Refusals
 from cache.schedule import ScheduleBook
 from cache.sentences import SentenceCache, build_cache
-from cache.stats import Stats
+from cache.stats import API_MAX_AGE_S, Stats
 from cache.streams import CallerStreams
 from cache.text_streams import TextStreams, build_text_streams
 from cache.workers import WorkerRegistry
@@ -84,7 +84,7 @@ def _admission(
     policy: SchedulingPolicy,
 ) -> Admission:
     """Return the admission check of new jobs, with the circuit breaker it consults."""
-    stats = Stats(client)
+    stats = Stats(client, max_age_s=API_MAX_AGE_S)  # every submission reads the last minute: twice a second suffices
     breaker = CircuitBreaker(
         client,
         stats,

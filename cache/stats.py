@@ -15,6 +15,8 @@ from cache import keys, scripts
 
 BUCKET_S = 1
 WINDOW_S = 60
+#: How old a window the API's admission and breaker may answer from (see ``Stats``).
+API_MAX_AGE_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -61,11 +63,18 @@ class Window:
 
 
 class Stats:
-    """Record and read recent worker activity."""
+    """Record and read recent worker activity.
 
-    def __init__(self, client: redis.Redis) -> None:
+    ``max_age_s`` lets a reader answer from a window it summed that recently (the API: every submission reads the
+    last minute, twice, and each read sums 61 buckets inside Redis, the one server every process shares; kept for
+    half a second, a process sums it twice a second at most, whatever its rate of submissions).
+    """
+
+    def __init__(self, client: redis.Redis, *, max_age_s: float = 0.0) -> None:
         self.redis = client
         self._sum = client.register_script(scripts.SUM_BUCKETS)
+        self.max_age_s = max_age_s
+        self._summed: dict[tuple[int, int], tuple[float, Window]] = {}
 
     def record(
         self, *, chars: int = 0, busy_s: float = 0.0, segments: int = 0, calls: int = 0, ok: int = 0, failed: int = 0,
@@ -91,10 +100,20 @@ class Stats:
 
     def between(self, start: float, end: float) -> Window:
         """Sum the buckets from the one holding ``start`` to the one holding ``end`` (Unix seconds), both in."""
+        span = (int(start) // BUCKET_S, int(end) // BUCKET_S)
+        now = time.monotonic()
+        if self.max_age_s > 0:
+            kept = self._summed.get(span)
+            if kept is not None and now - kept[0] < self.max_age_s:
+                return kept[1]
         # Summed in Redis: one round trip and a few fields back, however long the window.
-        flat = self._sum(args=[keys.STATS, int(start) // BUCKET_S, int(end) // BUCKET_S])
+        flat = self._sum(args=[keys.STATS, *span])
         totals = {_text(flat[i]): float(flat[i + 1]) for i in range(0, len(flat), 2)}
-        return Window(**{k: v for k, v in totals.items() if k in Window.__dataclass_fields__})
+        window = Window(**{k: v for k, v in totals.items() if k in Window.__dataclass_fields__})
+        if self.max_age_s > 0:
+            self._summed = {k: v for k, v in self._summed.items() if now - v[0] < self.max_age_s}
+            self._summed[span] = (now, window)
+        return window
 
 
 def _text(value: object) -> str:

@@ -16,7 +16,7 @@ from cache import keys
 from cache.breaker import CircuitBreaker
 from cache.refusals import EARLY_S, Refusals
 from cache.schedule import ScheduleBook
-from cache.stats import Stats, Window
+from cache.stats import API_MAX_AGE_S, Stats, Window
 from cache.workers import WorkerRegistry
 from core.errors import ServiceUnavailable
 from core.policy import scheduling_policy
@@ -249,6 +249,22 @@ def test_the_stats_between_two_times_sum_the_buckets_holding_them_and_none_outsi
     window = Stats(redis_client).between(base + 1.5, base + 2.25)
     assert (window.chars, window.calls, window.segments) == (110, 2, 4)
     assert Stats(redis_client).between(base + 3.5, base + 1.5) == Window(), "an end before the start sums nothing"
+
+
+def test_a_reader_given_a_max_age_answers_from_the_window_it_summed_that_recently_and_sums_again_after(
+    redis_client: redis.Redis, app: Flask
+) -> None:
+    base = int(time.time()) - 100  # seconds no live worker records into
+    redis_client.hset(keys.stats(base), mapping={"chars": 5})
+    reader = Stats(redis_client, max_age_s=60)
+    assert reader.between(base, base + 1).chars == 5
+    redis_client.hset(keys.stats(base + 1), mapping={"chars": 7})
+    assert reader.between(base, base + 1).chars == 5, "kept: not summed again within its max age"
+    assert reader.between(base, base + 2).chars == 12, "another span is summed"
+    assert Stats(redis_client).between(base, base + 1).chars == 12, "a reader without a max age always sums"
+    reader.max_age_s = 0.000_001
+    assert reader.between(base, base + 1).chars == 12, "past its max age it sums again"
+    assert app.extensions["tts"].admission.stats.max_age_s == API_MAX_AGE_S, "the API's admission reads so"
 
 
 def test_a_realtime_job_is_refused_when_recent_first_segments_say_its_own_would_take_longer_than_the_limit(
