@@ -21,6 +21,14 @@ def refuse_piece(answer: PieceAnswer, job_id: str) -> None:
             "end it with a final piece and open another",
             setting="TTS_MAX_TEXT_CHARS",
         )
+    if result is PieceResult.CONFLICT and answer.taken_past is not None:
+        raise Conflict(
+            f"piece {seq} cannot be the final one: piece {answer.taken_past} was already taken after it, and would "
+            f"never be spoken; send the final piece with a seq past {answer.taken_past}",
+            reason="final_before_taken",
+            seq=seq,
+            taken=answer.taken_past,
+        )
     messages = {
         PieceResult.NOT_A_STREAM: 'job is not a text stream; open one with "text_stream": true',
         PieceResult.CONFLICT: f"piece {seq} already arrived with other text; send the next seq",

@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import enum
 from string import Template
 
 from cache.records import EndResult, JobStatus, PieceResult, StartState, WriteResult
 
 
+class AppendResult(enum.IntEnum):
+    """What APPEND_SEGMENTS did with a text stream's newly planned segments."""
+
+    APPENDED = 1  # the reply goes on with the first new index, then the indexes to publish now
+    FINISHED = 2  # it closed the stream with every segment written: the job is done
+    FAILED = 3  # it closed the stream with no segment at all: the job failed (nothing a voice can speak)
+    STALE = 4  # the stream moved since the plan was read (another planner, or a piece before a close): read again
+    CLOSED = 5  # the stream had already closed: nothing to append
+    OVER = -2
+    GONE = -1
+
+
 def _lua(source: str) -> str:
     """Spell the statuses and result codes from their Python enums, so Lua and Python cannot disagree."""
     names = {f"{s.name}": f"'{s.value}'" for s in JobStatus}
-    enums = (StartState, WriteResult, EndResult, PieceResult)
+    enums = (StartState, WriteResult, EndResult, PieceResult, AppendResult)
     codes = {f"{r.__class__.__name__}_{r.name}": str(r.value) for e in enums for r in e}
     return Template(source).substitute(names, **codes)
 
@@ -18,16 +31,23 @@ def _lua(source: str) -> str:
 # What makes a job done, shared by the scripts whose KEYS start with the job's own (keys.all_job_keys), then
 # KEYS[11] the live-job index and KEYS[13] the kept-audio index, and whose ARGV[4] is now, ARGV[5] the record's
 # TTL, ARGV[8] the job id, ARGV[11] the audio's TTL and ARGV[12] when the audio expires.
+# finish_as(status, error) ends the job so (its error, if any, on the record and the event); finish_done() as done.
 FINISH_DONE = """
-local function finish_done()
-  redis.call('HSET', KEYS[1], 'status', $DONE, 'finished_at', ARGV[4], 'audio_expires_at', ARGV[12])
-  redis.call('XADD', KEYS[4], '*', 'type', 'status', 'status', $DONE)
+local function finish_as(status, err)
+  redis.call('HSET', KEYS[1], 'status', status, 'finished_at', ARGV[4], 'audio_expires_at', ARGV[12])
+  if err then
+    redis.call('HSET', KEYS[1], 'error', err)
+    redis.call('XADD', KEYS[4], '*', 'type', 'status', 'status', status, 'error', err)
+  else
+    redis.call('XADD', KEYS[4], '*', 'type', 'status', 'status', status)
+  end
   redis.call('DEL', KEYS[7])
   for i = 1, 8 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
   redis.call('EXPIRE', KEYS[2], ARGV[11])
   redis.call('ZREM', KEYS[11], ARGV[8])
   redis.call('ZADD', KEYS[13], ARGV[4], ARGV[8])
 end
+local function finish_done() finish_as($DONE, nil) end
 """
 
 # KEYS: record, audio, segmeta, events, texts, attempts, pending, claims (the job's own, as keys.all_job_keys),
@@ -218,7 +238,9 @@ return out
 # piece may be, the job id, and optionally the caller that must own the job (another's job is GONE to it).
 # Takes one piece of a text stream, checking its seq: the same seq with the same text again is a retry
 # (answered as before, spoken once); with other text, a conflict; past the final piece, or after the stream
-# closed, refused. Returns {code, detail}: the code a PieceResult, the detail the seq or count it concerns; a piece
+# closed, refused; so is a final piece below a piece already taken ahead of it (the caller said the text goes on
+# past it): CONFLICT with a third element, that piece's seq (``text_top_seq``, the highest seq taken). Returns
+# {code, detail}: the code a PieceResult, the detail the seq or count it concerns; a piece
 # taken joins the stream's tail with every piece that now follows it without a gap, and the reply adds the tail,
 # 1 if the final piece is in it, the segments so far and the next seq expected. Only appends to the tail: the
 # planner (under the stream's lock) is the only one that takes text off its front (APPEND_SEGMENTS).
@@ -242,11 +264,14 @@ if status == $DONE or status == $FAILED or status == $CANCELED then return {$Pie
 if open ~= '1' then return {$PieceResult_CLOSED, 0} end
 local next_seq = tonumber(redis.call('HGET', KEYS[1], 'text_next_seq') or '0')
 if seq > next_seq + tonumber(ARGV[8]) then return {$PieceResult_TOO_FAR, next_seq} end
+local top = tonumber(redis.call('HGET', KEYS[1], 'text_top_seq') or '-1')
+if ARGV[3] == '1' and seq < top then return {$PieceResult_CONFLICT, seq, top} end
 local chars = tonumber(redis.call('HGET', KEYS[1], 'text_chars') or '0') + tonumber(ARGV[4])
 if chars > tonumber(ARGV[5]) then return {$PieceResult_TOO_LONG, chars} end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('EXPIRE', KEYS[2], ARGV[6])
 redis.call('HSET', KEYS[1], 'text_chars', chars, 'text_last_at', ARGV[7])
+if seq > top then redis.call('HSET', KEYS[1], 'text_top_seq', seq) end
 redis.call('ZADD', KEYS[3], ARGV[7], ARGV[9])
 if ARGV[3] == '1' then
   redis.call('HSET', KEYS[1], 'text_final_seq', seq)
@@ -269,25 +294,35 @@ return {$PieceResult_TAKEN, seq, tail, final_reached, total, next_seq}
 
 # KEYS: the job's own (keys.all_job_keys), its pieces, the outbox, the live-job index, the open-stream index,
 #       the kept-audio index.
-# ARGV: the front of the tail that was planned (it leaves the tail), unused, the new segments' lengths ("12,30"),
-#       now, the record's
-#       TTL, '1' to close the stream, why it closed, the job id, when the outbox entries fall due, the window,
-#       the audio's TTL, when the audio expires, then the new segments' texts.
+# ARGV: the front of the tail that was planned (it leaves the tail), the error the job fails with if the stream
+#       closes with no segment at all, the new segments' lengths ("12,30"), now, the record's TTL, '1' to close
+#       the stream, why it closed, the job id, when the outbox entries fall due, the window, the audio's TTL, when
+#       the audio expires, the segments total and the last piece's time as the plan read them, then the new
+#       segments' texts.
 # Appends a text stream's newly planned segments in one step, so a worker's write can never see the job half
 # grown: the first of them enter the outbox while the job has room in its window (the caller publishes them),
-# the rest wait on its pending list behind those already there. Closing the stream with every segment written
-# finishes the job. Returns {1, first new index, the indexes to publish...}, {2} when it finished the job,
-# {-1} when the job is gone, {-2} when it is over.
+# the rest wait on its pending list behind those already there. It appends nothing to a stream already closed,
+# nor to one that moved since the plan was read: another planner appended (its lock lapsed under this one) or
+# took the planned text off the tail, or, for a close, a piece arrived (it would be taken but never spoken).
+# Closing the stream with every segment written finishes the job; closing it with no segment at all fails it.
+# Returns {APPENDED, first new index, the indexes to publish...}, or {FINISHED}, {FAILED}, {STALE}, {CLOSED},
+# {OVER} or {GONE} (AppendResult).
 APPEND_SEGMENTS = _lua(
     FINISH_DONE
     + """
-if redis.call('EXISTS', KEYS[1]) == 0 then return {-1} end
+if redis.call('EXISTS', KEYS[1]) == 0 then return {$AppendResult_GONE} end
 local status = redis.call('HGET', KEYS[1], 'status')
-if status == $DONE or status == $FAILED or status == $CANCELED then return {-2} end
+if status == $DONE or status == $FAILED or status == $CANCELED then return {$AppendResult_OVER} end
+if redis.call('HGET', KEYS[1], 'text_open') ~= '1' then return {$AppendResult_CLOSED} end
 local total = tonumber(redis.call('HGET', KEYS[1], 'segments_total') or '0')
+local tail = redis.call('HGET', KEYS[1], 'text_tail') or ''
+if total ~= tonumber(ARGV[13]) or string.sub(tail, 1, #ARGV[1]) ~= ARGV[1] then return {$AppendResult_STALE} end
+if ARGV[6] == '1' and (redis.call('HGET', KEYS[1], 'text_last_at') or '') ~= ARGV[14] then
+  return {$AppendResult_STALE}
+end
 local done = tonumber(redis.call('HGET', KEYS[1], 'segments_done') or '0')
 local waiting = redis.call('LLEN', KEYS[7])
-local added = #ARGV - 12
+local added = #ARGV - 14
 local published = {}
 if added > 0 then
   local room = 0
@@ -295,7 +330,7 @@ if added > 0 then
   local chars = 0
   for i = 1, added do
     local index = total + i - 1
-    redis.call('RPUSH', KEYS[5], ARGV[12 + i])
+    redis.call('RPUSH', KEYS[5], ARGV[14 + i])
     if i <= room then
       redis.call('ZADD', KEYS[10], ARGV[9], ARGV[8] .. ':' .. index)
       published[#published + 1] = index
@@ -309,9 +344,7 @@ if added > 0 then
   redis.call('HSET', KEYS[1], 'segments_total', total + added, 'segment_chars', lengths .. ARGV[3])
   redis.call('HINCRBY', KEYS[1], 'chars_total', chars)
 end
-local tail = redis.call('HGET', KEYS[1], 'text_tail') or ''
-if string.sub(tail, 1, #ARGV[1]) == ARGV[1] then tail = string.sub(tail, #ARGV[1] + 1) end
-redis.call('HSET', KEYS[1], 'text_tail', tail, 'updated_at', ARGV[4])
+redis.call('HSET', KEYS[1], 'text_tail', string.sub(tail, #ARGV[1] + 1), 'updated_at', ARGV[4])
 if ARGV[6] == '1' then
   redis.call('HSET', KEYS[1], 'text_open', '0', 'text_end_reason', ARGV[7])
   redis.call('ZREM', KEYS[12], ARGV[8])
@@ -324,11 +357,15 @@ if added > 0 or ARGV[6] == '1' then  -- followers learn the new total, and wheth
   if ARGV[6] == '1' then open = '0' end
   redis.call('XADD', KEYS[4], '*', 'type', 'text', 'segments_total', total + added, 'open', open)
 end
+if ARGV[6] == '1' and total + added == 0 then  -- as a whole job with nothing to say is refused (422)
+  finish_as($FAILED, ARGV[2])
+  return {$AppendResult_FAILED}
+end
 if ARGV[6] == '1' and done >= total + added then
   finish_done()
-  return {2}
+  return {$AppendResult_FINISHED}
 end
-local reply = {1, total}
+local reply = {$AppendResult_APPENDED, total}
 for _, index in ipairs(published) do reply[#reply + 1] = index end
 return reply
 """

@@ -6,14 +6,18 @@ without a gap, to the record's ``text_tail``: most pieces cost that alone. When 
 (core/text/stream.py: a complete sentence, or past the length cut-off a clause or word boundary that splits no
 number), or the final piece is in, the planner runs under a short per-job lock: it plans the tail up to that
 cut and appends the new segments in one step (APPEND_SEGMENTS, which takes the planned text off the tail's
-front), with their playback deadlines, the first of them enqueued while the job's window has room. ``sweep``
-runs in every worker: a tail idle past ``flush_s`` is planned whole (the idle cut-off), and a stream idle past
-``idle_s`` ends with what it has, its record saying why.
+front), with their playback deadlines, the first of them enqueued while the job's window has room. The script
+appends nothing when the stream moved since the planner read it (a lapsed lock's other planner appended first, or a
+piece came just before a close): the planner reads it again. ``sweep`` runs in every worker: a tail idle past
+``flush_s`` is planned whole (the idle cut-off), and a stream idle past ``idle_s`` ends with what it has, its record
+saying why (and naming the pieces that waited for a gap that never filled). A stream that ends with nothing to
+speak fails, and says why it ended all the same.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -27,6 +31,7 @@ from cache.job_reads import as_str
 from cache.jobstore import JobStore
 from cache.records import JobRecord, JobStatus, PieceResult
 from cache.schedule import ScheduleBook
+from cache.scripts import AppendResult
 from core.errors import ServiceUnavailable, TextOverLimit
 from core.policy import Lane, SchedulingPolicy
 from core.schedule import timeline
@@ -39,6 +44,9 @@ log = logging.getLogger(__name__)
 MAX_AHEAD = 256
 #: How long one piece may wait for another piece of its stream to be planned.
 LOCK_WAIT_S = 5.0
+#: How many times a planner reads its stream again when it moved under it, before it leaves the rest to the next
+#: piece or sweep (each time means another planner or piece changed the stream meanwhile, which is rare).
+REPLANS = 3
 
 #: Put segment tasks on a lane's queue (workers/celery_app.Enqueue): job id, indexes, lane, broker deadlines.
 Enqueue = Callable[[str, list[int], str, Sequence[float] | None], None]
@@ -64,6 +72,15 @@ class PieceAnswer:
     segments_total: int = 0
     open: bool = True
     next_seq: int = 0
+    taken_past: int | None = None  # a final piece refused (CONFLICT): the highest seq already taken past it
+
+
+class Advance(enum.Enum):
+    """What one planning pass did to a stream."""
+
+    NOTHING = "nothing"  # nothing was ready, or the stream ended or moved on meanwhile
+    PLANNED = "planned"
+    ENDED = "ended"
 
 
 @dataclass
@@ -110,21 +127,24 @@ class TextStreams:
         )  # fmt: skip
         result = PieceResult(int(reply[0]))
         if result is not PieceResult.TAKEN:
-            return self._answer(job_id, result, seq, int(reply[1]))
+            taken_past = int(reply[2]) if result is PieceResult.CONFLICT and len(reply) > 2 else None
+            return self._answer(job_id, result, seq, int(reply[1]), taken_past)
         tail, final_reached, total, next_seq = as_str(reply[2]), bool(int(reply[3])), int(reply[4]), int(reply[5])
         cap = self.caps.first_segment_max_chars if total == 0 else self.caps.segment_max_chars
         if not final_reached and ready_cut(tail, final=False, max_chars=cap) == 0:
             return PieceAnswer(result, seq, 0, total, True, next_seq)  # nothing speakable yet: it waits
         with self._locked(job_id):
-            self._advance(job_id, flush=False, reason=None)
+            self._advance(job_id)
         return self._answer(job_id, result, seq, 0)
 
-    def _answer(self, job_id: str, result: PieceResult, seq: int, detail: int) -> PieceAnswer:
-        status, total, is_open, next_seq = self.redis.hmget(
+    def _answer(
+        self, job_id: str, result: PieceResult, seq: int, detail: int, taken_past: int | None = None
+    ) -> PieceAnswer:
+        status, total, open_raw, next_seq = self.redis.hmget(
             keys.job(job_id), ["status", "segments_total", "text_open", "text_next_seq"]
         )
-        ended = status is None or JobStatus(as_str(status)).terminal
-        return PieceAnswer(result, seq, detail, int(total or 0), is_open == b"1" and not ended, int(next_seq or 0))
+        is_open = open_raw == b"1" and not (status is None or JobStatus(as_str(status)).terminal)
+        return PieceAnswer(result, seq, detail, int(total or 0), is_open, int(next_seq or 0), taken_past)
 
     def sweep(self, now: float | None = None) -> dict[str, int]:
         """Plan the tails of streams idle past ``flush_s``; end those idle past ``idle_s``; return the counts."""
@@ -142,12 +162,11 @@ class TextStreams:
             last = float(self.redis.hget(keys.job(job_id), "text_last_at") or record.created_at)
             if now - last < self.flush_s:
                 continue  # a piece came meanwhile
-            idle = now - last >= self.idle_s
             try:
                 with self._locked(job_id):
-                    reason = f"idle: no text for {self.idle_s:g} s (TTS_TEXT_STREAM_IDLE_S)" if idle else None
-                    if self._advance(job_id, flush=True, reason=reason):
-                        counts["ended" if idle else "flushed"] += 1
+                    advanced = self._advance(job_id, swept_at=now)
+                if advanced is not Advance.NOTHING:
+                    counts["ended" if advanced is Advance.ENDED else "flushed"] += 1
             except (ServiceUnavailable, TextOverLimit) as e:
                 log.warning("text stream %s: %s", job_id, e)
             except redis.RedisError:
@@ -170,35 +189,66 @@ class TextStreams:
             except LockError:
                 log.warning("text stream %s: its lock lapsed before its piece was planned", job_id)
 
-    def _advance(self, job_id: str, *, flush: bool, reason: str | None) -> bool:
+    def _advance(self, job_id: str, *, swept_at: float | None = None) -> Advance:
+        """Plan what of the tail is ready and append it, reading the stream again when it moved meanwhile; run
+        under the stream's lock. ``swept_at``: the sweep's pass, which plans an idle tail whole and ends a stream
+        idle past ``idle_s``."""
+        for _ in range(REPLANS):
+            advanced = self._advance_once(job_id, swept_at)
+            if advanced is not None:
+                return advanced
+        log.warning("text stream %s: it moved each time it was planned; the next piece or sweep plans it", job_id)
+        return Advance.NOTHING
+
+    def _advance_once(self, job_id: str, swept_at: float | None) -> Advance | None:
         """Plan what of the tail is ready (all of it for a flush or a close), append it, and close the stream once
-        its final piece is in (or for ``reason``); say whether it did anything. Run under the stream's lock."""
-        fields = ["text_tail", "text_next_seq", "text_final_seq", "segments_total", "chars_total", "request"]
-        tail_raw, next_raw, final_raw, total_raw, chars_raw, request_raw = self.redis.hmget(keys.job(job_id), fields)
-        if request_raw is None:
-            return False
-        tail = as_str(tail_raw or b"")
-        close = (final_raw is not None and int(next_raw or 0) > int(final_raw)) or reason is not None
+        its final piece is in (or it was idle); return None when the stream moved before the append."""
+        fields = ["text_tail", "text_next_seq", "text_final_seq", "segments_total", "chars_total", "request",
+                  "text_last_at", "text_top_seq", "text_open"]  # fmt: skip
+        tail_raw, next_raw, final_raw, total_raw, chars_raw, request_raw, last_raw, top_raw, open_raw = (
+            self.redis.hmget(keys.job(job_id), fields)
+        )
+        if request_raw is None or open_raw != b"1":
+            return Advance.NOTHING  # gone, or closed by another pass (a sweep, a lapsed lock's other planner)
+        tail, next_seq, last = as_str(tail_raw or b""), int(next_raw or 0), as_str(last_raw or b"")
+        reason = None
+        if swept_at is not None:
+            idle_s = swept_at - float(last or 0)
+            if idle_s < self.flush_s:
+                return Advance.NOTHING  # a piece came since the sweep looked
+            if idle_s >= self.idle_s:
+                reason = self._idle_reason(next_seq, int(top_raw if top_raw is not None else -1))
+        close = (final_raw is not None and next_seq > int(final_raw)) or reason is not None
         total, chars = int(total_raw or 0), int(chars_raw or 0)
         cap = self.caps.first_segment_max_chars if total == 0 else self.caps.segment_max_chars
-        cut = len(tail) if close or flush else ready_cut(tail, final=False, max_chars=cap)
+        cut = len(tail) if close or swept_at is not None else ready_cut(tail, final=False, max_chars=cap)
         if cut == 0 and not close:
-            return False  # nothing ready (or a flush of an empty tail)
+            return Advance.NOTHING  # nothing ready (or a flush of an empty tail)
         request = JobRecord.from_hash({"id": job_id, "request": as_str(request_raw)}).request
         try:
             texts = self._plan(tail[:cut], self.language_of(request.model), planned_chars=chars, segments=total)
         except TextOverLimit as e:
             self.store.fail(job_id, f"the text stream went over the limit: {e.message}")
             raise
-        if close and not texts and total == 0:  # as a whole job with nothing to say is refused (422)
-            why = "final" if reason is None else reason
-            self.store.fail(job_id, f"the text stream ended ({why}) with nothing a voice can speak")
-            self.redis.zrem(keys.TEXT_STREAMS, job_id)
-            return True
-        published = self._write(job_id, request.priority, texts, tail[:cut], close=close, reason=reason or "final")
+        why = reason or "final"
+        result, published = self._write(
+            job_id, request.priority, texts, tail[:cut], close=close, reason=why, read=(total, last),
+            empty_error=f"the text stream ended ({why}) with nothing a voice can speak",
+        )  # fmt: skip
+        if result is AppendResult.STALE:
+            return None
         if published:
             self._enqueue(job_id, published)
-        return bool(texts) or close
+        if result in (AppendResult.FINISHED, AppendResult.FAILED) or (close and result is AppendResult.APPENDED):
+            return Advance.ENDED
+        return Advance.PLANNED if texts and result is AppendResult.APPENDED else Advance.NOTHING
+
+    def _idle_reason(self, next_seq: int, top_seq: int) -> str:
+        """Say why an idle stream ended, naming the pieces that waited for one that never came: taken, not spoken."""
+        reason = f"idle: no text for {self.idle_s:g} s (TTS_TEXT_STREAM_IDLE_S)"
+        if top_seq >= next_seq:
+            reason += f"; piece {next_seq} never came, so the pieces taken after it (up to {top_seq}) were not spoken"
+        return reason
 
     def _plan(self, text: str, language: str, *, planned_chars: int, segments: int) -> list[str]:
         caps = self.caps
@@ -213,21 +263,34 @@ class TextStreams:
         )
 
     def _write(
-        self, job_id: str, lane: Lane, texts: Sequence[str], planned: str, *, close: bool, reason: str
-    ) -> list[int]:
-        """Append the segments planned from the tail's front ``planned`` in one step; return those to enqueue now."""
+        self,
+        job_id: str,
+        lane: Lane,
+        texts: Sequence[str],
+        planned: str,
+        *,
+        close: bool,
+        reason: str,
+        read: tuple[int, str],
+        empty_error: str,
+    ) -> tuple[AppendResult, list[int]]:
+        """Append the segments planned from the tail's front ``planned`` in one step, unless the stream moved since
+        ``read`` (its segments total and last piece's time when planned); return what it did and those to enqueue
+        now."""
         now = time.time()
         store = self.store
+        total, last = read
         reply = self._append(
             keys=[*keys.all_job_keys(job_id), keys.text_pieces(job_id), keys.OUTBOX, keys.LIVE_JOBS, keys.TEXT_STREAMS,
                   keys.AUDIO_KEPT],
-            args=[planned, "", ",".join(str(len(t)) for t in texts), f"{now:.6f}", store.ttl, "1" if close else "0",
-                  reason, job_id, f"{now + store.outbox_grace_s:.6f}", self.policy.window(lane), store.audio_ttl,
-                  f"{now + store.audio_ttl:.3f}", *texts],
+            args=[planned, empty_error, ",".join(str(len(t)) for t in texts), f"{now:.6f}", store.ttl,
+                  "1" if close else "0", reason, job_id, f"{now + store.outbox_grace_s:.6f}", self.policy.window(lane),
+                  store.audio_ttl, f"{now + store.audio_ttl:.3f}", total, last, *texts],
         )  # fmt: skip
-        if int(reply[0]) == 2:
+        result = AppendResult(int(reply[0]))
+        if result is AppendResult.FINISHED:
             store.forget_live(job_id)
-        return [int(i) for i in reply[2:]] if int(reply[0]) == 1 else []
+        return result, [int(i) for i in reply[2:]] if result is AppendResult.APPENDED else []
 
     def _enqueue(self, job_id: str, indexes: list[int]) -> None:
         """Publish new segments at their playback deadlines (the listener's timeline, from the first audio)."""

@@ -29,7 +29,8 @@ class TTSClientError(Exception):
     """Raised when the service answers with an error, cannot be reached, or a job fails.
 
     ``details`` holds the error body's other keys (a text piece's 409 says its ``reason``: conflict, after_final,
-    closed, over, too_far); ``retry_after`` is the Retry-After header's seconds, when the answer had one.
+    final_before_taken, closed, over, too_far); ``retry_after`` is the Retry-After header's seconds, when the
+    answer had one.
     """
 
     def __init__(

@@ -11,6 +11,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from api.streaming import Ended, Idle, Ready, follow
+from cache import keys
 from core.text import plan_segments, ready_cut
 from tests.test_pipeline import submit, wait_done
 
@@ -204,3 +205,99 @@ def test_a_stream_that_ends_with_nothing_a_voice_can_speak_fails_with_the_reason
     _piece(served, job["id"], 0, "", final=True)
     ended = served.get(f"/v1/jobs/{job['id']}").get_json()
     assert ended["status"] == "failed" and "nothing a voice can speak" in ended["error"]
+
+
+def test_a_stream_whose_final_piece_is_all_it_got_fails_and_says_it_ended_at_its_final_piece(
+    served: FlaskClient,
+) -> None:
+    job = _open(served, model="espeak-en")
+    answer = _piece(served, job["id"], 0, "", final=True)
+    assert answer["text_stream"] == {"open": False, "next_seq": 1, "end_reason": "final"}
+    ended = served.get(f"/v1/jobs/{job['id']}").get_json()
+    assert ended["status"] == "failed" and "nothing a voice can speak" in ended["error"]
+    assert ended["text_stream"] == {"open": False, "next_seq": 1, "end_reason": "final"}
+
+
+def test_a_stream_left_idle_without_any_text_fails_and_says_it_was_idle(app: Flask, served: FlaskClient) -> None:
+    streams = app.extensions["tts"].text_streams
+    job = _open(served, model="espeak-en")
+    assert streams.sweep(now=time.time() + streams.idle_s + 0.1)["ended"] == 1
+    ended = served.get(f"/v1/jobs/{job['id']}").get_json()
+    assert ended["status"] == "failed" and "nothing a voice can speak" in ended["error"]
+    assert ended["text_stream"]["open"] is False and ended["text_stream"]["end_reason"].startswith("idle")
+
+
+def test_a_final_piece_before_a_piece_already_taken_ahead_of_it_is_refused_naming_that_piece(
+    served: FlaskClient,
+) -> None:
+    job = _open(served, model="espeak-en")
+    _piece(served, job["id"], 0, "Hello there. ")
+    assert _piece(served, job["id"], 255, "Far ")["duplicate"] is False, "taken: it waits for the gap"
+    _piece(served, job["id"], 256, "ahead.")
+    refused = _piece(served, job["id"], 2, "Bye.", final=True, status=409)
+    assert refused["error"]["reason"] == "final_before_taken" and refused["error"]["taken"] == 256
+    assert "256" in refused["error"]["message"], "it names the piece the caller said the text goes on to"
+    view = served.get(f"/v1/jobs/{job['id']}").get_json()
+    assert view["text_stream"] == {"open": True, "next_seq": 1, "end_reason": None}, "nothing ended, nothing lost"
+    _piece(served, job["id"], 257, "", final=True)  # past every piece taken: taken, and waits for the gap
+    assert served.get(f"/v1/jobs/{job['id']}").get_json()["text_stream"]["open"] is True
+    served.delete(f"/v1/jobs/{job['id']}")
+
+
+def test_a_stream_that_ends_idle_with_pieces_still_waiting_for_a_gap_names_them_in_its_end_reason(
+    app: Flask, served: FlaskClient
+) -> None:
+    streams = app.extensions["tts"].text_streams
+    job = _open(served, model="espeak-en")
+    _piece(served, job["id"], 0, "Hello there.")
+    _piece(served, job["id"], 2, " Never spoken.")
+    streams.sweep(now=time.time() + streams.idle_s + 0.1)
+    done = wait_done(served, job["id"])
+    assert done["status"] == "done" and _texts(app, job["id"]) == ["Hello there."]
+    reason = done["text_stream"]["end_reason"]
+    assert reason.startswith("idle") and "piece 1" in reason and "up to 2" in reason, reason
+
+
+def test_a_planner_whose_lock_lapsed_does_not_append_what_another_planner_appended_meanwhile(
+    app: Flask, served: FlaskClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    streams = app.extensions["tts"].text_streams
+    job = _open(served, model="espeak-en")
+    plan = streams._plan
+
+    def lapse_then_plan(text: str, language: str, *, planned_chars: int, segments: int) -> list[str]:
+        # The lock lapses while this planner is between its read and its append; the sweep takes the lock and
+        # plans the same tail first.
+        monkeypatch.setattr(streams, "_plan", plan)
+        streams.redis.delete(keys.text_lock(job["id"]))
+        assert streams.sweep(now=time.time() + streams.flush_s + 0.1)["flushed"] == 1
+        return plan(text, language, planned_chars=planned_chars, segments=segments)
+
+    monkeypatch.setattr(streams, "_plan", lapse_then_plan)
+    _piece(served, job["id"], 0, "First one. Then")
+    assert _texts(app, job["id"]) == ["First one. Then"], "planned once, by the planner that held the lock"
+    _piece(served, job["id"], 1, "", final=True)
+    assert wait_done(served, job["id"])["status"] == "done"
+    assert _texts(app, job["id"]) == ["First one. Then"]
+
+
+def test_a_piece_taken_while_an_idle_stream_is_being_closed_is_spoken(
+    app: Flask, served: FlaskClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    streams = app.extensions["tts"].text_streams
+    job = _open(served, "An unfinished", model="espeak-en")  # no cut: under the first segment's cap
+    plan = streams._plan
+    answers: list[dict[str, Any]] = []
+
+    def piece_then_plan(text: str, language: str, *, planned_chars: int, segments: int) -> list[str]:
+        # A piece arrives between the idle close's read of the tail and its append.
+        monkeypatch.setattr(streams, "_plan", plan)
+        answers.append(_piece(served, job["id"], 0, " thought"))
+        return plan(text, language, planned_chars=planned_chars, segments=segments)
+
+    monkeypatch.setattr(streams, "_plan", piece_then_plan)
+    streams.sweep(now=time.time() + streams.idle_s + 0.1)
+    assert answers and answers[0]["duplicate"] is False, "the piece was taken (200)"
+    done = wait_done(served, job["id"])
+    assert done["status"] == "done" and done["text_stream"]["end_reason"].startswith("idle")
+    assert _texts(app, job["id"]) == ["An unfinished thought"], "so it is spoken"
