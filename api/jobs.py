@@ -135,7 +135,7 @@ def get_segment(job_id: str, index: int) -> Response:
     total = record.segments_total
     growing = bool(record.text_open) and not record.status.terminal and index < svc.settings.max_segments
     if index >= total and not growing:  # an open text stream's next ones may come
-        raise NotFound(f"job {job_id!r} has segments 0..{total - 1}, not {index}")
+        raise NotFound(_no_such_segment(job_id, total, index))
     wait = parse_wait(request.args.get("wait"), limit=svc.settings.max_wait_s)
     pcm = svc.store.segment(job_id, index)
     if pcm is None and wait:
@@ -145,7 +145,7 @@ def get_segment(job_id: str, index: int) -> Response:
         record = _record(job_id)
         _raise_if_over(record)
         if index >= record.segments_total and not record.text_open:  # the stream closed with fewer
-            raise NotFound(f"job {job_id!r} has segments 0..{record.segments_total - 1}, not {index}")
+            raise NotFound(_no_such_segment(job_id, record.segments_total, index))
         raise NotReady(
             f"segment {index} is not ready yet; retry, or long-poll with ?wait=<seconds up to "
             f"{svc.settings.max_wait_s:g}>",
@@ -164,6 +164,11 @@ def get_segment(job_id: str, index: int) -> Response:
             "Cache-Control": "private, max-age=3600",
         },
     )
+
+
+def _no_such_segment(job_id: str, total: int, index: int) -> str:
+    held = f"segments 0..{total - 1}" if total > 1 else "segment 0" if total == 1 else "no segments"
+    return f"job {job_id!r} has {held}, not segment {index}"
 
 
 def _growing_audio(job_id: str, fmt: str) -> Response:

@@ -83,6 +83,9 @@ def _submitted(job_input: JobBody) -> str:
         if e.details.get("field") == "text":
             e.details["field"] = "input"
             e.message = e.message.replace("text", "input", 1) if e.message.startswith("text") else e.message
+            for listed in e.details.get("errors", ()):
+                if listed.get("field") == "text":
+                    listed["field"] = "input"
         raise
 
 

@@ -99,6 +99,7 @@ class ValidationFailed(ServiceError):
     code = "invalid_field"
 
     def __init__(self, field: str, message: str, **details: Any) -> None:
+        details.setdefault("errors", [{"field": field, "message": message}])  # every 422 lists what is wrong
         super().__init__(f"{field}: {message}", field=field, **details)
 
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from flask import Flask
 from flask.testing import FlaskClient
+
+from cache.jobstore import JobStore
+from tests.test_custody import REQUEST
 
 
 def _post(client: FlaskClient, body: Any) -> Any:
@@ -113,6 +117,14 @@ def test_a_wrong_method_is_answered_with_the_allow_header_and_says_which_methods
     error = _assert_error(response, 405, "method_not_allowed")
     assert set(response.headers["Allow"].split(", ")) >= {"POST"}
     assert "PUT" in error["message"] and "POST" in error["message"]
+
+
+def test_a_segment_past_a_jobs_end_names_the_segments_it_has(app: Flask, client: FlaskClient) -> None:
+    store = JobStore(app.extensions["tts"].redis, ttl=600)
+    one = store.create(REQUEST, ["Only one."], pending=[0])
+    error = _assert_error(client.get(f"/v1/jobs/{one}/segments/3"), 404, "not_found")
+    assert "has segment 0, not segment 3" in error["message"]
+    store.cancel(one)
 
 
 def test_the_service_keeps_serving_after_bad_requests(client: FlaskClient) -> None:

@@ -42,7 +42,15 @@ def test_the_openai_route_refuses_the_same_text_naming_its_input_field(client: F
 def test_the_openai_route_names_its_input_field_when_it_has_nothing_to_speak(client: FlaskClient) -> None:
     response = client.post("/v1/audio/speech", json={"input": "\U0001f600", "model": "espeak-en"})
     assert response.status_code == 422, response.get_data(as_text=True)
-    assert response.get_json()["error"]["field"] == "input"
+    error = response.get_json()["error"]
+    assert error["field"] == "input"
+    assert error["errors"] == [{"field": "input", "message": "has nothing a voice can speak (only symbols or emoji?)"}]
+
+
+def test_every_422_lists_what_is_wrong_in_errors_even_a_check_made_after_parsing(client: FlaskClient) -> None:
+    response = client.post("/v1/jobs", json={"text": "\u200b\u200b", "model": "espeak-en"})  # zero-width only
+    assert response.status_code == 422, response.get_data(as_text=True)
+    assert [e["field"] for e in response.get_json()["error"]["errors"]] == ["text"]
 
 
 def test_a_text_of_more_segments_than_the_limit_is_a_413_naming_the_segment_limit(client: FlaskClient) -> None:
