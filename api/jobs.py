@@ -229,6 +229,8 @@ def get_events(job_id: str) -> Response:
 def get_audio(job_id: str) -> Response:
     """Return the whole audio: growing while the job runs, then encoded segment by segment as it is sent."""
     svc = services()
+    if "wait" in request.args:  # checked whatever the job's state: a bad value is the caller's to know of
+        parse_wait(request.args.get("wait"), limit=svc.settings.max_wait_s)
     record = _record(job_id)
     _raise_if_over(record)
     job_request = record.request

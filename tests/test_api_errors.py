@@ -187,3 +187,7 @@ def test_bad_wait_values_are_a_422(app: Any, client: FlaskClient) -> None:
         assert response.status_code == 422, bad
         assert response.get_json()["error"]["field"] == "wait"
     client.delete(f"/v1/jobs/{job_id}")
+    for bad in ("abc", "-1"):  # the whole audio's too, whatever the job's state (here canceled)
+        response = client.get(f"/v1/jobs/{job_id}/audio?wait={bad}")
+        assert response.status_code == 422, bad
+        assert response.get_json()["error"]["field"] == "wait"
