@@ -97,11 +97,16 @@ def host_main(
         try:
             # Each waveform goes back the moment it is made; "ok" ends the call.
             engine.synthesize_each(requests, lambda index, wave: conn.send(("part", index, wave)), arrivals(conn))
+            conn.send(("ok", memory_report()))
+        except (BrokenPipeError, EOFError, ConnectionResetError):
+            log.info("%s: its worker went away mid-call; stopping", spec.name)  # killed: nothing to report to
+            break
         except Exception as e:
             log.exception("synthesis failed")
-            conn.send(("error", f"{type(e).__name__}: {e}"))
-            continue
-        conn.send(("ok", memory_report()))
+            try:
+                conn.send(("error", f"{type(e).__name__}: {e}"))
+            except (BrokenPipeError, ConnectionResetError):
+                break
     engine.unload()
 
 
