@@ -11,6 +11,7 @@ import html
 import json
 import os
 import re
+import resource
 from typing import Any
 
 from gunicorn import util
@@ -69,9 +70,38 @@ worker_class = JsonErrorWorker
 # Room for every stream one process admits (TTS_MAX_STREAMS_PER_PROCESS, default 2000) and as many other
 # requests again: a full set of streams still leaves connections for health probes and submissions.
 worker_connections = 2 * int(os.environ.get("TTS_MAX_STREAMS_PER_PROCESS", "2000"))
+#: Open files each process should be allowed: a socket per connection, plus Redis connections, logs and weight files
+#: (deploy/ sets the same 65536). systemd and Docker often start a process with a soft limit of 1024.
+OPEN_FILES_WANTED = max(65536, 2 * worker_connections)
 timeout = 120
 graceful_timeout = 10
 accesslog = "-"
 access_log_format = '%(h)s "%(r)s" %(s)s %(M)sms'
 # supervisord (or the tests) run and stop gunicorn; a control socket in $HOME would only collide between runs.
 control_socket_disable = True
+
+
+def raise_open_files_limit(wanted: int = OPEN_FILES_WANTED) -> tuple[int, int]:
+    """Raise the soft open-files limit to ``wanted``, never above the hard limit; return (soft, hard) after."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            return soft, hard  # a platform cap below the hard limit: on_starting warns
+        soft = target
+    return soft, hard
+
+
+def on_starting(server: Any) -> None:
+    """Give the master, and so every gunicorn process it forks, room for worker_connections sockets."""
+    soft, hard = raise_open_files_limit()
+    if soft != resource.RLIM_INFINITY and soft < worker_connections:
+        server.log.warning(
+            "open files limited to %d (hard limit %d), below worker_connections (%d): held streams past it fail; "
+            "raise the hard limit (LimitNOFILE, docker --ulimit nofile)",
+            soft,
+            hard,
+            worker_connections,
+        )
