@@ -12,7 +12,7 @@ from api.admission import Admission
 from api.holds import StreamHolds
 from api.submission import Submitter
 from cache.breaker import CircuitBreaker
-from cache.budget import StoreBudget, build_budget
+from cache.budget import StoreBudget, build_budget, check_no_eviction
 from cache.events import EventHub
 from cache.jobstore import JobStore, store_of
 from cache.refusals import Refusals
@@ -117,6 +117,7 @@ def build_services(settings: Settings) -> Services:
     registry = load_registry(settings)
     workers = WorkerRegistry(client, ttl_s=settings.worker_dead_after_s)
     book = ScheduleBook(client, default_seconds_per_char=settings.seconds_per_char)
+    check_no_eviction(client)
     budget = build_budget(client, settings)
     admission = _admission(client, settings, workers=workers, book=book, budget=budget, policy=policy)
     # Every stream and long-poll of this process waits through one loop on one connection, not one each.

@@ -18,6 +18,7 @@ from typing import Any
 import redis
 
 from cache import keys
+from core.errors import SettingsInvalid
 from core.metrics import STORE_TRIMMED, STORE_USED
 from core.settings import Settings
 
@@ -191,6 +192,24 @@ class StoreBudget:
             if left <= 0:
                 return False
             time.sleep(min(poll_s, left))
+
+
+def check_no_eviction(client: redis.Redis) -> None:
+    """Raise SettingsInvalid when the job store's Redis may evict keys (its maxmemory-policy is not noeviction).
+
+    An evicting Redis drops queued tasks, job records and audio without a word when it fills: accepted jobs would
+    vanish. A Redis not reachable yet is not judged here (the service waits for it as for any outage).
+    """
+    try:
+        policy = str(client.info("memory").get("maxmemory_policy", "noeviction"))
+    except redis.RedisError:
+        return
+    if policy != "noeviction":
+        raise SettingsInvalid(
+            f"the job store's Redis (REDIS_URL) has maxmemory-policy {policy}: it would evict queued tasks, jobs and "
+            "audio when full, and accepted jobs would vanish. Set `maxmemory-policy noeviction` on it (the service "
+            "keeps itself inside maxmemory: README 'Memory'); an evicting cache belongs on TTS_CACHE_REDIS_URL"
+        )
 
 
 def build_budget(client: redis.Redis, settings: Settings) -> StoreBudget:

@@ -22,9 +22,9 @@ from cache.budget import StoreBudget
 from cache.jobstore import JobRequest, JobStore, StartState, WriteResult
 from cache.stats import Stats
 from core.audio import PackedAudio, to_pcm16
-from core.errors import StoreFull
+from core.errors import SettingsInvalid, StoreFull
 from core.metrics import STORE_FULL_WAITS
-from core.settings import Settings
+from core.settings import Settings, load_settings
 from tests.support.servers import RedisServer, WorkerProcess
 from workers.engines.base import SynthesisRequest
 from workers.engines.espeak import EspeakEngine
@@ -327,3 +327,23 @@ def test_a_janitor_trims_finished_audio_even_when_redis_refuses_every_write(
     assert not own_redis.exists(keys.audio(finished[0])), "the oldest finished audio made room"
     assert StoreBudget(own_redis).usage().share < 0.8
     own_redis.set("one-more", b"x" * 2**20)  # writes work again
+
+
+def test_neither_the_api_nor_a_worker_starts_on_a_job_store_that_would_evict_keys(
+    redis_client: redis.Redis, settings_env: dict[str, str]
+) -> None:
+    from tests.test_admission import _app_on
+    from workers.celery_app import celery_enqueue, create_celery
+    from workers.runtime import build_runtime
+
+    settings = load_settings(redis_url=settings_env["REDIS_URL"], models_file=settings_env["TTS_MODELS_FILE"],
+                             tiny_model_dir=settings_env["TTS_TINY_MODEL_DIR"], default_model="espeak-en")  # fmt: skip
+    redis_client.config_set("maxmemory-policy", "allkeys-lru")  # as a managed Redis left at its default might be
+    try:
+        with pytest.raises(SettingsInvalid, match=r"maxmemory-policy allkeys-lru.*noeviction"):
+            _app_on(settings_env["REDIS_URL"], settings_env)
+        with pytest.raises(SettingsInvalid, match="maxmemory-policy allkeys-lru"):
+            build_runtime(settings, hostname="w-evicting", enqueue=celery_enqueue(create_celery(settings)))
+    finally:
+        redis_client.config_set("maxmemory-policy", "noeviction")
+    _app_on(settings_env["REDIS_URL"], settings_env).extensions["tts"].close()  # starts again once it is fixed

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import redis
 from celery import Celery
 
-from cache.budget import StoreBudget, build_budget
+from cache.budget import StoreBudget, build_budget, check_no_eviction
 from cache.custody import BrokerKeys, Custody
 from cache.jobstore import JobStore, store_of
 from cache.schedule import ScheduleBook
@@ -265,6 +265,7 @@ def _janitor(
 def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> WorkerRuntime:
     """Wire a worker's dependencies from the settings."""
     client = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
+    check_no_eviction(client)
     shared = _Shared(
         client=client,
         store=store_of(client, settings),
