@@ -59,7 +59,8 @@ def read_body(request: Request, model: type[Body], *, max_bytes: int, context: d
 
 
 def _read(stream: IO[bytes], size: int) -> bytes:
-    """Return up to ``size`` bytes of the body, or raise 400 for one that is malformed or stops arriving."""
+    """Return up to ``size`` bytes of the body, or raise 400 for one that is malformed, 408 for one that stops
+    arriving."""
     try:
         with _time_limit(BODY_WAIT_S):
             return stream.read(size)

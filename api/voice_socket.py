@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 import threading
 from typing import Any
 
@@ -51,9 +50,6 @@ MAX_MESSAGE_BYTES = 1 << 20
 #: After the final piece, how often the connection looks whether its follower has sent the job's end (a client that
 #: hangs up is noticed at once).
 FOLLOW_CHECK_S = 0.5
-#: A surrogate code point: json.loads turns an escape like "\ud800" without its other half into one, which UTF-8 (a
-#: frame, Redis) cannot carry (HTTP bodies refuse it as they parse); a pair of escapes becomes one character.
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class _Socket:
@@ -112,8 +108,9 @@ def _message(raw: str | bytes | None) -> dict[str, Any]:
         return {"text": text}
     if not isinstance(found, dict):
         return {"text": text}
-    # A frame's text arrives as decoded UTF-8, so only an escape can carry a surrogate: look only then.
-    if "\\u" in text and _holds_surrogate(found):
+    # A frame's text arrives as decoded UTF-8, so only an escape can carry a surrogate (json.loads takes a lone
+    # one, which UTF-8, a frame and Redis cannot carry): look only then, by encoding what was parsed.
+    if "\\u" in text and not _encodable(found):
         raise BadRequest(
             "message is not valid JSON: it holds a lone surrogate (an escape from \\ud800 to \\udfff without its "
             "other half), which is no character; send the character itself, or both halves of its pair"
@@ -121,20 +118,13 @@ def _message(raw: str | bytes | None) -> dict[str, Any]:
     return found
 
 
-def _holds_surrogate(found: dict[str, Any]) -> bool:
-    """Say whether any key or string in a parsed message holds a surrogate code point (looked at without recursion)."""
-    stack: list[Any] = [found]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if not item.isascii() and _SURROGATE.search(item):
-                return True
-        elif isinstance(item, dict):
-            stack.extend(item)
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
+def _encodable(found: dict[str, Any]) -> bool:
+    """Say whether a parsed message encodes to UTF-8 (no key or string in it holds a lone surrogate)."""
+    try:
+        json.dumps(found, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _piece(message: dict[str, Any], *, max_chars: int) -> tuple[str, bool]:

@@ -94,7 +94,7 @@ class IdempotencyKeys:
                 return earlier.job_id
             if time.time() - earlier.claimed_at > self.claim_ttl_s:  # its job was never written: take it over
                 if self._take_over(keys=[keys.idempotency(caller, key)],
-                                   args=[earlier.raw, self._claim_value(digest, job_id), self.ttl_s]):  # fmt: skip
+                                   args=[earlier.raw, self._value(digest, job_id), self.ttl_s]):  # fmt: skip
                     return self._submit(caller, key, digest, job_id, submit=submit, exists=exists)
                 continue  # another request took it over first: read what it wrote
             if time.monotonic() > deadline:
@@ -119,13 +119,14 @@ class IdempotencyKeys:
         self.fill(caller, key, digest, created)
         return created
 
-    def _claim_value(self, digest: str, job_id: str) -> str:
-        return json.dumps({"digest": digest, "job_id": job_id, "filled": False, "claimed_at": time.time()})
+    @staticmethod
+    def _value(digest: str, job_id: str, *, filled: bool = False) -> str:
+        return json.dumps({"digest": digest, "job_id": job_id, "filled": filled, "claimed_at": time.time()})
 
     def claim(self, caller: str, key: str, digest: str, job_id: str) -> Claim | None:
         """Claim the key for a new job of id ``job_id`` (None), or return the claim an earlier request made."""
         name = keys.idempotency(caller, key)
-        while not self.redis.set(name, self._claim_value(digest, job_id), nx=True, ex=self.ttl_s):
+        while not self.redis.set(name, self._value(digest, job_id), nx=True, ex=self.ttl_s):
             raw = self.redis.get(name)
             if isinstance(raw, bytes):
                 return Claim.parse(raw)
@@ -133,8 +134,7 @@ class IdempotencyKeys:
 
     def fill(self, caller: str, key: str, digest: str, job_id: str) -> None:
         """Record that the job a claimed key creates was written."""
-        value = json.dumps({"digest": digest, "job_id": job_id, "filled": True, "claimed_at": time.time()})
-        self.redis.set(keys.idempotency(caller, key), value, ex=self.ttl_s)
+        self.redis.set(keys.idempotency(caller, key), self._value(digest, job_id, filled=True), ex=self.ttl_s)
 
     def release(self, caller: str, key: str) -> None:
         """Forget a claim whose job was never created, so the client may retry with the key."""
