@@ -115,7 +115,7 @@ def build_services(settings: Settings) -> Services:
     celery = create_celery(settings)
     policy = scheduling_policy(settings)
     registry = load_registry(settings)
-    workers = WorkerRegistry(client, ttl_s=settings.worker_dead_after_s)
+    workers = WorkerRegistry(client, ttl_s=settings.worker_dead_after_s, max_age_s=API_MAX_AGE_S)
     book = ScheduleBook(client, default_seconds_per_char=settings.seconds_per_char)
     check_no_eviction(client)
     budget = build_budget(client, settings)

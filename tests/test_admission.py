@@ -202,6 +202,19 @@ def paced(settings_env: dict[str, str]) -> Iterator[tuple[str, redis.Redis]]:
         client.close()
 
 
+def test_a_reader_with_a_max_age_asks_redis_who_is_alive_at_most_that_often(quiet: redis.Redis) -> None:
+    """The API asks at every submission; a beat or a death counts half a second later at most, as the stats do."""
+    writer = WorkerRegistry(quiet, ttl_s=5)
+    reader = WorkerRegistry(quiet, ttl_s=5, max_age_s=API_MAX_AGE_S)
+    assert reader.alive() == []
+    writer.beat("w-new", {})
+    assert reader.alive() == [], "answered from the list read just now"
+    assert WorkerRegistry(quiet, ttl_s=5).alive()[0]["hostname"] == "w-new", "a reader without a max age asks each time"
+    wait_for(lambda: [w["hostname"] for w in reader.alive()] == ["w-new"], 2, "the beat counts once the list is old")
+    writer.remove("w-new")
+    wait_for(lambda: reader.alive() == [], 2, "and so does a worker's leaving")
+
+
 def test_with_no_worker_alive_the_api_answers_503_with_retry_after(settings_env: dict[str, str]) -> None:
     isolated = settings_env["REDIS_URL"].rsplit("/", 1)[0] + "/3"  # a database no worker announces itself in
     redis.Redis.from_url(isolated).flushdb()

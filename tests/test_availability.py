@@ -16,6 +16,7 @@ from flask import Flask
 from api import create_app
 from core.registry import ModelSpec
 from tests.support.servers import ROOT, RedisServer
+from workers.engines import chattts_files
 from workers.engines.chattts import ChatTTSEngine
 from workers.engines.chattts_assets import ASSET_FILES, DESCRIPTOR_NAME
 from workers.engines.chattts_files import _sha256, check_weights
@@ -102,6 +103,24 @@ def test_a_file_is_hashed_once_until_it_changes(model: Path) -> None:
     path.write_bytes(bytes(data))
     verdict = check_weights(model, real_sha256=own)
     assert not verdict.ok and "Decoder.safetensors" in verdict.reason
+
+
+def test_a_folder_is_checked_once_while_its_files_are_unchanged_and_again_when_one_changes(
+    model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API checks at every submission and the worker at every segment: an unchanged folder costs a stat a file."""
+    reads: list[Path] = []
+    real_read = chattts_files.read_descriptor
+    monkeypatch.setattr(chattts_files, "read_descriptor", lambda root: reads.append(root) or real_read(root))
+    assert all(check_weights(model, hashes=False).ok for _ in range(3))
+    assert len(reads) == 1
+    config = model / "asset" / "gpt" / "config.json"
+    kept = config.read_bytes()
+    config.unlink()
+    assert "config.json is missing" in check_weights(model, hashes=False).reason
+    config.write_bytes(kept)
+    assert check_weights(model, hashes=False).ok
+    assert len(reads) == 3
 
 
 def _sparse_safetensors(path: Path, elements: int) -> int:

@@ -1,7 +1,8 @@
 """Whether a ChatTTS model folder is whole: every file present, sizes sane, real weights matching ChatTTS's hashes.
 
-The API asks at every submission (a missing or corrupt model answers 404 there, not as a failed job later), so
-this imports neither torch nor ChatTTS, and reads or hashes a file only once per (path, size, mtime).
+The API asks at every submission and the worker at every segment (a missing or corrupt model answers 404 there,
+not as a failed job later), so this imports neither torch nor ChatTTS, and reads or hashes a file only once per
+(path, size, mtime): a check costs one ``stat`` per file while the folder is unchanged.
 """
 
 from __future__ import annotations
@@ -10,11 +11,19 @@ import functools
 import hashlib
 import importlib.util
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from core.registry import AVAILABLE, Availability
-from workers.engines.chattts_assets import ASSET_FILES, find_weights, read_descriptor, where_weights_go
+from workers.engines.chattts_assets import (
+    ASSET_FILES,
+    DESCRIPTOR_NAME,
+    LEGACY_DESCRIPTOR_NAME,
+    find_weights,
+    read_descriptor,
+    where_weights_go,
+)
 from workers.engines.errors import EngineLoadError
 
 #: A safetensors header larger than this is not one (real ChatTTS headers are a few KB).
@@ -111,6 +120,39 @@ def check_weights(
         return Availability(ok=False, reason=str(e))
     except OSError as e:
         return Availability(ok=False, reason=f"cannot read {weights_dir}: {e}")
+    if real_sha256 is not None:  # a map of the caller's own: not worth remembering
+        return _check_root(weights_dir, source, root, hashes=hashes, real_sha256=real_sha256)
+    return _remembered_check(weights_dir, source, root, hashes, _fingerprint(root))
+
+
+#: The files whose state decides a folder's check: its descriptor (either name) and every asset file.
+_CHECKED_FILES = (DESCRIPTOR_NAME, LEGACY_DESCRIPTOR_NAME, *ASSET_FILES.values())
+
+
+def _fingerprint(root: Path) -> tuple[tuple[int, ...] | None, ...]:
+    """Return what ``stat`` says of each checked file (None where absent): a change to any of them changes it."""
+    found: list[tuple[int, ...] | None] = []
+    for rel in _CHECKED_FILES:
+        try:
+            st = os.stat(f"{root}/{rel}")
+        except OSError:
+            found.append(None)
+            continue
+        found.append((st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+    return tuple(found)
+
+
+@functools.lru_cache(maxsize=64)
+def _remembered_check(
+    weights_dir: Path, source: str, root: Path, hashes: bool, fingerprint: tuple[object, ...]
+) -> Availability:
+    """Check a folder once per state of its files (``fingerprint`` is only the cache key)."""
+    return _check_root(weights_dir, source, root, hashes=hashes, real_sha256=None)
+
+
+def _check_root(
+    weights_dir: Path, source: str, root: Path, *, hashes: bool, real_sha256: Mapping[str, str] | None
+) -> Availability:
     try:
         descriptor = read_descriptor(root)
     except (OSError, ValueError) as e:
