@@ -43,3 +43,39 @@ def test_realtime_segments_are_consumed_before_batch_segments_queued_earlier(emp
                 connection.drain_events(timeout=5)
     app.close()
     assert taken == [("listener", 0), ("listener", 1), ("book", 0), ("book", 1), ("book", 2)]
+
+
+def test_a_jobs_segment_tasks_reach_the_broker_in_one_round_trip_in_order(
+    empty_broker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A book's window is 64 tasks: one pipeline for them all, not a round trip each."""
+    import redis
+
+    sent_alone: list[object] = []
+    pipelines: list[int] = []
+    one_by_one, in_one_go = redis.Redis.execute_command, redis.client.Pipeline.execute
+
+    def alone(self: redis.Redis, *args: object, **options: object) -> object:
+        if args and args[0] == "LPUSH":
+            sent_alone.append(args)
+        return one_by_one(self, *args, **options)
+
+    def together(self: redis.client.Pipeline, raise_on_error: bool = True) -> list[object]:
+        pipelines.append(len(self.command_stack))
+        return in_one_go(self, raise_on_error)
+
+    monkeypatch.setattr(redis.Redis, "execute_command", alone)
+    monkeypatch.setattr(redis.client.Pipeline, "execute", together)
+    app = create_celery(load_settings(redis_url=empty_broker))
+    celery_enqueue(app)("book", list(range(64)), "batch")
+    monkeypatch.undo()
+    assert sent_alone == [] and pipelines == [64]
+    taken: list[int] = []
+    with app.connection_for_read() as connection:
+        take = lambda body, message: (taken.append(body[0][1]), message.ack())  # noqa: E731
+        consumer = connection.Consumer([Queue("batch")], callbacks=[take], accept=["json"])
+        with consumer:
+            while len(taken) < 64:
+                connection.drain_events(timeout=5)
+    app.close()
+    assert taken == list(range(64))

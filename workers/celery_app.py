@@ -31,12 +31,18 @@ def create_celery(settings: Settings) -> Celery:
 
 
 def celery_enqueue(celery: Celery) -> Enqueue:
-    """Return an Enqueue that sends one small task per segment, carrying ids only."""
+    """Return an Enqueue that sends one small task per segment, carrying ids only.
+
+    A job's tasks go in one Redis round trip: kombu's publish batch (5.7) buffers their LPUSHes in one pipeline and
+    sends them as the batch closes, or none of them when building one fails. A pipeline is not retried, so a broker
+    that fails mid-send fails the enqueue; every caller already treats that as "not enqueued" (the API fails the
+    job with a 503, the janitor keeps its outbox entry, the reconciler tries again).
+    """
 
     def enqueue(job_id: str, indexes: list[int], lane: str, deadlines: Sequence[float] | None = None) -> None:
         now = time.time()
         steps = [0] * len(indexes) if deadlines is None else [priority_step(d, now) for d in deadlines]
-        with celery.producer_or_acquire() as producer:
+        with celery.producer_or_acquire() as producer, producer.batch():
             for index, step in zip(indexes, steps, strict=True):
                 celery.send_task(
                     SYNTHESIZE_TASK,
