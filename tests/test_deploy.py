@@ -3,28 +3,38 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import yaml
 from prometheus_client import REGISTRY
 from pydantic import AliasChoices
 
 import core.metrics  # noqa: F401  (registers the exported metrics)
+from cache.workers import WorkerRegistry
 from celery_config import QUEUES
 from core.apikeys import KeyConfigError, parse_api_keys
 from core.settings import Settings
+from tests.support.databases import spare_database
+from tests.support.servers import RedisServer, free_port
+from workers import probe
 from workers.launch import ALLOCATOR_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 YAML_FILES = sorted([*DEPLOY.rglob("*.yaml"), *DEPLOY.rglob("*.yml")])
 ENV_NAME = re.compile(r"\b(?:TTS_[A-Z0-9_]+|REDIS_URL)\b")
+#: A database of the suite's Redis where no running worker announces itself: the probes see only the tests' beats.
+PROBE_DB = 14
 #: The series names Prometheus sees for each metric type (counters gain _total).
 SERIES_SUFFIXES = {
     "counter": ("_total",),
@@ -255,3 +265,142 @@ print(new_soft, new_hard, hard, gunicorn_conf.worker_connections, gunicorn_conf.
 def test_the_image_leaves_out_secrets_and_local_artifacts() -> None:
     ignored = set((DEPLOY / "Dockerfile.dockerignore").read_text(encoding="utf-8").splitlines())
     assert {"**/.env*", "bench/results", ".hypothesis", ".gpu", ".whl", "**/*.whl"} <= ignored
+
+
+def test_every_command_of_the_image_runs_under_tini_as_pid_1() -> None:
+    dockerfile = (DEPLOY / "Dockerfile").read_text(encoding="utf-8")
+    entrypoint = re.search(r"^ENTRYPOINT (.+)$", dockerfile, re.MULTILINE)
+    assert entrypoint is not None
+    # No -g: SIGTERM goes to the command alone; the worker's model hosts keep serving its drain.
+    assert json.loads(entrypoint.group(1)) == ["/usr/bin/tini", "--", "/usr/local/bin/tts-entrypoint"]
+    assert re.search(r"apt-get install [^\n]*\btini\b", dockerfile)
+    assert "COPY --chmod=0755 deploy/entrypoint.sh /usr/local/bin/tts-entrypoint" in dockerfile
+    ignored = (DEPLOY / "Dockerfile.dockerignore").read_text(encoding="utf-8").splitlines()
+    assert ignored.index("!deploy/entrypoint.sh") > ignored.index("deploy"), "the build context must hold it"
+    # Kubernetes' `command` would replace the ENTRYPOINT; compose's `command` replaces only CMD.
+    for doc in _k8s_docs():
+        if doc["kind"] == "Deployment":
+            for container in doc["spec"]["template"]["spec"]["containers"]:
+                assert "command" not in container and container["args"], doc["metadata"]["name"]
+    for name, service in _compose()["services"].items():
+        if str(service.get("image", "")).startswith("tts-queue:"):
+            assert "entrypoint" not in service, name
+            assert "init" not in service, f"{name}: Docker's init would nest a second one over the image's tini"
+
+
+def test_the_entrypoint_clears_stale_metric_files_then_becomes_the_command(tmp_path: Path) -> None:
+    metrics_dir = tmp_path / "prometheus"
+    metrics_dir.mkdir()
+    for stale in ("counter_7.db", "gauge_livesum_8.db", "histogram_7.db"):  # a dead container's processes
+        (metrics_dir / stale).write_bytes(b"\0" * 16)
+    (metrics_dir / "notes.txt").write_text("not a metric file", encoding="utf-8")
+    command = ["sh", str(DEPLOY / "entrypoint.sh"), "sh", "-c", 'echo $$; ls "$PROMETHEUS_MULTIPROC_DIR"']
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) as child:
+        out, _ = child.communicate(timeout=30)
+    pid, *left = out.split()
+    assert child.returncode == 0
+    assert int(pid) == child.pid, "exec'd: the command is tini's child itself, so tini's SIGTERM reaches it"
+    assert left == ["notes.txt"]
+    unset = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    assert subprocess.run(["sh", str(DEPLOY / "entrypoint.sh"), "true"], env=unset, check=False).returncode == 0
+
+
+def test_the_k8s_api_merges_its_metrics_in_the_emptydir_and_the_worker_in_none() -> None:
+    docs = _k8s()
+    api_pod = docs[("Deployment", "tts-api")]["spec"]["template"]["spec"]
+    api = api_pod["containers"][0]
+    folder = next(item["value"] for item in api["env"] if item["name"] == "PROMETHEUS_MULTIPROC_DIR")
+    mounted = {m["mountPath"]: m["name"] for m in api["volumeMounts"]}
+    volume = next(v for v in api_pod["volumes"] if v["name"] == mounted[folder])
+    assert volume["emptyDir"]["medium"] == "Memory", "outlives a container restart: the entrypoint clears it"
+    worker = docs[("Deployment", "tts-worker")]["spec"]["template"]["spec"]["containers"][0]
+    assert "PROMETHEUS_MULTIPROC_DIR" not in {item["name"] for item in worker["env"]}
+
+
+def test_the_k8s_worker_probes_read_its_heartbeat_and_wait_out_loading_and_draining() -> None:
+    docs = _k8s()
+    pod = docs[("Deployment", "tts-worker")]["spec"]["template"]["spec"]
+    worker = pod["containers"][0]
+    startup, liveness = worker["startupProbe"], worker["livenessProbe"]
+    assert startup["exec"]["command"] == ["python", "-m", "workers.probe", "started"]
+    assert liveness["exec"]["command"] == ["python", "-m", "workers.probe", "live"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] == 600, "model loads take minutes on a cold node"
+    assert (liveness["periodSeconds"], liveness["failureThreshold"], liveness["timeoutSeconds"]) == (20, 3, 10)
+    # The timings assume the default heartbeat: a beat every 2 s, dead after 3 missed (6 s).
+    config = docs[("ConfigMap", "tts-config")]["data"]
+    assert not {"TTS_HEARTBEAT_S", "TTS_HEARTBEAT_MISSES"} & (set(config) | {item["name"] for item in worker["env"]})
+    fields = Settings.model_fields
+    dead_after = fields["heartbeat_s"].default * fields["heartbeat_misses"].default
+    assert liveness["periodSeconds"] > dead_after, "each failure is a separate stretch of missed beats"
+    assert liveness["timeoutSeconds"] > 2 * 3, "the probe's own Redis timeouts (connect, read) fit inside it"
+    # Its segments were handed on once it missed its beats: no 330 s drain for a wedged worker.
+    assert liveness["terminationGracePeriodSeconds"] == 30 < pod["terminationGracePeriodSeconds"]
+    assert "readinessProbe" not in worker, "no Service sends a worker traffic"
+
+
+@pytest.fixture
+def probe_db(redis_server: RedisServer) -> Iterator[str]:
+    with spare_database(redis_server.url, PROBE_DB) as url:
+        yield url
+
+
+def _run_probe(url: str, which: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "REDIS_URL": url}
+    return subprocess.run([sys.executable, "-m", "workers.probe", which], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+
+
+def test_the_worker_probe_passes_once_this_containers_worker_beats_with_its_models_loaded(probe_db: str) -> None:
+    workers = WorkerRegistry(redis.Redis.from_url(probe_db), ttl_s=6)
+    me = f"tts-cpu-{os.getpid()}@{socket.gethostname()}"  # named as workers/__main__.py names a worker
+    assert _run_probe(probe_db, "started").returncode == 1
+    assert _run_probe(probe_db, "live").returncode == 1, "Redis answers, and no beat"
+    workers.beat(me, {"pid": os.getpid(), "loading": ["chattts"]})
+    loading = _run_probe(probe_db, "started")
+    assert (loading.returncode, loading.stdout.strip()) == (1, "still loading chattts")
+    assert _run_probe(probe_db, "live").returncode == 0
+    workers.beat(me, {"pid": os.getpid(), "loading": []})
+    assert _run_probe(probe_db, "started").returncode == 0
+
+
+def test_the_worker_probe_counts_only_fresh_beats_of_this_host_newer_than_their_process(
+    probe_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    workers = WorkerRegistry(redis.Redis.from_url(probe_db), ttl_s=1)
+    workers.beat(f"tts-0-{os.getpid()}@another-pod", {"pid": os.getpid(), "loading": []})
+    assert probe.started(workers, host="this-pod")[0] is False
+    assert probe.live(workers, host="this-pod")[0] is False
+    workers.beat(f"tts-0-{os.getpid()}@this-pod", {"pid": os.getpid(), "loading": []})
+    assert probe.started(workers, host="this-pod")[0] is True
+    assert probe.live(workers, host="this-pod")[0] is True
+    with monkeypatch.context() as patched:  # the beat is a dead container's: its pid now runs a newer process
+        patched.setattr(probe, "started_at", lambda pid: time.time() + 60)
+        assert probe.started(workers, host="this-pod")[0] is False
+        assert probe.live(workers, host="this-pod")[0] is False
+    time.sleep(1.2)  # past the 1 s after which the other workers would count it dead
+    assert probe.live(workers, host="this-pod") == (
+        False,
+        "no heartbeat for over 1 s while Redis answers: the worker counts as dead",
+    )
+
+
+def test_the_liveness_probe_passes_at_once_while_redis_cannot_be_reached() -> None:
+    workers = WorkerRegistry(probe.redis_client(f"redis://127.0.0.1:{free_port()}/0"), ttl_s=6)
+    begun = time.monotonic()
+    assert probe.live(workers, host="this-pod")[0] is True, "a Redis outage must not restart every worker"
+    assert probe.started(workers, host="this-pod")[0] is False
+    assert time.monotonic() - begun < 5, "one try each, well inside the probes' timeoutSeconds (10 s)"
+
+
+def test_the_probe_reads_when_a_process_started() -> None:
+    before = time.time()
+    with subprocess.Popen(["sleep", "30"]) as child:
+        after = time.time()
+        begun = probe.started_at(child.pid)
+        child.kill()
+    assert begun is not None
+    assert before - 1.5 <= begun <= after + 0.5  # /proc/stat's boot time is in whole seconds
+    mine = probe.started_at(os.getpid())
+    assert mine is not None and mine <= begun
+    assert probe.started_at(child.pid) is None, "reaped: no such process"
