@@ -239,7 +239,9 @@ return out
 # Takes one piece of a text stream, checking its seq: the same seq with the same text again is a retry
 # (answered as before, spoken once); with other text, a conflict; past the final piece, or after the stream
 # closed, refused; so is a final piece below a piece already taken ahead of it (the caller said the text goes on
-# past it): CONFLICT with a third element, that piece's seq (``text_top_seq``, the highest seq taken). Returns
+# past it): CONFLICT with a third element, that piece's seq (``text_top_seq``, the highest seq taken). A piece
+# taken once sent again with the same text, now marked final while the stream has no final piece, is the final
+# piece: the mark is taken (TAKEN), its text not a second time. Returns
 # {code, detail}: the code a PieceResult, the detail the seq or count it concerns; a piece
 # taken joins the stream's tail with every piece that now follows it without a gap, and the reply adds the tail,
 # 1 if the final piece is in it, the segments so far and the next seq expected. Only appends to the tail: the
@@ -251,9 +253,13 @@ local open = redis.call('HGET', KEYS[1], 'text_open')
 if not open then return {$PieceResult_NOT_A_STREAM, 0} end
 local seq = tonumber(ARGV[1])
 local earlier = redis.call('HGET', KEYS[2], ARGV[1])
+local marking = false  -- a piece already taken, sent again marked final: only the mark is new
 if earlier then
-  if earlier == ARGV[2] then return {$PieceResult_DUPLICATE, seq} end
-  return {$PieceResult_CONFLICT, seq}
+  if earlier ~= ARGV[2] then return {$PieceResult_CONFLICT, seq} end
+  if ARGV[3] ~= '1' or redis.call('HEXISTS', KEYS[1], 'text_final_seq') == 1 then
+    return {$PieceResult_DUPLICATE, seq}
+  end
+  marking = true
 end
 local final_seq = redis.call('HGET', KEYS[1], 'text_final_seq')
 if final_seq and (seq > tonumber(final_seq) or ARGV[3] == '1') then
@@ -266,12 +272,16 @@ local next_seq = tonumber(redis.call('HGET', KEYS[1], 'text_next_seq') or '0')
 if seq > next_seq + tonumber(ARGV[8]) then return {$PieceResult_TOO_FAR, next_seq} end
 local top = tonumber(redis.call('HGET', KEYS[1], 'text_top_seq') or '-1')
 if ARGV[3] == '1' and seq < top then return {$PieceResult_CONFLICT, seq, top} end
-local chars = tonumber(redis.call('HGET', KEYS[1], 'text_chars') or '0') + tonumber(ARGV[4])
-if chars > tonumber(ARGV[5]) then return {$PieceResult_TOO_LONG, chars} end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-redis.call('EXPIRE', KEYS[2], ARGV[6])
-redis.call('HSET', KEYS[1], 'text_chars', chars, 'text_last_at', ARGV[7])
-if seq > top then redis.call('HSET', KEYS[1], 'text_top_seq', seq) end
+if marking then
+  redis.call('HSET', KEYS[1], 'text_last_at', ARGV[7])
+else
+  local chars = tonumber(redis.call('HGET', KEYS[1], 'text_chars') or '0') + tonumber(ARGV[4])
+  if chars > tonumber(ARGV[5]) then return {$PieceResult_TOO_LONG, chars} end
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+  redis.call('EXPIRE', KEYS[2], ARGV[6])
+  redis.call('HSET', KEYS[1], 'text_chars', chars, 'text_last_at', ARGV[7])
+  if seq > top then redis.call('HSET', KEYS[1], 'text_top_seq', seq) end
+end
 redis.call('ZADD', KEYS[3], ARGV[7], ARGV[9])
 if ARGV[3] == '1' then
   redis.call('HSET', KEYS[1], 'text_final_seq', seq)

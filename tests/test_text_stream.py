@@ -78,6 +78,30 @@ def test_a_retried_piece_is_answered_again_and_spoken_once_and_other_text_under_
     assert late["error"]["reason"] == "after_final", "a done stream still says why: its final piece came before"
 
 
+def test_a_piece_sent_again_marked_final_ends_the_stream_there_and_is_spoken_once(
+    app: Flask, served: FlaskClient
+) -> None:
+    """A client that learns its text is over only after sending its last piece may send that piece again, final."""
+    job = _open(served, "Hello there. ", model="espeak-en")
+    _piece(served, job["id"], 0, "Goodbye.")
+    marked = _piece(served, job["id"], 0, "Goodbye.", final=True)
+    assert marked["duplicate"] is False, "the mark is new: the stream now ends at piece 0"
+    assert _piece(served, job["id"], 0, "Goodbye.", final=True)["duplicate"] is True, "and a retry of it is a retry"
+    assert _piece(served, job["id"], 1, "More?", status=409)["error"]["reason"] == "after_final"
+    done = wait_done(served, job["id"], timeout=10)  # well inside the idle end (TTS_TEXT_STREAM_IDLE_S)
+    assert done["status"] == "done" and done["text_stream"]["end_reason"] == "final"
+    assert _texts(app, job["id"]) == ["Hello there.", "Goodbye."]
+
+
+def test_a_piece_sent_again_marked_final_below_a_piece_taken_ahead_of_it_is_refused(served: FlaskClient) -> None:
+    job = _open(served, model="espeak-en")
+    _piece(served, job["id"], 0, "One. ")
+    _piece(served, job["id"], 1, "Two. ")
+    refused = _piece(served, job["id"], 0, "One. ", final=True, status=409)
+    assert refused["error"]["reason"] == "final_before_taken" and refused["error"]["taken"] == 1
+    served.delete(f"/v1/jobs/{job['id']}")
+
+
 def test_pieces_that_arrive_out_of_order_wait_for_the_gap_and_are_spoken_in_seq_order(
     app: Flask, served: FlaskClient
 ) -> None:
