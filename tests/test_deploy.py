@@ -25,6 +25,7 @@ from celery_config import QUEUES
 from core.apikeys import KeyConfigError, parse_api_keys
 from core.settings import Settings
 from tests.support.databases import spare_database
+from tests.support.processes import wait_for
 from tests.support.servers import RedisServer, free_port
 from workers import probe
 from workers.launch import ALLOCATOR_ENV
@@ -378,11 +379,23 @@ def test_the_worker_probe_counts_only_fresh_beats_of_this_host_newer_than_their_
         patched.setattr(probe, "started_at", lambda pid: time.time() + 60)
         assert probe.started(workers, host="this-pod")[0] is False
         assert probe.live(workers, host="this-pod")[0] is False
-    time.sleep(1.2)  # past the 1 s after which the other workers would count it dead
+    # Past the 1 s after which the other workers would count it dead:
+    wait_for(lambda: not probe.live(workers, host="this-pod")[0], 5, "the beat to age past 1 s")
     assert probe.live(workers, host="this-pod") == (
         False,
         "no heartbeat for over 1 s while Redis answers: the worker counts as dead",
     )
+
+
+def test_the_liveness_probe_fails_a_worker_that_beats_while_its_upkeep_is_stuck(probe_db: str) -> None:
+    workers = WorkerRegistry(redis.Redis.from_url(probe_db), ttl_s=6)
+    me = f"tts-0-{os.getpid()}@this-pod"
+    workers.beat(me, {"pid": os.getpid(), "loading": [], "upkeep_at": time.time() - 5})
+    assert probe.live(workers, host="this-pod") == (True, "alive: beating, upkeep running")
+    workers.beat(me, {"pid": os.getpid(), "loading": [], "upkeep_at": time.time() - probe.UPKEEP_STUCK_S - 30})
+    alive, why = probe.live(workers, host="this-pod")
+    assert not alive and "last upkeep pass ended 210 s ago" in why, why
+    assert probe.started(workers, host="this-pod")[0] is True, "started says nothing of the upkeep"
 
 
 def test_the_liveness_probe_passes_at_once_while_redis_cannot_be_reached() -> None:

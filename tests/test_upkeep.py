@@ -75,6 +75,23 @@ def test_a_broker_publish_failing_in_the_janitors_pass_neither_ends_the_upkeep_n
         client.close()
 
 
+def test_the_heartbeat_says_when_the_last_upkeep_pass_ended_so_a_stuck_upkeep_shows(
+    quiet_url: str, settings_env: dict[str, str]
+) -> None:
+    settings = _settings(quiet_url, settings_env)
+    runtime = _runtime(settings, quiet_url)
+    try:
+        runtime.announce()
+        (before,) = runtime.heartbeats.alive()
+        runtime.look_after({"reconcile": 0.0, "trim": 0.0})
+        runtime.announce()
+        (after,) = runtime.heartbeats.alive()
+        assert before["upkeep_at"] < after["upkeep_at"] <= time.time()
+    finally:
+        runtime.heartbeats.remove("w-upkeep")
+        runtime.backend.close()
+
+
 def test_deliveries_celery_drops_with_its_broker_connection_are_handed_on_and_their_redelivery_is_made(
     quiet_url: str, settings_env: dict[str, str]
 ) -> None:

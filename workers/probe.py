@@ -10,6 +10,7 @@ import argparse
 import os
 import socket
 import sys
+import time
 from typing import Any
 
 import redis
@@ -18,6 +19,10 @@ from redis.retry import Retry
 
 from cache.workers import WorkerRegistry
 from core.settings import load_settings
+
+#: An upkeep pass (janitor, text-stream sweep, reconciler, idle models) ends every TTS_HEARTBEAT_S or so, longer
+#: when a pass has much to hand on; none for this long means its thread is stuck while the heartbeat goes on.
+UPKEEP_STUCK_S = 180.0
 
 
 def redis_client(url: str) -> redis.Redis:
@@ -78,7 +83,14 @@ def live(workers: WorkerRegistry, *, host: str) -> tuple[bool, str]:
     if not beats:
         dead_after = workers.ttl_ms / 1000
         return False, f"no heartbeat for over {dead_after:g} s while Redis answers: the worker counts as dead"
-    return True, "alive: beating"
+    stuck = [beat for beat in beats if time.time() - float(beat.get("upkeep_at", time.time())) > UPKEEP_STUCK_S]
+    if stuck:
+        since = time.time() - min(float(beat["upkeep_at"]) for beat in stuck)
+        return False, (
+            f"beating, but its last upkeep pass ended {since:.0f} s ago (over {UPKEEP_STUCK_S:g} s): "
+            "its janitor, text-stream sweep and reconciler are stuck"
+        )
+    return True, "alive: beating, upkeep running"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -66,6 +66,7 @@ class WorkerRuntime:
     _stop: threading.Event = field(default_factory=threading.Event)
     _loading: list[str] = field(default_factory=list)
     _loader: threading.Thread | None = None
+    _upkept_at: float = field(default_factory=time.time)  # when the last upkeep pass ended (the heartbeat says)
 
     def announce(self) -> None:
         """Write this worker's heartbeat once and refresh the model-pool gauges."""
@@ -85,6 +86,7 @@ class WorkerRuntime:
                 "loading": list(self._loading),
                 "pool": loaded,
                 "mean_batch_size": round(self.backend.batcher.mean_batch_size(), 2),
+                "upkeep_at": round(self._upkept_at, 3),  # a stuck upkeep thread shows (workers/probe.py)
             },
         )
 
@@ -118,6 +120,7 @@ class WorkerRuntime:
             _guarded("reconcile pass", lambda: self.reconciler.run_once(
                 holder=self.hostname, interval_s=self.settings.reconcile_interval_s))  # fmt: skip
         _guarded("idle model reaping", self.backend.pool.reap_idle)
+        self._upkept_at = time.time()
 
     def preload(self) -> None:
         """Start loading the default and pinned models now, each in its own process, while Celery starts."""
