@@ -4,6 +4,8 @@ with a lost broker connection is handed on."""
 from __future__ import annotations
 
 import logging
+import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -20,7 +22,7 @@ from tests.support.servers import RedisServer
 from tests.test_custody import REQUEST, TEXTS
 from workers.__main__ import forget_dropped_deliveries
 from workers.celery_app import celery_enqueue, create_celery
-from workers.runtime import WorkerRuntime, build_runtime
+from workers.runtime import REDIS_TIMEOUT_S, WorkerRuntime, build_runtime, job_store_client
 
 UPKEEP_DB = 12
 
@@ -118,3 +120,26 @@ def test_deliveries_celery_drops_with_its_broker_connection_are_handed_on_and_th
     finally:
         runtime.backend.close()
         client.close()
+
+
+def test_a_workers_call_to_a_job_store_that_stopped_answering_fails_within_its_timeout_instead_of_hanging(
+    quiet_url: str, settings_env: dict[str, str]
+) -> None:
+    """A connection a network fault left half-open: without a timeout the heartbeat's or a task's thread hung."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    threading.Thread(target=lambda: accepted.append(silent.accept()[0]), daemon=True).start()
+    client = job_store_client(f"redis://127.0.0.1:{silent.getsockname()[1]}/0", timeout_s=1.0)
+    began = time.monotonic()
+    with pytest.raises(redis.TimeoutError):
+        client.ping()  # connected, and never answered
+    assert time.monotonic() - began < 5 and len(accepted) == 1
+    client.close()
+    for held in (*accepted, silent):
+        held.close()
+    runtime = _runtime(_settings(quiet_url, settings_env), quiet_url)
+    try:
+        options = runtime.store.redis.connection_pool.connection_kwargs
+        assert options["socket_timeout"] == REDIS_TIMEOUT_S and options["socket_keepalive"] is True
+    finally:
+        runtime.backend.close()

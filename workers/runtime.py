@@ -47,6 +47,12 @@ from workers.segment import SegmentSynthesizer
 
 log = logging.getLogger(__name__)
 
+#: A worker's own Redis calls (the broker's are kombu's) answer or fail within this. Without it, a connection a
+#: network fault left half-open blocked its thread for good: the heartbeat's (the worker then looked dead while it
+#: worked), the upkeep's, or a task's. Far above the longest blocking read a worker makes (the arrivals' 250 ms
+#: XREAD) and any script it runs.
+REDIS_TIMEOUT_S = 30.0
+
 
 @dataclass
 class WorkerRuntime:
@@ -265,9 +271,18 @@ def _janitor(
     )
 
 
+def job_store_client(url: str, *, timeout_s: float = REDIS_TIMEOUT_S) -> redis.Redis:
+    """Return the worker's client of the job store: every call answers or raises (a RedisError) within
+    ``timeout_s``, and a dead peer is found by TCP keepalive while the connection idles."""
+    return redis.Redis.from_url(
+        url, health_check_interval=30, socket_timeout=timeout_s, socket_connect_timeout=min(10.0, timeout_s),
+        socket_keepalive=True,
+    )  # fmt: skip
+
+
 def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> WorkerRuntime:
     """Wire a worker's dependencies from the settings."""
-    client = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
+    client = job_store_client(settings.redis_url)
     check_no_eviction(client)
     shared = _Shared(
         client=client,
