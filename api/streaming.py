@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from cache.jobstore import JobStore
+from cache.records import JobStatus
 from core.audio import StreamEncoder
 
 KEEPALIVE_S = 15.0
@@ -54,7 +55,9 @@ def follow(
             yield Ready(index, known)
             index += 1
         if index >= total and not record.text_open:  # an open text stream may still grow
-            yield Ended("done", None)
+            # Every segment is out; a job that ended otherwise says how (a text stream with nothing to speak fails).
+            ended_otherwise = record.status.terminal and record.status is not JobStatus.DONE
+            yield Ended(record.status.value, record.error) if ended_otherwise else Ended("done", None)
             return
         if record.status.terminal:
             yield Ended(record.status.value, record.error)

@@ -240,6 +240,9 @@ def test_a_stream_whose_final_piece_is_all_it_got_fails_and_says_it_ended_at_its
     ended = served.get(f"/v1/jobs/{job['id']}").get_json()
     assert ended["status"] == "failed" and "nothing a voice can speak" in ended["error"]
     assert ended["text_stream"] == {"open": False, "next_seq": 1, "end_reason": "final"}
+    events = served.get(f"/v1/jobs/{job['id']}/events").get_data(as_text=True)
+    assert "event: failed\n" in events and "nothing a voice can speak" in events, "its followers hear it failed"
+    assert "event: done" not in events, events
 
 
 def test_a_stream_left_idle_without_any_text_fails_and_says_it_was_idle(app: Flask, served: FlaskClient) -> None:
