@@ -7,6 +7,7 @@ its gevent worker in the master for the "gevent" class too; nothing is patched u
 
 from __future__ import annotations
 
+import errno
 import html
 import json
 import os
@@ -42,6 +43,17 @@ class _Written:
 class JsonErrorWorker(GeventWorker):  # type: ignore[misc]
     """gunicorn's gevent worker, whose own refusals (a request line or headers too large, a malformed request)
     are the JSON error every other answer uses, with the same status, instead of an HTML page."""
+
+    def handle_request(self, listener_name: Any, req: Any, sock: Any, addr: Any) -> Any:
+        """Serve one request; a write that timed out (a held response whose client took nothing for the API's
+        stream_write_timeout_s, api/holds.py) ends the connection with one log line, as a client's reset does,
+        rather than gunicorn's "Socket error" traceback."""
+        try:
+            return super().handle_request(listener_name, req, sock, addr)
+        except TimeoutError:
+            peer = addr[0] if addr else "?"
+            self.log.info("closed the connection of %s: it took nothing of its response in time", peer)
+            raise OSError(errno.EPIPE, "the client stopped reading") from None
 
     def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
         written = _Written()

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import redis
-from flask import Response, stream_with_context
+from flask import Response, has_request_context, request, stream_with_context
 
 from cache.streams import CallerStreams
 from core.errors import ServiceUnavailable, TooManyRequests
@@ -23,6 +23,9 @@ T = TypeVar("T")
 
 #: Seconds a refused caller is told to wait: a slot frees the moment one of its streams closes.
 RETRY_AFTER_S = 5
+#: A held response goes out in pieces of at most this many bytes, each of which must be taken by the client within
+#: ``write_timeout_s`` (the socket's timeout): a client that takes less than that is dropped, and its slot freed.
+WRITE_PIECE_BYTES = 64 * 1024
 
 
 class Hold:
@@ -32,6 +35,7 @@ class Hold:
         self._holds = holds
         self.caller = caller
         self.slot = slot
+        self.write_timeout_s = holds.write_timeout_s
         self._renewed = time.monotonic()
         self._released = False
 
@@ -67,11 +71,14 @@ class Hold:
 class StreamHolds:
     """Admit held requests: at most ``per_caller`` per caller across processes, ``per_process`` in this one."""
 
-    def __init__(self, streams: CallerStreams, *, per_caller: int, per_process: int, ttl_s: float) -> None:
+    def __init__(
+        self, streams: CallerStreams, *, per_caller: int, per_process: int, ttl_s: float, write_timeout_s: float = 30.0
+    ) -> None:
         self.streams = streams
         self.per_caller = per_caller
         self.per_process = per_process
         self.ttl_s = ttl_s
+        self.write_timeout_s = write_timeout_s
         self._lock = threading.Lock()
         self._open = 0
 
@@ -121,12 +128,22 @@ class StreamHolds:
 
 
 def held(hold: Hold, chunks: Iterable[T]) -> Iterator[T]:
-    """Yield the chunks, renewing the hold at each; give it back when they end or the client leaves."""
+    """Yield the chunks, renewing the hold at each; give it back when they end or the client leaves.
+
+    Every chunk renews: each was taken by the client before the server asked for the next (a write that stalls
+    ends the response at the socket's timeout), and an empty one is a growing stream's idle turn, taken after it
+    looked that its client is still connected. A chunk over ``WRITE_PIECE_BYTES`` goes out in pieces of that size.
+    """
     try:
         for chunk in chunks:
-            if chunk:  # an empty chunk is never written, so it cannot show that the client is still there
-                hold.keep()
-            yield chunk
+            hold.keep()
+            if isinstance(chunk, bytes) and len(chunk) > WRITE_PIECE_BYTES:
+                view = memoryview(chunk)
+                for start in range(0, len(chunk), WRITE_PIECE_BYTES):
+                    yield view[start : start + WRITE_PIECE_BYTES].tobytes()  # type: ignore[misc]
+                    hold.keep()
+            else:
+                yield chunk
     finally:  # GeneratorExit too: the server closes the body when a write to a departed client fails
         hold.release()
         close = getattr(chunks, "close", None)
@@ -135,8 +152,16 @@ def held(hold: Hold, chunks: Iterable[T]) -> Iterator[T]:
 
 
 def held_response(hold: Hold, chunks: Iterable[Any], **response: Any) -> Response:
-    """Return a streamed response whose hold is given back however it ends, even if it never starts."""
+    """Return a streamed response whose hold is given back however it ends, even if it never starts.
+
+    Under gunicorn, each write to its client must finish within the holds' ``write_timeout_s``: a client that stops
+    reading (but keeps its connection open) is dropped then, rather than hold its connection, its greenlet and,
+    once its unrenewed slot lapsed, none of its caller's quota, for good.
+    """
     try:
+        sock = request.environ.get("gunicorn.socket") if has_request_context() else None
+        if sock is not None:
+            sock.settimeout(hold.write_timeout_s)
         answer = Response(stream_with_context(held(hold, chunks)), **response)
     except BaseException:
         hold.release()

@@ -32,6 +32,12 @@ class ApiSettings(BaseSettings):
         description="An idle event stream sends a keep-alive this often; a client that left is noticed at the "
         "next one, and its stream slot freed.",
     )
+    stream_write_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="A stream, download or voice socket whose client takes nothing of what is sent for this long "
+        "(each 64 KB piece must go out within it) is closed, and its slot freed.",
+    )
     api_redis_connections: int = Field(
         100,
         ge=4,

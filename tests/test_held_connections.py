@@ -386,3 +386,57 @@ def test_a_long_download_holds_a_few_segments_in_memory_never_the_file(app: Flas
     # A few segments (the one read, its decoded PCM, its encoded bytes, garbage the collector has not reached
     # yet), never the file's 120: measured 4 to 9 segments' worth.
     assert peak < 12 * segment_bytes, f"{fmt}: peak {peak} bytes for a {segments * segment_bytes}-byte job"
+
+
+# --- held responses whose client stops taking them -------------------------------------------------------------
+
+WRITE_TIMEOUT_S = 2.0  # shortened from 30 s, and the long-poll limit from 30 s to 2 s (slots lapse after 14 s)
+
+
+@pytest.fixture(scope="module")
+def impatient_api(settings_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiProcess]:
+    """The make run gunicorn with a short write timeout and short slot lapses, so that both show in seconds."""
+    env = {**settings_env, "TTS_STREAM_WRITE_TIMEOUT_S": str(WRITE_TIMEOUT_S), "TTS_MAX_WAIT_S": "2",
+           "TTS_STREAM_KEEPALIVE_S": "1"}  # fmt: skip
+    server = ApiProcess(env, tmp_path_factory.mktemp("impatient") / "gunicorn.log", processes=1)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_stalled_growing_stream_renews_its_slot_at_its_idle_turns_so_the_callers_limit_keeps_counting_it(
+    impatient_api: ApiProcess, redis_client: redis.Redis
+) -> None:
+    store = JobStore(redis_client, ttl=600)
+    job_id = store.create(_request(), ["made", "never made"], pending=[1])
+    store.write_segment(job_id, 0, _tone(0), sample_rate=RATE, meta={"duration_s": round(SEGMENT_SAMPLES / RATE, 4)})
+    caller = "127.0.0.81"
+    stream = RawStream(impatient_api.port, f"/v1/jobs/{job_id}/audio", source=caller)
+    assert stream.status == 200
+    slots = keys.streams(f"ip-{caller}")
+    ((slot, lapses_at),) = redis_client.zrange(slots, 0, -1, withscores=True)
+    # Nothing is written while segment 1 never comes; the slot must still be renewed before it lapses (14 s).
+    wait_for(lambda: (redis_client.zscore(slots, slot) or 0) > lapses_at, 12, "the idle stream to renew its slot")
+    stream.close()
+    wait_for(lambda: _slots(redis_client, caller) == 0, 10, "the slot given back once the client left")
+    store.cancel(job_id)
+
+
+def test_a_client_that_stops_taking_a_download_is_dropped_after_the_write_timeout_and_its_slot_freed(
+    impatient_api: ApiProcess, redis_client: redis.Redis
+) -> None:
+    store = JobStore(redis_client, ttl=600)
+    job_id = _finished_job(store, "wav", segments=6, samples=60 * RATE)  # a 17 MB file: more than the buffers hold
+    caller = "127.0.0.82"
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: the window stays small
+    sock.bind((caller, 0))
+    sock.connect(("127.0.0.1", impatient_api.port))
+    sock.sendall(f"GET /v1/jobs/{job_id}/audio HTTP/1.1\r\nHost: test\r\n\r\n".encode())
+    wait_for(lambda: _slots(redis_client, caller) == 1, 10, "the download to hold its slot")
+    # It reads nothing more: the server's writes stall, and the connection ends after the write timeout.
+    wait_for(lambda: _slots(redis_client, caller) == 0, 30, "the stalled download's slot given back")
+    assert "took nothing of its response in time" in impatient_api.log_tail()
+    sock.close()
