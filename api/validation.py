@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
 from typing import IO, Any, TypeVar
 
-import gevent
 from flask import Request, Response, after_this_request
-from gevent import monkey
 from gunicorn.http.errors import NoMoreData, ParseException
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 from werkzeug.wsgi import get_input_stream
 
 from api.contract import allowed_fields
+from api.timeouts import within
 from core.errors import BadRequest, PayloadTooLarge, RequestTimeout, UnsupportedMediaType, ValidationFailed
 
 Body = TypeVar("Body", bound=BaseModel)
@@ -62,7 +60,7 @@ def _read(stream: IO[bytes], size: int) -> bytes:
     """Return up to ``size`` bytes of the body, or raise 400 for one that is malformed, 408 for one that stops
     arriving."""
     try:
-        with _time_limit(BODY_WAIT_S):
+        with within(BODY_WAIT_S, "the request body"):
             return stream.read(size)
     except TimeoutError as e:
         raise RequestTimeout(f"request body did not arrive within {BODY_WAIT_S:g} s; send it whole, at once") from e
@@ -95,23 +93,9 @@ def _drain(stream: IO[bytes]) -> None:
     """Read and drop the rest of the body, at most ``DRAIN_MAX_BYTES`` of it and for at most ``DRAIN_MAX_S``."""
     left = DRAIN_MAX_BYTES
     # The answer is out: a body that breaks off, stalls or is malformed now only ends the connection.
-    with contextlib.suppress(OSError, ParseException), _time_limit(DRAIN_MAX_S):
+    with contextlib.suppress(OSError, ParseException), within(DRAIN_MAX_S, "the rest of the body"):
         while left > 0 and (chunk := stream.read(min(DRAIN_STEP, left))):
             left -= len(chunk)
-
-
-@contextlib.contextmanager
-def _time_limit(seconds: float) -> Iterator[None]:
-    """Raise TimeoutError in a read of the body still waiting ``seconds`` from now (under gevent, as served)."""
-    # Only a gevent timeout bounds the whole read: a socket timeout starts again with each byte a client trickles
-    # in. It raises an Exception, not gevent's own Timeout (a BaseException), so that gunicorn marks the body
-    # failed and closes the connection after the answer rather than wait for the rest. Outside gevent (Flask's
-    # test client, the tests' threaded server) nothing could interrupt the read, and nothing is armed.
-    if not monkey.is_module_patched("socket"):
-        yield
-        return
-    with gevent.Timeout(seconds, TimeoutError(f"the body did not arrive within {seconds:g} s")):
-        yield
 
 
 def _field(error: ErrorDetails) -> str:

@@ -21,11 +21,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import socket
 import threading
 from typing import Any
 
 import redis
-from flask import Blueprint, Flask, g
+from flask import Blueprint, Flask, g, request
 from flask_sock import Sock
 from pydantic import ValidationError
 from simple_websocket import ConnectionClosed, Server
@@ -35,6 +36,7 @@ from api.jobs import cancel
 from api.services import Services, services
 from api.streaming import Ended, Idle, follow
 from api.text_pieces import refuse_piece
+from api.timeouts import within
 from api.validation import contract_error
 from core.audio import encode
 from core.errors import BadRequest, NotFound, ServiceError, ServiceUnavailable, ValidationFailed
@@ -50,6 +52,46 @@ MAX_MESSAGE_BYTES = 1 << 20
 #: After the final piece, how often the connection looks whether its follower has sent the job's end (a client that
 #: hangs up is noticed at once).
 FOLLOW_CHECK_S = 0.5
+
+
+class _WholeWrites:
+    """The client's socket as simple-websocket writes to it: each write whole, one at a time, and bounded.
+
+    simple-websocket sends a frame with one ``send`` and drops what a full send buffer did not take: under gevent a
+    client that read slower than its audio came got frames cut short and the rest of its stream misread as frames
+    (found by a black-box probe; the job said done, nothing was logged). Here each write is a ``sendall``, under a
+    lock (simple-websocket's reader answers pings from its own greenlet while the follower sends audio), and must
+    finish within ``timeout_s``: a client that takes nothing for that long has its connection shut (a frame may be
+    half out), which ends the socket, and its job is canceled.
+    """
+
+    def __init__(self, sock: socket.socket, timeout_s: float) -> None:
+        self._sock = sock
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+
+    def send(self, data: bytes) -> int:
+        with self._lock:
+            try:
+                with within(self._timeout_s, "a write to the voice socket's client"):
+                    self._sock.sendall(data)
+            except TimeoutError:
+                with contextlib.suppress(OSError):
+                    self._sock.shutdown(socket.SHUT_RDWR)
+                raise
+        return len(data)
+
+    def __getattr__(self, name: str) -> Any:  # fileno, recv, close: the socket's own
+        return getattr(self._sock, name)
+
+
+@bp.before_request
+def _whole_writes() -> None:
+    """Have the voice socket's frames written whole (before Flask-Sock's Server takes the connection's socket)."""
+    for key in ("gunicorn.socket", "werkzeug.socket"):
+        sock = request.environ.get(key)
+        if sock is not None and not isinstance(sock, _WholeWrites):
+            request.environ[key] = _WholeWrites(sock, services().settings.stream_write_timeout_s)
 
 
 class _Socket:
@@ -159,6 +201,8 @@ def _follow(svc: Services, job_id: str, out: _Socket) -> None:
             out.audio(event.index, meta.get("duration_s"), audio)
     except ConnectionClosed:
         return
+    except OSError as e:  # the client reset the connection, or took nothing for stream_write_timeout_s
+        log.info("voice socket of job %s: its audio could not be sent (%s); the connection ends", job_id, e)
 
 
 def _open(svc: Services, first: dict[str, Any]) -> str:
@@ -202,7 +246,9 @@ def voice_socket(ws: Server) -> None:
                 ws.receive(timeout=FOLLOW_CHECK_S)
                 hold.keep()
     except ConnectionClosed as e:
-        log.info("voice socket of job %s closed by its client (%s)", job_id, e)
+        log.info("voice socket of job %s closed (%s)", job_id, e)
+    except OSError as e:  # a send to a client that reset the connection, or took nothing for too long
+        log.info("voice socket of job %s ended: %s", job_id, e)
     except redis.RedisError as e:
         log.warning("voice socket of job %s: the job store is unavailable (%s)", job_id, e)
         _send_error(out, ServiceUnavailable("the job store is unavailable; retry shortly", retry_after=1))

@@ -440,3 +440,34 @@ def test_a_client_that_stops_taking_a_download_is_dropped_after_the_write_timeou
     wait_for(lambda: _slots(redis_client, caller) == 0, 30, "the stalled download's slot given back")
     assert "took nothing of its response in time" in impatient_api.log_tail()
     sock.close()
+
+
+def test_a_voice_socket_whose_client_reads_nothing_is_closed_after_the_write_timeout_and_its_job_canceled(
+    impatient_api: ApiProcess, worker: WorkerProcess, redis_client: redis.Redis
+) -> None:
+    from wsproto import ConnectionType, WSConnection
+    from wsproto.events import AcceptConnection, Message, Request, TextMessage
+
+    caller = "127.0.0.83"
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.bind((caller, 0))
+    sock.connect(("127.0.0.1", impatient_api.port))
+    client = WSConnection(ConnectionType.CLIENT)
+    sock.sendall(client.send(Request(host="test", target="/v1/jobs/stream")))
+    text = " ".join(f"Sentence number {i} is here, and it is long enough to take a while." for i in range(200))
+    job_id = None
+    while job_id is None:  # read as far as the job's id, then nothing more
+        client.receive_data(sock.recv(4096))
+        for event in client.events():
+            if isinstance(event, AcceptConnection):
+                sock.sendall(client.send(Message(data='{"model": "espeak-en", "format": "wav"}')))
+            elif isinstance(event, TextMessage) and event.data.startswith('{"type": "job"'):
+                job_id = json.loads(event.data)["id"]
+    for message in (text, '{"final": true}'):
+        sock.sendall(client.send(Message(data=message)))
+    assert _slots(redis_client, caller) == 1
+    # It reads nothing more: the server's sends stall once the buffers are full, and the write timeout ends it.
+    wait_for(lambda: _slots(redis_client, caller) == 0, 60, "the stalled socket's slot given back")
+    wait_for(lambda: redis_client.hget(keys.job(job_id), "status") == b"canceled", 10, "its job canceled")
+    sock.close()

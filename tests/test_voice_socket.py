@@ -191,3 +191,53 @@ def test_hanging_up_after_the_final_piece_cancels_the_job_still_being_made(
     made = int(redis_client.hget(keys.job(job_id), "segments_done") or 0)
     total = int(redis_client.hget(keys.job(job_id), "segments_total") or 0)
     assert made < total, f"all {total} segments were made for nobody"
+
+
+def test_a_client_that_reads_slower_than_its_audio_comes_gets_every_frame_whole(
+    gunicorn_api: ApiProcess, worker: WorkerProcess
+) -> None:
+    """The server's sends fill its buffers and wait: a frame is never cut short (the stream then misread)."""
+    import socket
+    import time
+
+    from wsproto import ConnectionType, WSConnection
+    from wsproto.events import AcceptConnection, BytesMessage, Message, Request, TextMessage
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: the window stays small
+    sock.settimeout(60)
+    sock.connect(("127.0.0.1", gunicorn_api.port))
+    client = WSConnection(ConnectionType.CLIENT)
+    sock.sendall(client.send(Request(host="test", target="/v1/jobs/stream")))
+    text = " ".join(f"Sentence number {i} is here, and it is long enough to take a while." for i in range(50))
+    opened = False
+    events: list[dict[str, Any]] = []
+    frames: list[bytes] = []
+    part_text, part_bytes = "", b""
+    while not events or events[-1]["type"] not in ("done", "failed", "canceled", "error"):
+        data = sock.recv(2048)
+        assert data, f"the server closed the connection; so far {events[-3:]}"
+        client.receive_data(data)
+        for event in client.events():
+            if isinstance(event, AcceptConnection) and not opened:
+                opened = True
+                for message in ('{"model": "espeak-en", "format": "wav"}', text, '{"final": true}'):
+                    sock.sendall(client.send(Message(data=message)))
+            elif isinstance(event, TextMessage):  # wsproto hands a message over in parts as they arrive
+                part_text += event.data
+                if event.message_finished:
+                    events.append(json.loads(part_text))  # a frame misread as text would not parse
+                    part_text = ""
+            elif isinstance(event, BytesMessage):
+                part_bytes += event.data
+                if event.message_finished:
+                    frames.append(part_bytes)
+                    part_bytes = b""
+            else:
+                assert not hasattr(event, "code") or (events[-1:] and events[-1]["type"] == "done"), event
+        time.sleep(0.004)  # about 500 KB/s: slower than the audio comes
+    sock.close()
+    segments = [e for e in events if e["type"] == "segment"]
+    assert events[-1]["type"] == "done" and len(segments) == len(frames) >= 50
+    assert [len(f) for f in frames] == [e["bytes"] for e in segments]
+    assert all(f.startswith(b"RIFF") for f in frames)
