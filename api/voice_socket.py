@@ -47,6 +47,8 @@ bp = Blueprint("voice", __name__)
 sock = Sock()
 #: How long the first message (the job's fields) may take to arrive.
 START_TIMEOUT_S = 30.0
+#: What the opening message must be.
+_OPENING = 'open with a JSON object of POST /v1/jobs\'s fields, such as {"model": "espeak-en"}'
 #: A message larger than this closes the connection (a piece is a few tokens; the opening text at most a job's).
 MAX_MESSAGE_BYTES = 1 << 20
 #: After the final piece, how often the connection looks whether its follower has sent the job's end (a client that
@@ -139,16 +141,25 @@ class _Socket:
             raise ConnectionClosed(message="the voice socket is finished")
 
 
-def _message(raw: str | bytes | None) -> dict[str, Any]:
-    """Parse one client message: a JSON object, or bare text (a piece); raise 400 for one holding a lone surrogate."""
+def _message(raw: str | bytes | None, *, opening: bool = False) -> dict[str, Any]:
+    """Parse one client message: a JSON object, or (after the opening one) bare text, a piece; raise 400 for a
+    binary frame, an opening message that is not a JSON object, a message that starts as a JSON object but is not
+    one (it would be spoken as its source), and one holding a lone surrogate."""
     if raw is None:
         raise ValidationFailed("message", f"no message within {START_TIMEOUT_S:g} s")
-    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    if isinstance(raw, bytes):
+        raise BadRequest("messages are text frames (a JSON object, or the text itself); this one was binary")
+    text = raw
     try:
         found = json.loads(text)
-    except (ValueError, RecursionError):  # not JSON (or nested past the interpreter's limit): the text itself
+    except (ValueError, RecursionError) as e:  # not JSON (or nested past the interpreter's limit)
+        if opening or text.lstrip().startswith("{"):
+            raise BadRequest(f"message is not valid JSON ({e}); {_OPENING if opening else 'send a JSON object'}, "
+                             "or, after the first message, the text itself") from None  # fmt: skip
         return {"text": text}
     if not isinstance(found, dict):
+        if opening:
+            raise BadRequest(f"the first message is not a JSON object; {_OPENING}")
         return {"text": text}
     # A frame's text arrives as decoded UTF-8, so only an escape can carry a surrogate (json.loads takes a lone
     # one, which UTF-8, a frame and Redis cannot carry): look only then, by encoding what was parsed.
@@ -223,7 +234,7 @@ def voice_socket(ws: Server) -> None:
     job_id = None
     try:
         with svc.holds.hold(g.caller) as hold:
-            job_id = _open(svc, _message(ws.receive(timeout=START_TIMEOUT_S)))
+            job_id = _open(svc, _message(ws.receive(timeout=START_TIMEOUT_S), opening=True))
             out.event("job", id=job_id)
             follower = threading.Thread(target=_follow, args=(svc, job_id, out), name=f"ws-{job_id}", daemon=True)
             follower.start()

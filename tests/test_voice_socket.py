@@ -82,6 +82,35 @@ def test_a_voice_socket_answers_a_bad_opening_message_with_the_http_error_body(
     assert events[-1]["error"]["field"] == "speed", events
 
 
+def test_an_opening_message_that_is_not_a_json_object_is_refused_not_spoken(
+    gunicorn_api: ApiProcess, worker: WorkerProcess
+) -> None:
+    """Before, a job opened on the default model and read the malformed JSON aloud."""
+    for opening in ('{"model": "espeak-en", "format": "wav"', "[1, 2, 3]", "Hello there.", b"\x00\x01"):
+        ws = _connect(gunicorn_api)
+        try:
+            ws.send(opening)
+            events, _ = _receive_until_end(ws, timeout=30)
+        finally:
+            _close(ws)
+        assert [e["type"] for e in events] == ["error"], (opening, events)
+        message = events[0]["error"]["message"]
+        assert events[0]["status"] == 400 and ("JSON object" in message or "binary" in message), (opening, events)
+
+
+def test_a_piece_that_starts_as_a_json_object_but_is_not_one_is_refused_and_the_job_canceled(
+    gunicorn_api: ApiProcess, worker: WorkerProcess, redis_client: Any
+) -> None:
+    ws, job_id = _opened(gunicorn_api)
+    try:
+        ws.send('{"text": "Hello.", "final": tru}')
+        events, _ = _receive_until_end(ws, timeout=30)
+    finally:
+        _close(ws)
+    assert events[-1]["type"] == "error" and "not valid JSON" in events[-1]["error"]["message"], events
+    assert _ended_status(redis_client, job_id, timeout=10) == "canceled"
+
+
 def test_a_voice_socket_closed_by_its_client_mid_text_cancels_its_job(
     gunicorn_api: ApiProcess, worker: WorkerProcess, redis_client: Any
 ) -> None:
