@@ -156,10 +156,16 @@ class TextStreams:
             if record is None or record.status.terminal or not record.text_open:
                 self.redis.zrem(keys.TEXT_STREAMS, job_id)
                 continue
+            last_raw, tail_chars = self._last_and_tail(job_id)
+            last = float(last_raw or record.created_at)
+            if not tail_chars and now - last < self.idle_s:
+                # Nothing to flush: due again only when it would end idle (a piece brings it back sooner), so that
+                # streams opened and left empty do not take the turns of those with a sentence waiting.
+                self.redis.zadd(keys.TEXT_STREAMS, {job_id: last + self.idle_s - self.flush_s}, gt=True)
+                continue
             # Looked at now: to the back of the index, so that more than a pass's worth of open streams all get
             # their turn (a piece moves it later still; idleness is judged on the record's last piece).
             self.redis.zadd(keys.TEXT_STREAMS, {job_id: now}, gt=True)
-            last = float(self.redis.hget(keys.job(job_id), "text_last_at") or record.created_at)
             if now - last < self.flush_s:
                 continue  # a piece came meanwhile
             try:
@@ -174,6 +180,14 @@ class TextStreams:
             except Exception:  # one stream's fault (its model left the registry, say) must not stop the sweep
                 log.exception("text stream %s: its idle pass failed", job_id)
         return counts
+
+    def _last_and_tail(self, job_id: str) -> tuple[bytes | None, int]:
+        """Return when the stream's last piece came (raw) and how many bytes its tail holds, in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hget(keys.job(job_id), "text_last_at")
+        pipe.hstrlen(keys.job(job_id), "text_tail")
+        last, tail_bytes = pipe.execute()
+        return last, int(tail_bytes)
 
     @contextlib.contextmanager
     def _locked(self, job_id: str) -> Iterator[None]:

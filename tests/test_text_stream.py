@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import pytest
+import redis
 from flask import Flask
 from flask.testing import FlaskClient
 
@@ -328,3 +329,41 @@ def test_a_piece_taken_while_an_idle_stream_is_being_closed_is_spoken(
     done = wait_done(served, job["id"])
     assert done["status"] == "done" and done["text_stream"]["end_reason"].startswith("idle")
     assert _texts(app, job["id"]) == ["An unfinished thought"], "so it is spoken"
+
+
+STREAMS_DB = 11  # a database of the suite's Redis that no worker sweeps: only this test's passes run
+
+
+def test_streams_opened_and_left_empty_do_not_delay_the_flush_of_one_with_a_sentence_waiting(
+    settings_env: dict[str, str],
+) -> None:
+    """Before, every open stream took a turn of each pass (200 a pass): 1,500 empty ones put a waiting sentence's
+    idle cut-off at 18 s instead of 1.5 s (a black-box probe). An empty stream is now due only at its idle end."""
+    from cache.workers import WorkerRegistry
+    from tests.support.databases import spare_database
+    from tests.test_admission import _app_on
+
+    with spare_database(settings_env["REDIS_URL"], STREAMS_DB) as url:
+        client = redis.Redis.from_url(url)
+        WorkerRegistry(client, ttl_s=60).beat("w-absent", {})
+        app = _app_on(url, settings_env)
+        try:
+            served, streams = app.test_client(), app.extensions["tts"].text_streams
+            empties = [_open(served, model="espeak-en")["id"] for _ in range(250)]
+            opened = time.time() - 5  # as if opened 5 s ago: past the idle cut-off, far from the idle end
+            for job_id in empties:
+                client.hset(keys.job(job_id), mapping={"created_at": opened, "text_last_at": opened})
+                client.zadd(keys.TEXT_STREAMS, {job_id: opened})
+            streams.sweep()  # each pass looks at 200 of them
+            streams.sweep()  # and the other 50
+            waiting = _open(served, model="espeak-en")
+            _piece(served, waiting["id"], 0, "An unfinished sentence")
+            counts = streams.sweep(now=time.time() + streams.flush_s + 0.1)  # one pass, past the idle cut-off
+            assert counts["flushed"] == 1 and _texts(app, waiting["id"]) == ["An unfinished sentence"], counts
+            idle = time.time() + streams.idle_s + 0.1
+            ended = [streams.sweep(now=idle)["ended"] for _ in range(2)]
+            assert ended == [200, 51], "the empty ones (and the other, emptied) still end idle, 200 a pass"
+            assert all(served.get(f"/v1/jobs/{job_id}").get_json()["status"] == "failed" for job_id in empties)
+        finally:
+            app.extensions["tts"].close()
+            client.close()
