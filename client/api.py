@@ -23,6 +23,8 @@ SSE_RECONNECTS = 5
 PIECE_ATTEMPTS = 6
 #: The longest pause between two tries of a piece, whatever Retry-After says.
 PIECE_RETRY_MAX_S = 5.0
+#: The most a JSON answer (a job's record, the model list, an error) is read: a larger one is not the service's.
+MAX_ANSWER_BYTES = 1 << 20
 
 
 class TTSClientError(Exception):
@@ -62,7 +64,7 @@ def _error_from(response: requests.Response) -> TTSClientError:
     except (KeyError, ValueError):
         retry_after = None
     try:
-        body = response.json()["error"]
+        body = _answer(response)["error"]
         details = {k: v for k, v in body.items() if k not in ("code", "message")}
         return TTSClientError(
             response.status_code,
@@ -71,10 +73,37 @@ def _error_from(response: requests.Response) -> TTSClientError:
             details=details,
             retry_after=retry_after,
         )
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return TTSClientError(
-            response.status_code, "http_error", response.text[:200] or response.reason, retry_after=retry_after
-        )
+    except (TTSClientError, KeyError, TypeError, AttributeError):
+        return TTSClientError(response.status_code, "http_error", response.reason or "", retry_after=retry_after)
+
+
+def _answer(response: requests.Response) -> dict[str, Any]:
+    """Read a JSON object answer, at most ``MAX_ANSWER_BYTES`` of it; raise TTSClientError (``bad_answer``) for one
+    that is larger, not JSON or not an object: a server that is not the TTS service (or a proxy's page)."""
+    where = f"{response.request.method} {response.url}" if response.request is not None else response.url
+    body = bytearray()
+    try:
+        # An answer built by hand (a test's stand-in) has its body already and no connection to read it from.
+        chunks = [response.content] if response.raw is None else response.iter_content(chunk_size=64 * 1024)
+        for chunk in chunks:
+            body += chunk
+            if len(body) > MAX_ANSWER_BYTES:
+                raise TTSClientError(0, "bad_answer", f"{where}: the answer is over {MAX_ANSWER_BYTES:,} bytes; "
+                                     "is this the TTS service?")  # fmt: skip
+    except requests.RequestException as e:
+        raise TTSClientError(0, "unreachable", f"{where}: the answer broke off: {e}") from e
+    finally:
+        if response.raw is not None:  # one built by hand (a test's stand-in) has no connection to give back
+            response.close()
+    try:
+        found = json.loads(body)
+    except ValueError:
+        found = None
+    if not isinstance(found, dict):
+        kind = response.headers.get("Content-Type", "no content type")
+        raise TTSClientError(0, "bad_answer", f"{where}: the answer is not a JSON object ({kind}); "
+                             "is this the TTS service?")  # fmt: skip
+    return found
 
 
 def is_open_stream(job: dict[str, Any]) -> bool:
@@ -132,20 +161,20 @@ class TTSClient:
                 self._url(path),
                 headers=self._headers(headers),
                 timeout=(self.timeout, self.timeout + read_s),
-                **kwargs,
+                **{"stream": True, **kwargs},  # bodies are read as they are used: JSON ones bounded (_answer)
             )
         except requests.RequestException as e:
             raise TTSClientError(0, "unreachable", f"{method} {self._url(path)} failed: {e}") from e
         if response.status_code >= 400:
-            error = _error_from(response)
-            response.close()
-            raise error
+            raise _error_from(response)  # it reads (and closes) the answer
         return response
 
     def submit(self, text: str, **options: Any) -> dict[str, Any]:
         """Submit ``text`` as a job (options: model, voice, speed, mode, format, priority, seed, cache)."""
         body = {"text": text, **{k: v for k, v in options.items() if v is not None}}
-        job: dict[str, Any] = self._request("POST", "/v1/jobs", json=body).json()
+        job: dict[str, Any] = _answer(self._request("POST", "/v1/jobs", json=body))
+        if not isinstance(job.get("id"), str):
+            raise TTSClientError(0, "bad_answer", f"POST {self._url('/v1/jobs')}: the answer names no job id")
         return job
 
     def open_stream(self, text: str = "", **options: Any) -> TextStream:
@@ -164,7 +193,7 @@ class TTSClient:
         attempt = 1
         while True:
             try:
-                answer: dict[str, Any] = self._request("POST", f"/v1/jobs/{job_id}/text", json=body).json()
+                answer: dict[str, Any] = _answer(self._request("POST", f"/v1/jobs/{job_id}/text", json=body))
                 return answer
             except TTSClientError as e:
                 if e.status not in (0, 503) or attempt >= attempts:
@@ -175,17 +204,17 @@ class TTSClient:
 
     def status(self, job_id: str) -> dict[str, Any]:
         """Return the job's status and progress."""
-        job: dict[str, Any] = self._request("GET", f"/v1/jobs/{job_id}").json()
+        job: dict[str, Any] = _answer(self._request("GET", f"/v1/jobs/{job_id}"))
         return job
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         """Cancel the job; segments not yet made are skipped."""
-        job: dict[str, Any] = self._request("DELETE", f"/v1/jobs/{job_id}").json()
+        job: dict[str, Any] = _answer(self._request("DELETE", f"/v1/jobs/{job_id}"))
         return job
 
     def models(self) -> dict[str, Any]:
         """Return the model registry: the default model and each model's voices."""
-        registry: dict[str, Any] = self._request("GET", "/v1/models").json()
+        registry: dict[str, Any] = _answer(self._request("GET", "/v1/models"))
         return registry
 
     def wait(

@@ -190,12 +190,18 @@ def read_pieces(stream: BinaryIO, size: int = READ_BYTES) -> Iterator[str]:
         def read(n: int) -> bytes:
             return os.read(fd, n)
 
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    while chunk := read(size):
-        if text := decoder.decode(chunk):
-            yield text
-    if tail := decoder.decode(b"", final=True):
-        yield tail
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    taken = 0
+    try:
+        while chunk := read(size):
+            if text := decoder.decode(chunk):
+                yield text
+            taken += len(chunk)
+        if tail := decoder.decode(b"", final=True):
+            yield tail
+    except UnicodeDecodeError as e:
+        raise TTSClientError(0, "bad_input", f"the input is not UTF-8 text (byte {taken + e.start:,}: "
+                             f"{e.reason}); pipe text, not audio or binary data") from None  # fmt: skip
 
 
 def wav_stream_header(sample_rate: int, data_bytes: int | None = None) -> bytes:
@@ -447,7 +453,10 @@ def _run(client: TTSClient, args: argparse.Namespace) -> int:
     try:
         if args.command == "say" and args.stdin:
             fmt = args.format or ("pcm" if str(output) == "-" else output_format(output, None))
-            pieces = read_pieces(args.stdin_stream or sys.stdin.buffer)
+            source = args.stdin_stream or (sys.stdin.buffer if sys.stdin is not None else None)
+            if source is None:
+                raise TTSClientError(0, "bad_input", "standard input is closed: pipe the text to say into --stdin")
+            pieces = read_pieces(source)
             stdout = args.stdout_stream or sys.stdout.buffer
             say_stream(client, pieces, output, fmt=fmt, options=options, log=sys.stderr, stdout=stdout)
         elif args.command == "say":

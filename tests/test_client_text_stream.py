@@ -298,3 +298,18 @@ def test_say_stdin_with_nothing_a_voice_can_speak_fails_with_a_reason(
     assert main(argv, stdin=io.BytesIO(b"")) == 1
     assert "nothing a voice can speak" in capsys.readouterr().err  # the service says so: the job failed
     assert not out.exists()
+
+
+def test_say_stdin_with_input_that_is_not_utf8_text_says_so_exits_1_and_cancels_its_job(
+    base_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, the bytes were spoken as U+FFFD, with no word that the input was not text."""
+    session = RecordingSession()
+    argv = ["say", "--stdin", "-o", str(tmp_path / "out.wav"), "--url", base_url, "--model", "espeak-en"]
+    with session:
+        status = main(argv, session=session, stdin=io.BytesIO(b"Hello there. \xff\xfe and more."))
+    err = capsys.readouterr().err
+    assert status == 1 and "not UTF-8 text (byte 13" in err and "Traceback" not in err, err
+    (job,) = session.jobs
+    with TTSClient(base_url) as client:
+        assert client.status(job["id"])["status"] == "canceled"
