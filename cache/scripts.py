@@ -265,9 +265,11 @@ local final_seq = redis.call('HGET', KEYS[1], 'text_final_seq')
 if final_seq and (seq > tonumber(final_seq) or ARGV[3] == '1') then
   return {$PieceResult_AFTER_FINAL, tonumber(final_seq)}
 end
+-- A stream that closed says so (its end_reason tells why), though its job is over too; an open one whose job is over
+-- was failed or canceled.
+if open ~= '1' then return {$PieceResult_CLOSED, 0} end
 local status = redis.call('HGET', KEYS[1], 'status')
 if status == $DONE or status == $FAILED or status == $CANCELED then return {$PieceResult_OVER, 0} end
-if open ~= '1' then return {$PieceResult_CLOSED, 0} end
 local next_seq = tonumber(redis.call('HGET', KEYS[1], 'text_next_seq') or '0')
 if seq > next_seq + tonumber(ARGV[8]) then return {$PieceResult_TOO_FAR, next_seq} end
 local top = tonumber(redis.call('HGET', KEYS[1], 'text_top_seq') or '-1')

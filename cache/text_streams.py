@@ -271,9 +271,10 @@ class TextStreams:
             max_chars=caps.segment_max_chars,
             first_max_chars=caps.first_segment_max_chars,
             language=language,
-            max_total_chars=max(0, caps.max_text_chars - planned_chars),
-            max_segments=max(0, caps.max_segments - segments),
+            max_total_chars=caps.max_text_chars,
+            max_segments=caps.max_segments,
             planned_chars=planned_chars,
+            planned_segments=segments,
         )
 
     def _write(

@@ -163,6 +163,29 @@ def test_a_stream_may_carry_no_more_text_than_one_job(app: Flask, served: FlaskC
     served.delete(f"/v1/jobs/{job['id']}")
 
 
+def test_a_stream_that_goes_over_the_limit_once_normalised_names_the_limit_itself(
+    app: Flask, served: FlaskClient
+) -> None:
+    """Before, the error named what was left of the limit after the pieces already planned (19,988 of 20,000)."""
+    limit = app.extensions["tts"].settings.max_text_chars
+    job = _open(served, model="espeak-en")
+    assert _piece(served, job["id"], 0, "Hello there. " * 100 + "Then ")["segments_total"] > 0
+    digits = "123456789. " * (limit // 30)  # under the limit as sent, far over it spelled out
+    over = _piece(served, job["id"], 1, digits, status=413)
+    assert over["error"]["limit"] == limit and f"the limit is {limit:,}" in over["error"]["message"], over
+
+
+def test_a_piece_to_a_stream_that_ended_idle_says_the_stream_closed(app: Flask, served: FlaskClient) -> None:
+    """Before, it said the job was over, "failed or canceled", of a job that was done."""
+    streams = app.extensions["tts"].text_streams
+    job = _open(served, model="espeak-en")
+    _piece(served, job["id"], 0, "Hello there.")
+    streams.sweep(now=time.time() + streams.idle_s + 0.1)
+    assert wait_done(served, job["id"])["status"] == "done"
+    late = _piece(served, job["id"], 1, "Late.", status=409)
+    assert late["error"]["reason"] == "closed" and "idle" in late["error"]["message"], late
+
+
 def test_pieces_to_a_job_that_is_no_stream_or_no_piece_at_all_are_refused_with_a_reason(served: FlaskClient) -> None:
     job = submit(served, text="Hello.", model="espeak-en")
     assert _piece(served, job["id"], 0, "More.", status=409)["error"]["message"].startswith("job is not a text stream")

@@ -125,6 +125,7 @@ def plan_segments(
     max_total_chars: int | None = None,
     max_segments: int | None = None,
     planned_chars: int = 0,
+    planned_segments: int = 0,
 ) -> list[str]:
     """Normalise text and cut it into segments, the first one short for a quick start.
 
@@ -133,12 +134,14 @@ def plan_segments(
     cached audio) unchanged. With max_total_chars (normalised characters) or
     max_segments, raise TextOverLimit as soon as the text is certain to be over
     either, so that an input which expands costs no more than the limit.
-    ``planned_chars`` continues a plan: the characters already planned before this text (a text stream's
-    earlier pieces), so the first cap applies only to a job's first segment and the caps keep growing.
+    ``planned_chars`` and ``planned_segments`` continue a plan: what was already planned before this text (a text
+    stream's earlier pieces), so the first cap applies only to a job's first segment, the caps keep growing, and
+    the limits count the whole job (an error states the limit itself, not what was left of it).
     """
     if max_chars < 1 or first_max_chars < 1:
         raise ValueError(f"caps must be positive, got {max_chars} and {first_max_chars}")
-    budget = TextBudget(max_chars=max_total_chars, max_segments=max_segments)
+    budget = TextBudget(max_chars=max_total_chars, max_segments=max_segments, chars=planned_chars,
+                        segments=planned_segments)  # fmt: skip
     packer = _Packer(first_cap=min(first_max_chars, max_chars), cap=max_chars, budget=budget)
     packer.planned_chars = planned_chars
     for paragraph in paragraphs(text):
