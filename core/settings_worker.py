@@ -91,7 +91,9 @@ class WorkerSettings(BaseSettings):
     model_budget_mb: int = Field(
         8192, ge=64, description="Memory all loaded models may hold (GPU memory on CUDA, resident on CPU)."
     )
-    model_idle_s: float = Field(600.0, gt=0, description="Unpinned models idle this long are unloaded.")
+    model_idle_s: float = Field(
+        600.0, gt=0, description="Models idle this long are unloaded, except pinned ones and the default."
+    )
     torch_threads: int = Field(
         0, ge=0, description="CPU threads per model process for torch; 0 keeps torch's default (use 1 on shared CPUs)."
     )

@@ -89,6 +89,7 @@ def test_idle_models_are_unloaded_and_pinned_ones_stay(pool: ModelPool) -> None:
     pool.synthesize(replace(YUE, pinned=True), [SynthesisRequest(text="你好")])
     pid = pool.host_pid("espeak-en")
     assert pool.reap_idle(now=time.monotonic() + 1) == []
+    assert pool.reap_idle(now=time.monotonic() + pool.idle_s + 1, keep={"espeak-en"}) == [], "a worker's default"
     assert pool.reap_idle(now=time.monotonic() + pool.idle_s + 1) == ["espeak-en"]
     assert [m["model"] for m in pool.loaded()] == ["espeak-yue"]
     assert _gone(pid)

@@ -143,3 +143,27 @@ def test_a_workers_call_to_a_job_store_that_stopped_answering_fails_within_its_t
         assert options["socket_timeout"] == REDIS_TIMEOUT_S and options["socket_keepalive"] is True
     finally:
         runtime.backend.close()
+
+
+def test_the_upkeep_unloads_idle_models_but_keeps_the_workers_default_resident(
+    quiet_url: str, settings_env: dict[str, str]
+) -> None:
+    """Before, a default model that was not pinned was unloaded after TTS_MODEL_IDLE_S, and the first request after
+    a quiet spell waited for its load (the README says each worker keeps its default resident)."""
+    from dataclasses import replace as with_changes
+
+    from workers.engines.base import SynthesisRequest
+
+    runtime = _runtime(_settings(quiet_url, settings_env), quiet_url)
+    pool = runtime.backend.pool
+    try:
+        default = runtime.registry.get(None)
+        assert default.name == "espeak-en" and not default.pinned
+        other = with_changes(runtime.registry.get("espeak-yue"), pinned=False)
+        pool.synthesize(default, [SynthesisRequest(text="Hello.")])
+        pool.synthesize(other, [SynthesisRequest(text="你好")])
+        pool.idle_s = 0.0  # both idle at once: what TTS_MODEL_IDLE_S (600 s) does after ten quiet minutes
+        runtime.look_after({"reconcile": time.monotonic(), "trim": time.monotonic()})
+        assert [m["model"] for m in pool.loaded()] == ["espeak-en"]
+    finally:
+        runtime.backend.close()

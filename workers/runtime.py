@@ -125,7 +125,9 @@ class WorkerRuntime:
             last["reconcile"] = now
             _guarded("reconcile pass", lambda: self.reconciler.run_once(
                 holder=self.hostname, interval_s=self.settings.reconcile_interval_s))  # fmt: skip
-        _guarded("idle model reaping", self.backend.pool.reap_idle)
+        # The default model stays, as pinned ones do: it is preloaded so that a first request after a quiet spell
+        # does not wait for a load (seconds for real ChatTTS weights).
+        _guarded("idle model reaping", lambda: self.backend.pool.reap_idle(keep={self.registry.default}))
         self._upkept_at = time.time()
 
     def preload(self) -> None:

@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from typing import Any
 
@@ -157,12 +157,13 @@ class ModelPool:
             host.stop()
         return bool(hosts)
 
-    def reap_idle(self, now: float | None = None) -> list[str]:
-        """Unload models idle longer than ``idle_s``, except pinned ones; return their names."""
+    def reap_idle(self, now: float | None = None, *, keep: Collection[str] = ()) -> list[str]:
+        """Unload models idle longer than ``idle_s``, except pinned ones and those named in ``keep`` (the worker's
+        default, which it preloads to be resident); return their names."""
         now = time.monotonic() if now is None else now
         with self._lock:
             busy = {k[0] for k, h in self._hosts.items() if now - h.last_used <= self.idle_s}
-            idle = sorted({k[0] for k, h in self._hosts.items() if not h.spec.pinned} - busy)
+            idle = sorted({k[0] for k, h in self._hosts.items() if not h.spec.pinned} - busy - set(keep))
         for name in idle:
             if self.unload(name):
                 self.counts["idle_unloads"] += 1
