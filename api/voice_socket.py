@@ -124,7 +124,10 @@ class _Socket:
 
     def error(self, error: ServiceError) -> None:
         body = ErrorBody(error=ErrorDetail(code=error.code, message=error.message, **error.details))
-        self.event("error", status=error.status, **body.model_dump(exclude_none=True))
+        # A WebSocket has no Retry-After header: a refusal to wait says its seconds in the event.
+        retry_after = getattr(error, "retry_after", None)
+        extra = {} if retry_after is None else {"retry_after": retry_after}
+        self.event("error", status=error.status, **extra, **body.model_dump(exclude_none=True))
 
     def finish(self) -> bool:
         """Send nothing more (the follower stops at its next send); say whether the job's end reached the client."""

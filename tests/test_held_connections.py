@@ -103,6 +103,27 @@ class RawStream:
         self.sock.close()
 
 
+def _first_voice_message(port: int, source: str) -> dict[str, Any]:
+    """Open a voice socket from ``source`` with an opening message; return the server's first message."""
+    from wsproto import ConnectionType, WSConnection
+    from wsproto.events import AcceptConnection, Message, Request, TextMessage
+
+    with socket.create_connection(("127.0.0.1", port), timeout=15, source_address=(source, 0)) as sock:
+        client = WSConnection(ConnectionType.CLIENT)
+        sock.sendall(client.send(Request(host="test", target="/v1/jobs/stream")))
+        text = ""
+        while True:
+            client.receive_data(sock.recv(65536))
+            for event in client.events():
+                if isinstance(event, AcceptConnection):
+                    sock.sendall(client.send(Message(data='{"model": "espeak-en"}')))
+                elif isinstance(event, TextMessage):
+                    text += event.data
+                    if event.message_finished:
+                        found: dict[str, Any] = json.loads(text)
+                        return found
+
+
 def _open_events(server: ApiProcess, job_id: str, source: str) -> RawStream:
     stream = RawStream(server.port, f"/v1/jobs/{job_id}/events", source=source)
     if stream.status == 200:
@@ -190,6 +211,9 @@ def test_a_caller_over_its_stream_limit_gets_429_naming_the_limit_until_a_stream
         long_poll = RawStream(gunicorn_api.port, f"/v1/jobs/{job_id}/segments/0?wait=5", source=caller)
         assert long_poll.status == 429  # a long-poll is held too
         long_poll.close()
+        voice = _first_voice_message(gunicorn_api.port, caller)  # and a voice socket: no header, so in the event
+        assert (voice["type"], voice["status"], voice["error"]["code"]) == ("error", 429, "too_many_requests")
+        assert voice["retry_after"] > 0, voice
 
         streams.pop().close()  # noticed at its next keep-alive, which fails to reach the client
 
