@@ -63,4 +63,3 @@ def test_say_against_a_server_that_is_not_the_service_says_so_and_exits_1(
                 "noid": "names no job id", "list": "not a JSON object"}[kind]  # fmt: skip
     assert expected in err, err
     assert time.monotonic() - began < 20
-
