@@ -54,6 +54,13 @@ def _tone(index: int, samples: int = SEGMENT_SAMPLES) -> bytes:
     return (wave * 32767).astype("<i2").tobytes()
 
 
+def _stalled_job(store: JobStore) -> str:
+    """Create a job whose segment 0 is made and whose segment 1 never will be: its audio stream waits, idle."""
+    job_id = store.create(_request(), ["made", "never made"], pending=[1])
+    store.write_segment(job_id, 0, _tone(0), sample_rate=RATE, meta={"duration_s": round(SEGMENT_SAMPLES / RATE, 4)})
+    return job_id
+
+
 def _finished_job(store: JobStore, fmt: str, segments: int, samples: int = SEGMENT_SAMPLES) -> str:
     job_id = store.create(_request(fmt), [f"segment {i}" for i in range(segments)])
     for index in range(segments):
@@ -235,8 +242,7 @@ def test_a_growing_audio_stream_whose_client_left_gives_its_slot_back_while_its_
     gunicorn_api: ApiProcess, redis_client: redis.Redis
 ) -> None:
     store = JobStore(redis_client, ttl=600)
-    job_id = store.create(_request(), ["made", "never made"], pending=[1])
-    store.write_segment(job_id, 0, _tone(0), sample_rate=RATE, meta={"duration_s": round(SEGMENT_SAMPLES / RATE, 4)})
+    job_id = _stalled_job(store)
     caller = "127.0.0.78"
     stream = RawStream(gunicorn_api.port, f"/v1/jobs/{job_id}/audio", source=caller)
     assert stream.status == 200 and _slots(redis_client, caller) == 1
@@ -434,8 +440,7 @@ def test_a_stalled_growing_stream_renews_its_slot_at_its_idle_turns_so_the_calle
     impatient_api: ApiProcess, redis_client: redis.Redis
 ) -> None:
     store = JobStore(redis_client, ttl=600)
-    job_id = store.create(_request(), ["made", "never made"], pending=[1])
-    store.write_segment(job_id, 0, _tone(0), sample_rate=RATE, meta={"duration_s": round(SEGMENT_SAMPLES / RATE, 4)})
+    job_id = _stalled_job(store)
     caller = "127.0.0.81"
     stream = RawStream(impatient_api.port, f"/v1/jobs/{job_id}/audio", source=caller)
     assert stream.status == 200
