@@ -167,3 +167,26 @@ def test_the_upkeep_unloads_idle_models_but_keeps_the_workers_default_resident(
         assert [m["model"] for m in pool.loaded()] == ["espeak-en"]
     finally:
         runtime.backend.close()
+
+
+def test_a_delivery_of_an_ended_job_lets_its_hold_go_so_the_janitor_finds_nothing_stale(
+    quiet_url: str, settings_env: dict[str, str]
+) -> None:
+    """Before, the hold a delivery took was left behind when the job had ended: the janitor warned that the worker
+    held segments it no longer works on, and put them in the outbox only for them to be dropped there."""
+    runtime = _runtime(_settings(quiet_url, settings_env), quiet_url)
+    try:
+        store, synthesizer = runtime.store, runtime.synthesizer
+        canceled, written = store.create(REQUEST, TEXTS), store.create(REQUEST, TEXTS)
+        store.cancel(canceled)
+        store.write_segment(written, 0, b"\0\0", sample_rate=8000, meta={})
+        for job_id in (canceled, written):
+            assert synthesizer.received(job_id, 0)
+            synthesizer.started(job_id, 0)
+            synthesizer.run(job_id, 0)
+            synthesizer.let_go(job_id, 0)
+        assert runtime.janitor.custody.held("w-upkeep") == set()
+        assert runtime.janitor.release_own_stale(time.time()) == 0
+        store.cancel(written)
+    finally:
+        runtime.backend.close()

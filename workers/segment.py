@@ -141,11 +141,14 @@ class SegmentSynthesizer:
         # only when this worker does not know the job yet: a segment's start never reads the whole job).
         known = self._timelines.known(job_id)
         start = self.store.start_segment(job_id, index, worker=self.worker, token=token, known=known)
-        if start.state in (StartState.GONE, StartState.OVER):
+        if start.state is not StartState.GO:
+            # Nothing to make: the hold its delivery took goes now, not as a stale one the janitor must hand on.
+            with contextlib.suppress(redis.RedisError):
+                self.store.release(self.worker, job_id, index)
+            if start.state is StartState.WRITTEN:
+                return Outcome.DUPLICATE
             self._timelines.forget(job_id)  # failed, canceled or finished elsewhere: none of its segments comes here
             return Outcome.SKIPPED
-        if start.state is StartState.WRITTEN:
-            return Outcome.DUPLICATE
         if start.redelivered:
             SEGMENT_REDELIVERIES.inc()
             if self._deliveries_here(keys.segment_member(job_id, index)) > 1:
