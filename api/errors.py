@@ -33,12 +33,19 @@ def error_response(status: int, code: str, message: str, /, **details: Any) -> R
     return response
 
 
+def retry_after_of(error: ServiceError) -> int | None:
+    """Return the seconds a caller is told to wait before trying ``error``'s request again, or None: the
+    Retry-After header over HTTP, the error event's ``retry_after`` on the voice socket."""
+    if isinstance(error, (ServiceUnavailable, TooManyRequests)):
+        return error.retry_after
+    return 1 if error.code == "not_ready" else None
+
+
 def _service_error(error: ServiceError) -> Response:
     response = error_response(error.status, error.code, error.message, **error.details)
-    if isinstance(error, (ServiceUnavailable, TooManyRequests)):
-        response.headers["Retry-After"] = str(error.retry_after)
-    elif error.code == "not_ready":
-        response.headers["Retry-After"] = "1"
+    retry_after = retry_after_of(error)
+    if retry_after is not None:
+        response.headers["Retry-After"] = str(retry_after)
     return response
 
 

@@ -35,9 +35,13 @@ class Hold:
         self._holds = holds
         self.caller = caller
         self.slot = slot
-        self.write_timeout_s = holds.write_timeout_s
         self._renewed = time.monotonic()
         self._released = False
+
+    @property
+    def write_timeout_s(self) -> float:
+        """How long each write of the held response may take (its holds' setting)."""
+        return self._holds.write_timeout_s
 
     def keep(self) -> None:
         """Renew the slot if a third of its ttl has passed (a stream calls this at every chunk)."""

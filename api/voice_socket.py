@@ -32,6 +32,7 @@ from pydantic import ValidationError
 from simple_websocket import ConnectionClosed, Server
 
 from api.contract import ErrorBody, ErrorDetail, JobBody
+from api.errors import retry_after_of
 from api.jobs import cancel
 from api.services import Services, services
 from api.streaming import Ended, Idle, follow
@@ -124,8 +125,7 @@ class _Socket:
 
     def error(self, error: ServiceError) -> None:
         body = ErrorBody(error=ErrorDetail(code=error.code, message=error.message, **error.details))
-        # A WebSocket has no Retry-After header: a refusal to wait says its seconds in the event.
-        retry_after = getattr(error, "retry_after", None)
+        retry_after = retry_after_of(error)  # a WebSocket has no Retry-After header: the event says it
         extra = {} if retry_after is None else {"retry_after": retry_after}
         self.event("error", status=error.status, **extra, **body.model_dump(exclude_none=True))
 

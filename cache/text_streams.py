@@ -152,13 +152,12 @@ class TextStreams:
         counts = {"flushed": 0, "ended": 0}
         for raw in self.redis.zrangebyscore(keys.TEXT_STREAMS, "-inf", now - self.flush_s, start=0, num=200):
             job_id = as_str(raw)
-            record = self.store.get(job_id)
-            if record is None or record.status.terminal or not record.text_open:
+            swept = self._swept(job_id)
+            if swept is None:  # gone, over, or its stream closed
                 self.redis.zrem(keys.TEXT_STREAMS, job_id)
                 continue
-            last_raw, tail_chars = self._last_and_tail(job_id)
-            last = float(last_raw or record.created_at)
-            if not tail_chars and now - last < self.idle_s:
+            last, tail_bytes = swept
+            if not tail_bytes and now - last < self.idle_s:
                 # Nothing to flush: due again only when it would end idle (a piece brings it back sooner), so that
                 # streams opened and left empty do not take the turns of those with a sentence waiting.
                 self.redis.zadd(keys.TEXT_STREAMS, {job_id: last + self.idle_s - self.flush_s}, gt=True)
@@ -181,13 +180,16 @@ class TextStreams:
                 log.exception("text stream %s: its idle pass failed", job_id)
         return counts
 
-    def _last_and_tail(self, job_id: str) -> tuple[bytes | None, int]:
-        """Return when the stream's last piece came (raw) and how many bytes its tail holds, in one round trip."""
+    def _swept(self, job_id: str) -> tuple[float, int] | None:
+        """Return when an open stream's last piece came and how many bytes its tail holds, in one round trip (the
+        tail itself is read only by the planner); None when the job is gone or over, or its stream closed."""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hget(keys.job(job_id), "text_last_at")
+        pipe.hmget(keys.job(job_id), ["status", "text_open", "text_last_at", "created_at"])
         pipe.hstrlen(keys.job(job_id), "text_tail")
-        last, tail_bytes = pipe.execute()
-        return last, int(tail_bytes)
+        (status, open_raw, last_raw, created_raw), tail_bytes = pipe.execute()
+        if status is None or JobStatus(as_str(status)).terminal or open_raw != b"1":
+            return None
+        return float(last_raw or created_raw or 0), int(tail_bytes)
 
     @contextlib.contextmanager
     def _locked(self, job_id: str) -> Iterator[None]:

@@ -83,9 +83,9 @@ def live(workers: WorkerRegistry, *, host: str) -> tuple[bool, str]:
     if not beats:
         dead_after = workers.ttl_ms / 1000
         return False, f"no heartbeat for over {dead_after:g} s while Redis answers: the worker counts as dead"
-    stuck = [beat for beat in beats if time.time() - float(beat.get("upkeep_at", time.time())) > UPKEEP_STUCK_S]
-    if stuck:
-        since = time.time() - min(float(beat["upkeep_at"]) for beat in stuck)
+    now = time.time()
+    since = now - min(float(beat.get("upkeep_at", now)) for beat in beats)  # the oldest upkeep of this container's
+    if since > UPKEEP_STUCK_S:
         return False, (
             f"beating, but its last upkeep pass ended {since:.0f} s ago (over {UPKEEP_STUCK_S:g} s): "
             "its janitor, text-stream sweep and reconciler are stuck"
