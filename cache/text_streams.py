@@ -1,65 +1,41 @@
-"""Jobs whose text arrives in pieces: take each piece in seq order, plan what became speakable, enqueue it.
+"""Jobs whose text arrives in pieces: take each piece in seq order, and let the planner plan what became speakable.
 
 A text stream is a job whose record says ``text_open``. Its pieces are kept by seq (so a retry is recognised
 and spoken once). One script (TAKE_PIECE) checks a piece and joins it, with every piece that now follows
 without a gap, to the record's ``text_tail``: most pieces cost that alone. When the tail holds a safe cut
 (core/text/stream.py: a complete sentence, or past the length cut-off a clause or word boundary that splits no
-number), or the final piece is in, the planner runs under a short per-job lock: it plans the tail up to that
-cut and appends the new segments in one step (APPEND_SEGMENTS, which takes the planned text off the tail's
-front), with their playback deadlines, the first of them enqueued while the job's window has room. The script
-appends nothing when the stream moved since the planner read it (a lapsed lock's other planner appended first, or a
-piece came just before a close): the planner reads it again. ``sweep`` runs in every worker: a tail idle past
-``flush_s`` is planned whole (the idle cut-off), and a stream idle past ``idle_s`` ends with what it has, its record
-saying why (and naming the pieces that waited for a gap that never filled). A stream that ends with nothing to
-speak fails, and says why it ended all the same.
+number), or the final piece is in, the planner (cache/stream_planner.py) plans it under the stream's lock.
+``sweep`` runs in every worker: a tail idle past ``flush_s`` is planned whole (the idle cut-off), and a stream
+idle past ``idle_s`` ends with what it has, its record saying why (and naming the pieces that waited for a gap
+that never filled). A stream that ends with nothing to speak fails, and says why it ended all the same.
 """
 
 from __future__ import annotations
 
-import contextlib
-import enum
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import redis
-from redis.exceptions import LockError
 
 from cache import keys, scripts
 from cache.job_reads import as_str
 from cache.jobstore import JobStore
-from cache.records import JobRecord, JobStatus, PieceResult
+from cache.records import JobStatus, PieceResult
 from cache.schedule import ScheduleBook
-from cache.scripts import AppendResult
+from cache.stream_planner import Advance, Caps, Enqueue, StreamPlanner
 from core.errors import ServiceUnavailable, TextOverLimit
-from core.policy import Lane, SchedulingPolicy
-from core.schedule import timeline
+from core.policy import SchedulingPolicy
 from core.settings import Settings
-from core.text import plan_segments, ready_cut
+from core.text import ready_cut
 
 log = logging.getLogger(__name__)
 
 #: A piece may run this far ahead of the next seq expected (later ones wait for the gap to fill).
 MAX_AHEAD = 256
-#: How long one piece may wait for another piece of its stream to be planned.
-LOCK_WAIT_S = 5.0
-#: How many times a planner reads its stream again when it moved under it, before it leaves the rest to the next
-#: piece or sweep (each time means another planner or piece changed the stream meanwhile, which is rare).
-REPLANS = 3
-
-#: Put segment tasks on a lane's queue (workers/celery_app.Enqueue): job id, indexes, lane, broker deadlines.
-Enqueue = Callable[[str, list[int], str, Sequence[float] | None], None]
-
-
-@dataclass(frozen=True)
-class Caps:
-    """The planning limits a stream shares with a whole job (core settings)."""
-
-    segment_max_chars: int = 120
-    first_segment_max_chars: int = 40
-    max_text_chars: int = 10_000
-    max_segments: int = 2_000
+#: How many idle streams one sweep pass looks at (the rest wait for the next pass, oldest first).
+SWEEP_BATCH = 200
 
 
 @dataclass(frozen=True)
@@ -75,41 +51,32 @@ class PieceAnswer:
     taken_past: int | None = None  # a final piece refused (CONFLICT): the highest seq already taken past it
 
 
-class Advance(enum.Enum):
-    """What one planning pass did to a stream."""
-
-    NOTHING = "nothing"  # nothing was ready, or the stream ended or moved on meanwhile
-    PLANNED = "planned"
-    ENDED = "ended"
-
-
 @dataclass
 class TextStreams:
-    """Take text-stream pieces and plan them into a job's segments; end idle streams."""
+    """Take text-stream pieces and have them planned into a job's segments; end idle streams."""
 
-    store: JobStore
-    book: ScheduleBook
-    policy: SchedulingPolicy
-    enqueue: Enqueue
-    language_of: Callable[[str], str]  # a model's language, for normalisation
-    caps: Caps = field(default_factory=Caps)
-    flush_s: float = 1.5
-    idle_s: float = 30.0
+    planner: StreamPlanner
     pieces_ttl_s: int = 6 * 3600 + 86400
 
     def __post_init__(self) -> None:
-        client = self.store.redis
-        self._take = client.register_script(scripts.TAKE_PIECE)
-        self._append = client.register_script(scripts.APPEND_SEGMENTS)
+        self._take = self.redis.register_script(scripts.TAKE_PIECE)
 
     @property
     def redis(self) -> redis.Redis:
-        return self.store.redis
+        return self.planner.redis
+
+    @property
+    def flush_s(self) -> float:
+        return self.planner.flush_s
+
+    @property
+    def idle_s(self) -> float:
+        return self.planner.idle_s
 
     def first_plan(self, text: str, language: str) -> tuple[list[str], str]:
         """Plan what of a stream's opening text is speakable now; return its segments and the tail kept back."""
-        cut = ready_cut(text, final=False, max_chars=self.caps.first_segment_max_chars)
-        return self._plan(text[:cut], language, planned_chars=0, segments=0), text[cut:]
+        cut = ready_cut(text, final=False, max_chars=self.planner.caps.first_segment_max_chars)
+        return self.planner.plan(text[:cut], language, planned_chars=0, segments=0), text[cut:]
 
     def take(self, job_id: str, *, seq: int, text: str, final: bool, owner: str | None = None) -> PieceAnswer:
         """Take one piece; plan and enqueue what it made speakable. Raise TextOverLimit (413) when the stream's
@@ -120,9 +87,10 @@ class TextStreams:
         Most pieces only join the tail (one script); the stream's lock and the planner run only when the tail
         holds a safe cut, or the final piece.
         """
+        caps = self.planner.caps
         reply = self._take(
             keys=[keys.job(job_id), keys.text_pieces(job_id), keys.TEXT_STREAMS],
-            args=[seq, text, "1" if final else "0", len(text), self.caps.max_text_chars, self.pieces_ttl_s,
+            args=[seq, text, "1" if final else "0", len(text), caps.max_text_chars, self.pieces_ttl_s,
                   f"{time.time():.6f}", MAX_AHEAD, job_id, *(() if owner is None else (owner,))],
         )  # fmt: skip
         result = PieceResult(int(reply[0]))
@@ -130,11 +98,10 @@ class TextStreams:
             taken_past = int(reply[2]) if result is PieceResult.CONFLICT and len(reply) > 2 else None
             return self._answer(job_id, result, seq, int(reply[1]), taken_past)
         tail, final_reached, total, next_seq = as_str(reply[2]), bool(int(reply[3])), int(reply[4]), int(reply[5])
-        cap = self.caps.first_segment_max_chars if total == 0 else self.caps.segment_max_chars
-        if not final_reached and ready_cut(tail, final=False, max_chars=cap) == 0:
+        if not final_reached and ready_cut(tail, final=False, max_chars=caps.segment_cap(total)) == 0:
             return PieceAnswer(result, seq, 0, total, True, next_seq)  # nothing speakable yet: it waits
-        with self._locked(job_id):
-            self._advance(job_id)
+        with self.planner.locked(job_id):
+            self.planner.advance(job_id)
         return self._answer(job_id, result, seq, 0)
 
     def _answer(
@@ -149,27 +116,28 @@ class TextStreams:
     def sweep(self, now: float | None = None) -> dict[str, int]:
         """Plan the tails of streams idle past ``flush_s``; end those idle past ``idle_s``; return the counts."""
         now = time.time() if now is None else now
+        flush_s, idle_s = self.flush_s, self.idle_s
         counts = {"flushed": 0, "ended": 0}
-        for raw in self.redis.zrangebyscore(keys.TEXT_STREAMS, "-inf", now - self.flush_s, start=0, num=200):
+        for raw in self.redis.zrangebyscore(keys.TEXT_STREAMS, "-inf", now - flush_s, start=0, num=SWEEP_BATCH):
             job_id = as_str(raw)
             swept = self._swept(job_id)
             if swept is None:  # gone, over, or its stream closed
                 self.redis.zrem(keys.TEXT_STREAMS, job_id)
                 continue
             last, tail_bytes = swept
-            if not tail_bytes and now - last < self.idle_s:
+            if not tail_bytes and now - last < idle_s:
                 # Nothing to flush: due again only when it would end idle (a piece brings it back sooner), so that
                 # streams opened and left empty do not take the turns of those with a sentence waiting.
-                self.redis.zadd(keys.TEXT_STREAMS, {job_id: last + self.idle_s - self.flush_s}, gt=True)
+                self.redis.zadd(keys.TEXT_STREAMS, {job_id: last + idle_s - flush_s}, gt=True)
                 continue
             # Looked at now: to the back of the index, so that more than a pass's worth of open streams all get
             # their turn (a piece moves it later still; idleness is judged on the record's last piece).
             self.redis.zadd(keys.TEXT_STREAMS, {job_id: now}, gt=True)
-            if now - last < self.flush_s:
+            if now - last < flush_s:
                 continue  # a piece came meanwhile
             try:
-                with self._locked(job_id):
-                    advanced = self._advance(job_id, swept_at=now)
+                with self.planner.locked(job_id):
+                    advanced = self.planner.advance(job_id, swept_at=now)
                 if advanced is not Advance.NOTHING:
                     counts["ended" if advanced is Advance.ENDED else "flushed"] += 1
             except (ServiceUnavailable, TextOverLimit) as e:
@@ -191,147 +159,6 @@ class TextStreams:
             return None
         return float(last_raw or created_raw or 0), int(tail_bytes)
 
-    @contextlib.contextmanager
-    def _locked(self, job_id: str) -> Iterator[None]:
-        """Hold the stream's lock: one piece at a time is joined and planned, in any API process or worker."""
-        lock = self.redis.lock(keys.text_lock(job_id), timeout=30, blocking_timeout=LOCK_WAIT_S)
-        if not lock.acquire():
-            raise ServiceUnavailable("another piece of this text stream is still being planned; retry", retry_after=1)
-        try:
-            yield
-        finally:
-            try:
-                lock.release()
-            except LockError:
-                log.warning("text stream %s: its lock lapsed before its piece was planned", job_id)
-
-    def _advance(self, job_id: str, *, swept_at: float | None = None) -> Advance:
-        """Plan what of the tail is ready and append it, reading the stream again when it moved meanwhile; run
-        under the stream's lock. ``swept_at``: the sweep's pass, which plans an idle tail whole and ends a stream
-        idle past ``idle_s``."""
-        for _ in range(REPLANS):
-            advanced = self._advance_once(job_id, swept_at)
-            if advanced is not None:
-                return advanced
-        log.warning("text stream %s: it moved each time it was planned; the next piece or sweep plans it", job_id)
-        return Advance.NOTHING
-
-    def _advance_once(self, job_id: str, swept_at: float | None) -> Advance | None:
-        """Plan what of the tail is ready (all of it for a flush or a close), append it, and close the stream once
-        its final piece is in (or it was idle); return None when the stream moved before the append."""
-        fields = ["text_tail", "text_next_seq", "text_final_seq", "segments_total", "chars_total", "request",
-                  "text_last_at", "text_top_seq", "text_open"]  # fmt: skip
-        tail_raw, next_raw, final_raw, total_raw, chars_raw, request_raw, last_raw, top_raw, open_raw = (
-            self.redis.hmget(keys.job(job_id), fields)
-        )
-        if request_raw is None or open_raw != b"1":
-            return Advance.NOTHING  # gone, or closed by another pass (a sweep, a lapsed lock's other planner)
-        tail, next_seq, last = as_str(tail_raw or b""), int(next_raw or 0), as_str(last_raw or b"")
-        reason = None
-        if swept_at is not None:
-            idle_s = swept_at - float(last or 0)
-            if idle_s < self.flush_s:
-                return Advance.NOTHING  # a piece came since the sweep looked
-            if idle_s >= self.idle_s:
-                reason = self._idle_reason(next_seq, int(top_raw if top_raw is not None else -1))
-        close = (final_raw is not None and next_seq > int(final_raw)) or reason is not None
-        total, chars = int(total_raw or 0), int(chars_raw or 0)
-        cap = self.caps.first_segment_max_chars if total == 0 else self.caps.segment_max_chars
-        cut = len(tail) if close or swept_at is not None else ready_cut(tail, final=False, max_chars=cap)
-        if cut == 0 and not close:
-            return Advance.NOTHING  # nothing ready (or a flush of an empty tail)
-        request = JobRecord.from_hash({"id": job_id, "request": as_str(request_raw)}).request
-        try:
-            texts = self._plan(tail[:cut], self.language_of(request.model), planned_chars=chars, segments=total)
-        except TextOverLimit as e:
-            self.store.fail(job_id, f"the text stream went over the limit: {e.message}")
-            raise
-        why = reason or "final"
-        result, published = self._write(
-            job_id, request.priority, texts, tail[:cut], close=close, reason=why, read=(total, last),
-            empty_error=f"the text stream ended ({why}) with nothing a voice can speak",
-        )  # fmt: skip
-        if result is AppendResult.STALE:
-            return None
-        if published:
-            self._enqueue(job_id, published)
-        if result in (AppendResult.FINISHED, AppendResult.FAILED) or (close and result is AppendResult.APPENDED):
-            return Advance.ENDED
-        return Advance.PLANNED if texts and result is AppendResult.APPENDED else Advance.NOTHING
-
-    def _idle_reason(self, next_seq: int, top_seq: int) -> str:
-        """Say why an idle stream ended, naming the pieces that waited for one that never came: taken, not spoken."""
-        reason = f"idle: no text for {self.idle_s:g} s (TTS_TEXT_STREAM_IDLE_S)"
-        if top_seq >= next_seq:
-            reason += f"; piece {next_seq} never came, so the pieces taken after it (up to {top_seq}) were not spoken"
-        return reason
-
-    def _plan(self, text: str, language: str, *, planned_chars: int, segments: int) -> list[str]:
-        caps = self.caps
-        return plan_segments(
-            text,
-            max_chars=caps.segment_max_chars,
-            first_max_chars=caps.first_segment_max_chars,
-            language=language,
-            max_total_chars=caps.max_text_chars,
-            max_segments=caps.max_segments,
-            planned_chars=planned_chars,
-            planned_segments=segments,
-        )
-
-    def _write(
-        self,
-        job_id: str,
-        lane: Lane,
-        texts: Sequence[str],
-        planned: str,
-        *,
-        close: bool,
-        reason: str,
-        read: tuple[int, str],
-        empty_error: str,
-    ) -> tuple[AppendResult, list[int]]:
-        """Append the segments planned from the tail's front ``planned`` in one step, unless the stream moved since
-        ``read`` (its segments total and last piece's time when planned); return what it did and those to enqueue
-        now."""
-        now = time.time()
-        store = self.store
-        total, last = read
-        reply = self._append(
-            keys=[*keys.all_job_keys(job_id), keys.text_pieces(job_id), keys.OUTBOX, keys.LIVE_JOBS, keys.TEXT_STREAMS,
-                  keys.AUDIO_KEPT],
-            args=[planned, empty_error, ",".join(str(len(t)) for t in texts), f"{now:.6f}", store.ttl,
-                  "1" if close else "0", reason, job_id, f"{now + store.outbox_grace_s:.6f}", self.policy.window(lane),
-                  store.audio_ttl, f"{now + store.audio_ttl:.3f}", total, last, *texts],
-        )  # fmt: skip
-        result = AppendResult(int(reply[0]))
-        if result is AppendResult.FINISHED:
-            store.forget_live(job_id)
-        return result, [int(i) for i in reply[2:]] if result is AppendResult.APPENDED else []
-
-    def _enqueue(self, job_id: str, indexes: list[int]) -> None:
-        """Publish new segments at their playback deadlines (the listener's timeline, from the first audio)."""
-        record, meta = self.store.get_with_meta(job_id)
-        if record is None:
-            return
-        lane = record.request.priority
-        deadlines = timeline(
-            lane=lane,
-            accepted_at=record.created_at,
-            chars=list(record.segment_chars or ()),
-            seconds_per_char=record.seconds_per_char or self.book.default_seconds_per_char,
-            policy=self.policy.deadlines,
-            durations={i: float(m["duration_s"]) for i, m in meta.items() if "duration_s" in m},
-            arrivals={i: float(m["finished_at"]) for i, m in meta.items() if "finished_at" in m},
-        ).deadlines()
-        due = {i: deadlines[i] if i < len(deadlines) else time.time() for i in indexes}
-        try:
-            self.book.add(job_id, due)
-            self.enqueue(job_id, indexes, lane, self.policy.broker_order(list(due.values())))
-            self.store.published(job_id, indexes)
-        except Exception as e:  # they wait in the outbox, which a worker's janitor publishes after its grace
-            log.warning("text stream %s: could not enqueue segments %s (%s); the outbox will", job_id, indexes, e)
-
 
 def build_text_streams(
     settings: Settings,
@@ -349,7 +176,7 @@ def build_text_streams(
         max_text_chars=settings.max_text_chars,
         max_segments=settings.max_segments,
     )
-    return TextStreams(
+    planner = StreamPlanner(
         store=store,
         book=book,
         policy=policy,
@@ -358,5 +185,5 @@ def build_text_streams(
         caps=caps,
         flush_s=settings.text_stream_flush_s,
         idle_s=settings.text_stream_idle_s,
-        pieces_ttl_s=int(settings.job_deadline_s) + settings.job_ttl_s,
     )
+    return TextStreams(planner=planner, pieces_ttl_s=int(settings.job_deadline_s) + settings.job_ttl_s)

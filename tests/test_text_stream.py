@@ -314,17 +314,17 @@ def test_a_planner_whose_lock_lapsed_does_not_append_what_another_planner_append
 ) -> None:
     streams = app.extensions["tts"].text_streams
     job = _open(served, model="espeak-en")
-    plan = streams._plan
+    plan = streams.planner.plan
 
     def lapse_then_plan(text: str, language: str, *, planned_chars: int, segments: int) -> list[str]:
         # The lock lapses while this planner is between its read and its append; the sweep takes the lock and
         # plans the same tail first.
-        monkeypatch.setattr(streams, "_plan", plan)
+        monkeypatch.setattr(streams.planner, "plan", plan)
         streams.redis.delete(keys.text_lock(job["id"]))
         assert streams.sweep(now=time.time() + streams.flush_s + 0.1)["flushed"] == 1
         return plan(text, language, planned_chars=planned_chars, segments=segments)
 
-    monkeypatch.setattr(streams, "_plan", lapse_then_plan)
+    monkeypatch.setattr(streams.planner, "plan", lapse_then_plan)
     _piece(served, job["id"], 0, "First one. Then")
     assert _texts(app, job["id"]) == ["First one. Then"], "planned once, by the planner that held the lock"
     _piece(served, job["id"], 1, "", final=True)
@@ -337,16 +337,16 @@ def test_a_piece_taken_while_an_idle_stream_is_being_closed_is_spoken(
 ) -> None:
     streams = app.extensions["tts"].text_streams
     job = _open(served, "An unfinished", model="espeak-en")  # no cut: under the first segment's cap
-    plan = streams._plan
+    plan = streams.planner.plan
     answers: list[dict[str, Any]] = []
 
     def piece_then_plan(text: str, language: str, *, planned_chars: int, segments: int) -> list[str]:
         # A piece arrives between the idle close's read of the tail and its append.
-        monkeypatch.setattr(streams, "_plan", plan)
+        monkeypatch.setattr(streams.planner, "plan", plan)
         answers.append(_piece(served, job["id"], 0, " thought"))
         return plan(text, language, planned_chars=planned_chars, segments=segments)
 
-    monkeypatch.setattr(streams, "_plan", piece_then_plan)
+    monkeypatch.setattr(streams.planner, "plan", piece_then_plan)
     streams.sweep(now=time.time() + streams.idle_s + 0.1)
     assert answers and answers[0]["duplicate"] is False, "the piece was taken (200)"
     done = wait_done(served, job["id"])
