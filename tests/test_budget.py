@@ -334,7 +334,7 @@ def test_neither_the_api_nor_a_worker_starts_on_a_job_store_that_would_evict_key
 ) -> None:
     from tests.test_admission import _app_on
     from workers.celery_app import celery_enqueue, create_celery
-    from workers.runtime import build_runtime
+    from workers.wiring import build_runtime
 
     settings = load_settings(redis_url=settings_env["REDIS_URL"], models_file=settings_env["TTS_MODELS_FILE"],
                              tiny_model_dir=settings_env["TTS_TINY_MODEL_DIR"], default_model="espeak-en")  # fmt: skip

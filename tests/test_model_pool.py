@@ -21,7 +21,7 @@ from tests.support.servers import ROOT
 from workers.engines.base import SynthesisRequest
 from workers.pool.handle import ModelHost
 from workers.pool.pool import ModelPool, replica_device
-from workers.runtime import _model_pool
+from workers.wiring import _model_pool
 
 EN = ModelSpec(name="espeak-en", engine="espeak", voices={"default": ""}, options={"language": "en-us"}, memory_mb=1)
 YUE = ModelSpec(name="espeak-yue", engine="espeak", voices={"default": ""}, options={"language": "yue"}, memory_mb=1)

@@ -22,7 +22,8 @@ from tests.support.servers import RedisServer
 from tests.test_custody import REQUEST, TEXTS
 from workers.__main__ import forget_dropped_deliveries
 from workers.celery_app import celery_enqueue, create_celery
-from workers.runtime import REDIS_TIMEOUT_S, WorkerRuntime, build_runtime, job_store_client
+from workers.runtime import WorkerRuntime
+from workers.wiring import REDIS_TIMEOUT_S, build_runtime, job_store_client
 
 UPKEEP_DB = 12
 

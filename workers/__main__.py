@@ -16,7 +16,8 @@ from celery_config import QUEUES, SYNTHESIZE_TASK
 from core.logs import setup_logging
 from core.settings import Settings, load_settings
 from workers.celery_app import celery_enqueue, create_celery
-from workers.runtime import WorkerRuntime, attach, build_runtime
+from workers.runtime import WorkerRuntime, attach
+from workers.wiring import build_runtime
 
 log = logging.getLogger("workers")
 
