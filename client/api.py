@@ -14,6 +14,8 @@ from typing import Any
 
 import requests
 
+from client.deadline import HeadersDueAdapter, Watchdog
+
 TERMINAL = frozenset({"done", "failed", "canceled"})
 #: Longest ``?wait=`` the service accepts (``TTS_MAX_WAIT_S``); longer asks are a 422.
 LONG_POLL_S = 30.0
@@ -25,6 +27,8 @@ PIECE_ATTEMPTS = 6
 PIECE_RETRY_MAX_S = 5.0
 #: The most a JSON answer (a job's record, the model list, an error) is read: a larger one is not the service's.
 MAX_ANSWER_BYTES = 1 << 20
+#: The longest a JSON answer's body may take to arrive, however it trickles (the client's ``timeout`` by default).
+ANSWER_WITHIN_S = 30.0
 
 
 class TTSClientError(Exception):
@@ -58,13 +62,13 @@ class TTSClientError(Exception):
         return None if reason is None else str(reason)
 
 
-def _error_from(response: requests.Response) -> TTSClientError:
+def _error_from(response: requests.Response, *, within_s: float = ANSWER_WITHIN_S) -> TTSClientError:
     try:
         retry_after: float | None = float(response.headers["Retry-After"])
     except (KeyError, ValueError):
         retry_after = None
     try:
-        body = _answer(response)["error"]
+        body = _answer(response, within_s=within_s)["error"]
         details = {k: v for k, v in body.items() if k not in ("code", "message")}
         return TTSClientError(
             response.status_code,
@@ -77,20 +81,25 @@ def _error_from(response: requests.Response) -> TTSClientError:
         return TTSClientError(response.status_code, "http_error", response.reason or "", retry_after=retry_after)
 
 
-def _answer(response: requests.Response) -> dict[str, Any]:
-    """Read a JSON object answer, at most ``MAX_ANSWER_BYTES`` of it; raise TTSClientError (``bad_answer``) for one
-    that is larger, not JSON or not an object: a server that is not the TTS service (or a proxy's page)."""
+def _answer(response: requests.Response, *, within_s: float = ANSWER_WITHIN_S) -> dict[str, Any]:
+    """Read a JSON object answer, at most ``MAX_ANSWER_BYTES`` of it and within ``within_s``; raise TTSClientError
+    (``bad_answer``) for one that is larger, not JSON or not an object: a server that is not the TTS service (or a
+    proxy's page); ``unreachable`` for one that broke off or took longer."""
     where = f"{response.request.method} {response.url}" if response.request is not None else response.url
     body = bytearray()
+    # An answer built by hand (a test's stand-in) has its body already and no connection to read it from.
+    shut = response.raw.shutdown if response.raw is not None else (lambda: None)
     try:
-        # An answer built by hand (a test's stand-in) has its body already and no connection to read it from.
-        chunks = [response.content] if response.raw is None else response.iter_content(chunk_size=64 * 1024)
-        for chunk in chunks:
-            body += chunk
-            if len(body) > MAX_ANSWER_BYTES:
-                raise TTSClientError(0, "bad_answer", f"{where}: the answer is over {MAX_ANSWER_BYTES:,} bytes; "
-                                     "is this the TTS service?")  # fmt: skip
+        with Watchdog(within_s, shut) as watchdog:
+            chunks = [response.content] if response.raw is None else response.iter_content(chunk_size=64 * 1024)
+            for chunk in chunks:
+                body += chunk
+                if len(body) > MAX_ANSWER_BYTES:
+                    raise TTSClientError(0, "bad_answer", f"{where}: the answer is over {MAX_ANSWER_BYTES:,} bytes; "
+                                         "is this the TTS service?")  # fmt: skip
     except requests.RequestException as e:
+        if watchdog.fired:
+            raise TTSClientError(0, "unreachable", f"{where}: the answer took over {within_s:g} s to arrive") from e
         raise TTSClientError(0, "unreachable", f"{where}: the answer broke off: {e}") from e
     finally:
         if response.raw is not None:  # one built by hand (a test's stand-in) has no connection to give back
@@ -112,8 +121,19 @@ def is_open_stream(job: dict[str, Any]) -> bool:
     return bool(stream and stream.get("open"))
 
 
+def _session() -> requests.Session:
+    """Return a session whose answers' headers must all arrive within each request's read timeout."""
+    session = requests.Session()
+    adapter = HeadersDueAdapter()
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
 class TTSClient:
-    """Talk to one TTS service at ``base_url``; ``timeout`` bounds every connect and read.
+    """Talk to one TTS service at ``base_url``; ``timeout`` bounds every connect and read, the whole wait for an
+    answer's headers (with a long-poll's wait added) and the whole of a JSON answer's body, however slowly a
+    server trickles them (client/deadline.py; with a session of its own: one passed in keeps requests' bounds).
 
     ``api_key``, when given, goes with every request as ``Authorization: Bearer <key>`` (the service asks for one
     when it runs with ``TTS_API_KEYS``). A ``session`` passed in is used as it is: the key is added to each
@@ -131,7 +151,7 @@ class TTSClient:
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key or None
         self._owns_session = session is None
-        self.session = session or requests.Session()
+        self.session = session or _session()
         self.timeout = timeout
 
     def close(self) -> None:
@@ -166,13 +186,17 @@ class TTSClient:
         except requests.RequestException as e:
             raise TTSClientError(0, "unreachable", f"{method} {self._url(path)} failed: {e}") from e
         if response.status_code >= 400:
-            raise _error_from(response)  # it reads (and closes) the answer
+            raise _error_from(response, within_s=self.timeout)  # it reads (and closes) the answer
         return response
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        """Send a request and return its JSON object answer, read within the client's timeout."""
+        return _answer(self._request(method, path, **kwargs), within_s=self.timeout)
 
     def submit(self, text: str, **options: Any) -> dict[str, Any]:
         """Submit ``text`` as a job (options: model, voice, speed, mode, format, priority, seed, cache)."""
         body = {"text": text, **{k: v for k, v in options.items() if v is not None}}
-        job: dict[str, Any] = _answer(self._request("POST", "/v1/jobs", json=body))
+        job: dict[str, Any] = self._json("POST", "/v1/jobs", json=body)
         if not isinstance(job.get("id"), str):
             raise TTSClientError(0, "bad_answer", f"POST {self._url('/v1/jobs')}: the answer names no job id")
         return job
@@ -193,7 +217,7 @@ class TTSClient:
         attempt = 1
         while True:
             try:
-                answer: dict[str, Any] = _answer(self._request("POST", f"/v1/jobs/{job_id}/text", json=body))
+                answer: dict[str, Any] = self._json("POST", f"/v1/jobs/{job_id}/text", json=body)
                 return answer
             except TTSClientError as e:
                 if e.status not in (0, 503) or attempt >= attempts:
@@ -204,17 +228,17 @@ class TTSClient:
 
     def status(self, job_id: str) -> dict[str, Any]:
         """Return the job's status and progress."""
-        job: dict[str, Any] = _answer(self._request("GET", f"/v1/jobs/{job_id}"))
+        job: dict[str, Any] = self._json("GET", f"/v1/jobs/{job_id}")
         return job
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         """Cancel the job; segments not yet made are skipped."""
-        job: dict[str, Any] = _answer(self._request("DELETE", f"/v1/jobs/{job_id}"))
+        job: dict[str, Any] = self._json("DELETE", f"/v1/jobs/{job_id}")
         return job
 
     def models(self) -> dict[str, Any]:
         """Return the model registry: the default model and each model's voices."""
-        registry: dict[str, Any] = _answer(self._request("GET", "/v1/models"))
+        registry: dict[str, Any] = self._json("GET", "/v1/models")
         return registry
 
     def wait(
