@@ -120,6 +120,32 @@ def test_the_one_layout_names_the_visible_gpus_in_order_and_keeps_a_replica_coun
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in per_device] == ["2", "5"]
 
 
+def test_a_device_the_operator_names_in_tts_device_is_used_by_one_unpinned_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # a machine showing two GPUs
+    monkeypatch.setenv("TTS_METRICS_PORT", "9400")
+    monkeypatch.setenv("TTS_DEVICE", "cpu")
+    [slot] = build_slots(parse_args([]))
+    assert slot.env == {"TTS_DEVICE": "cpu", "TTS_METRICS_PORT": "9400"}, "not pinned to a GPU: on the CPU"
+    monkeypatch.setenv("TTS_DEVICE", "cuda:1")
+    [slot] = build_slots(parse_args([]))
+    assert slot.env["TTS_DEVICE"] == "cuda:1" and "CUDA_VISIBLE_DEVICES" not in slot.env
+    monkeypatch.setenv("TTS_DEVICE", "auto")
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in build_slots(parse_args([]))] == ["0", "1"], "auto: one per GPU"
+    monkeypatch.setenv("TTS_DEVICE", "cpu")
+    assert len(build_slots(parse_args(["--devices", "0,1"]))) == 2, "devices asked for on the command line win"
+
+
+@pytest.mark.parametrize("port", ["nine", "70000", "-1"])
+def test_a_metrics_port_that_is_not_a_port_stops_the_launcher_with_the_setting_named(
+    port: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TTS_METRICS_PORT", port)
+    with pytest.raises(SystemExit, match=f"TTS_METRICS_PORT: '{port}' is not a port number"):
+        build_slots(parse_args(["--fake-devices", "1"]))
+
+
 def test_sigterm_stops_every_worker_restarts_none_and_exits_0(tmp_path: Path) -> None:
     with launcher(tmp_path, GRACEFUL_SLEEPER) as (process, log_path):
         workers = wait_for(lambda: full(process.pid, GRACEFUL_SLEEPER), 30, "two workers")

@@ -239,14 +239,31 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def metrics_port() -> int:
+    """Return the first worker's metrics port (TTS_METRICS_PORT, 9310; 0: none); exit saying why on a bad one."""
+    raw = os.environ.get(BASE_METRICS_PORT_ENV, "9310")
+    try:
+        port = int(raw)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise SystemExit(f"{BASE_METRICS_PORT_ENV}: {raw!r} is not a port number (0 to 65535; 0: no metrics port)")
+    return port
+
+
 def build_slots(args: argparse.Namespace) -> list[Slot]:
     """Return one slot per device the arguments (or this machine) name, one slot for all of them (the ``one``
-    layout), or one CPU slot."""
+    layout), one slot for the devices TTS_DEVICE names, or one CPU slot."""
     fake = args.fake_devices > 0
+    base_port = metrics_port()
+    chosen = os.environ.get("TTS_DEVICE", "").strip()
+    if not fake and not args.devices and chosen not in ("", "auto"):
+        # The operator named the devices (TTS_DEVICE=cpu on a GPU machine, say): one worker uses exactly those,
+        # unpinned, rather than a worker per GPU found.
+        return [Slot(name=chosen, env={"TTS_DEVICE": chosen, BASE_METRICS_PORT_ENV: str(base_port)})]
     devices = [str(i) for i in range(args.fake_devices)] if fake else (
         args.devices.split(",") if args.devices else visible_gpus()
     )  # fmt: skip
-    base_port = int(os.environ.get(BASE_METRICS_PORT_ENV, "9310"))
     if args.layout == "one" and devices:
         return [Slot(name=",".join(devices), env=one_worker_environment(devices, fake=fake, base_port=base_port))]
     envs = worker_environments(devices, fake=fake, base_port=base_port)
