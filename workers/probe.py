@@ -20,7 +20,7 @@ from redis.retry import Retry
 from cache.workers import WorkerRegistry
 from core.settings import load_settings
 
-#: An upkeep pass (janitor, text-stream sweep, reconciler, idle models) ends every TTS_HEARTBEAT_S or so, longer
+#: An upkeep pass (janitor, reconciler, idle models) ends every TTS_HEARTBEAT_S or so, longer
 #: when a pass has much to hand on; none for this long means its thread is stuck while the heartbeat goes on.
 UPKEEP_STUCK_S = 180.0
 

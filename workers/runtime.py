@@ -43,7 +43,7 @@ class WorkerRuntime:
     synthesizer: SegmentSynthesizer
     reconciler: Reconciler
     janitor: Janitor
-    text_streams: TextStreams  # swept each pass: idle tails planned, idle streams ended
+    text_streams: TextStreams  # swept on a thread of its own: idle tails planned, idle streams ended
     _stop: threading.Event = field(default_factory=threading.Event)
     _loading: list[str] = field(default_factory=list)
     _loader: threading.Thread | None = None
@@ -81,21 +81,27 @@ class WorkerRuntime:
         while not self._stop.wait(self.settings.heartbeat_s):
             self.look_after(last)
 
+    def _sweep_forever(self) -> None:
+        # Its own thread and pace: a tail idle past TTS_TEXT_STREAM_FLUSH_S is spoken within a third of that later,
+        # not at the next upkeep pass (a heartbeat, 2 s, after it), and a slow janitor pass does not hold it up.
+        every = min(self.settings.heartbeat_s, self.settings.text_stream_flush_s / 3)
+        while not self._stop.wait(every):
+            _guarded("text-stream sweep", self.text_streams.sweep)
+
     def look_after(self, last: dict[str, float]) -> None:
-        """Run one upkeep pass: the janitor, the text-stream sweep, the reconciler when due (``last`` holds when
-        the timed steps last ran), then free memory and idle models.
+        """Run one upkeep pass: the janitor, the reconciler when due (``last`` holds when the timed steps last
+        ran), then free memory and idle models.
 
         A step that fails is logged and the others still run; nothing a step raises ends the thread. A broker
         publish that fails mid-pass, for one, raises kombu's OperationalError rather than a Redis error, and a
         worker whose upkeep had died would go on beating, looking alive, with nobody handing its lost segments
-        on, ending idle streams or failing jobs past their deadline.
+        on or failing jobs past their deadline.
         """
         now = time.monotonic()
         if self.settings.malloc_trim_s and now - last["trim"] >= self.settings.malloc_trim_s:
             last["trim"] = now
             _guarded("memory release", release_free_memory)
         _guarded("janitor pass", self.janitor.run_once)
-        _guarded("text-stream sweep", self.text_streams.sweep)
         if now - last["reconcile"] >= self.settings.reconcile_interval_s:
             last["reconcile"] = now
             _guarded("reconcile pass", lambda: self.reconciler.run_once(
@@ -147,6 +153,7 @@ class WorkerRuntime:
         self.announce()
         threading.Thread(target=self._beat_forever, name="heartbeat", daemon=True).start()
         threading.Thread(target=self._look_after_forever, name="janitor", daemon=True).start()
+        threading.Thread(target=self._sweep_forever, name="text-stream sweep", daemon=True).start()
 
     def stop(self) -> None:
         """Stop the heartbeat, forget this worker, unload models."""
