@@ -40,8 +40,8 @@ run: install  ## Start Redis, the worker and the API under supervisord, which re
 worker: install  ## Start one worker per GPU (one on CPU) against $$REDIS_URL, restarting any that dies.
 	$(PY) -m workers.launch
 
-tiny-model: install  ## Build the tiny random-weight ChatTTS into models/chattts-tiny.
-	$(PY) -m workers.engines.chattts_tiny models/chattts-tiny
+tiny-model: install  ## Build the tiny random-weight ChatTTS into $$TTS_TINY_MODEL_DIR (default models/chattts-tiny).
+	$(PY) -m workers.engines.chattts_tiny "$${TTS_TINY_MODEL_DIR:-models/chattts-tiny}"
 
 full-model: install  ## Build the random-weight ChatTTS at its real sizes (1.1 GB, seeded, no download) into models/chattts-random.
 	$(PY) -m workers.engines.chattts_random --preset full models/chattts-random

@@ -56,7 +56,9 @@ class JobBody(BaseModel):
     model: Name | None = Field(None, description="A model id from /v1/models; the default when absent.")
     voice: Name | None = Field(None, description="A voice of that model; its default when absent.")
     speed: Speed = 1.0
-    mode: Mode = Field("balanced", description="fast: smaller batches sooner; quality: the model's slow path.")
+    mode: Mode = Field(
+        "balanced", description="quality: the model's slow path (a text-refinement pass); fast and balanced are alike."
+    )
     format: AudioFormat = Field("wav", description="The audio format of segments and the whole file.")
     priority: Priority | None = Field(None, description="The lane; long texts go to batch when absent.")
     seed: int | None = Field(None, ge=0, le=SEED_MAX, description="Fixes sampling: the same seed, the same audio.")

@@ -29,7 +29,11 @@ def readyz() -> dict[str, Any]:
     except redis.RedisError as e:
         raise ServiceUnavailable("Redis is unreachable", retry_after=5) from e
     if not workers:
-        raise ServiceUnavailable("no worker is alive; start one with `make worker`", retry_after=5)
+        raise ServiceUnavailable(
+            "no worker is alive: under `make run`, see its output; otherwise start one with `make worker` and the "
+            "API's REDIS_URL",
+            retry_after=5,
+        )
     return {
         "status": "ready",
         "workers": [

@@ -200,24 +200,37 @@ wait "$starting" || true
 echo "==> supervisord restarts whatever dies; see what runs: ${VENV#"$ROOT"/}/bin/supervisorctl -c ${CONF#"$ROOT"/} status"
 
 echo "==> waiting for the API and the worker"
-ready=""
-for _ in $(seq 240); do
-  # Ready, and no worker still loading its models (a first request would wait for them).
-  if ready=$("$PY" scripts/api_get.py "http://$API_HOST:$API_PORT/readyz" 2>/dev/null) \
-    && "$PY" -c 'import json,sys; sys.exit(any(w["loading"] for w in json.load(sys.stdin)["workers"]))' <<<"$ready"; then
-    break
+# Up to 2 minutes for the API to answer with a live worker, then up to 15 more while a worker loads its model
+# (real weights from a slow disk take a while), saying so every 30 s.
+ready="" up=0 loading=0
+while :; do
+  if answer=$("$PY" scripts/api_get.py "http://$API_HOST:$API_PORT/readyz" 2>/dev/null); then
+    # Ready, and no worker still loading its models (a first request would wait for them).
+    if "$PY" -c 'import json,sys; sys.exit(any(w["loading"] for w in json.load(sys.stdin)["workers"]))' <<<"$answer"; then
+      ready=$answer
+      break
+    fi
+    loading=$((loading + 1))
+    if [ $((loading % 60)) -eq 0 ]; then
+      echo "==> a worker is still loading its model ($((loading / 2)) s so far)"
+    fi
+    if [ "$loading" -ge 1800 ]; then
+      echo "a worker was still loading its model after 15 minutes; see the logs above" >&2
+      exit 1
+    fi
+  else
+    up=$((up + 1))
+    if [ "$up" -ge 240 ]; then
+      echo "the API did not answer ready (with a live worker) within 2 minutes; see the logs above" >&2
+      exit 1
+    fi
   fi
-  ready=""
   if ! kill -0 "$sup_pid" 2>/dev/null; then
     echo "supervisord exited during start-up; see the log above" >&2
     exit 1
   fi
   sleep 0.5
 done
-if [ -z "$ready" ]; then
-  echo "the service did not become ready within 2 minutes; see the logs above" >&2
-  exit 1
-fi
 # The keyed routes need a key when TTS_API_KEYS is set: run.sh reads them with the first one.
 if ! models=$("$PY" scripts/api_get.py "http://$API_HOST:$API_PORT/v1/models"); then
   echo "the API is ready but /v1/models did not answer; see the log above" >&2
