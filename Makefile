@@ -78,7 +78,7 @@ bench-workers: install-bench  ## One worker with two model hosts vs two workers 
 	scripts/ensure_redis_server.sh
 	$(PY) -m bench.split_workers $(BENCH_ARGS)
 
-bench-goodput: install-bench  ## Open-loop Poisson arrivals at 0.25-1.5x the measured capacity, FIFO and deadline: the rate at which no admitted listener stalls (~12 min).
+bench-goodput: install-bench  ## Open-loop Poisson arrivals at 0.25-1.5x the measured capacity, FIFO and deadline: the rate at which no admitted listener stalls (~8 min).
 	scripts/ensure_redis_server.sh
 	$(PY) -m bench.goodput $(BENCH_ARGS)
 
@@ -98,6 +98,7 @@ gpu-check: full-model install-bench  ## On a GPU (sized for 8 min; BENCH_ARGS=--
 	$(PY) -m bench.gpu_check $(BENCH_ARGS)
 
 bench-textstream: install-bench  ## Text streams fed at 30 tokens/s vs whole jobs of the same sentences, at 1 and 10 callers, each way in after 30 s of whole jobs as its reference (~12.5 min).
+	scripts/ensure_redis_server.sh
 	$(PY) -m bench.text_stream $(BENCH_ARGS)
 
 bench-text: install-bench  ## Adversarial texts at the length limit through validation and planning (each under 50 ms).

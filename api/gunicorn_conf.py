@@ -81,7 +81,19 @@ class JsonErrorWorker(GeventWorker):  # type: ignore[misc]
 worker_class = JsonErrorWorker
 # Room for every stream one process admits (TTS_MAX_STREAMS_PER_PROCESS, default 2000) and as many other
 # requests again: a full set of streams still leaves connections for health probes and submissions.
-worker_connections = 2 * int(os.environ.get("TTS_MAX_STREAMS_PER_PROCESS", "2000"))
+def _streams_per_process() -> int:
+    """Return TTS_MAX_STREAMS_PER_PROCESS (as core/settings checks it), or stop gunicorn naming a bad value."""
+    raw = os.environ.get("TTS_MAX_STREAMS_PER_PROCESS", "2000")
+    try:
+        streams = int(raw)
+    except ValueError:
+        streams = 0
+    if streams < 1:
+        raise SystemExit(f"TTS_MAX_STREAMS_PER_PROCESS: {raw!r} is not a whole number of 1 or more")
+    return streams
+
+
+worker_connections = 2 * _streams_per_process()
 #: Open files each process should be allowed: a socket per connection, plus Redis connections, logs and weight files
 #: (deploy/ sets the same 65536). systemd and Docker often start a process with a soft limit of 1024.
 OPEN_FILES_WANTED = max(65536, 2 * worker_connections)

@@ -18,7 +18,7 @@ class JobSettings(BaseSettings):
     max_segments: int = Field(
         2_000,
         ge=1,
-        description="Most segments one job may plan into; a 20,000-character book plans into about 200 to 400. "
+        description="Most segments one job may plan into; a 20,000-character book plans into about 450 to 520. "
         "Over it, or over max_text_chars once normalised, a job is refused with 413 before any work is queued.",
     )
     max_body_bytes: int = Field(256 * 1024, ge=1024, description="Largest request body accepted.")
