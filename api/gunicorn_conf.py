@@ -79,6 +79,8 @@ class JsonErrorWorker(GeventWorker):  # type: ignore[misc]
 # greenlets they cost a few kilobytes each, where a thread each would fill a fixed pool and leave every other
 # request waiting. Their Redis waits share one loop per process (cache/events.py).
 worker_class = JsonErrorWorker
+
+
 # Room for every stream one process admits (TTS_MAX_STREAMS_PER_PROCESS, default 2000) and as many other
 # requests again: a full set of streams still leaves connections for health probes and submissions.
 def _streams_per_process() -> int:
