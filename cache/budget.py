@@ -5,6 +5,12 @@ The budget is Redis's own ``maxmemory`` (or ``TTS_STORE_BUDGET_MB``). Live jobs 
 shares this Redis) are removed, oldest first, down to ``trim_at - TRIM_MARGIN``; the jobs' records stay,
 so their audio routes answer 410 Gone saying why. Past ``full_at``, with nothing finished left to remove,
 admission answers 503 (``full``), so that Redis never reaches the limit where it refuses writes.
+
+Admission judges only the memory used now, not the audio admitted jobs will still write: jobs admitted together
+may need more than the budget holds. Then live work alone fills it past ``full_at``, every segment write waits for
+room that nothing can make, and no job can finish. ``shed`` ends that: it fails the newest live jobs, their audio
+removed first, until the store is below ``trim_at`` again, so that the older ones finish (each failed job's record
+says why). Losing the newest is what admission would have chosen, had it known.
 """
 
 from __future__ import annotations
@@ -22,6 +28,14 @@ from core.errors import SettingsInvalid
 from core.metrics import STORE_TRIMMED, STORE_USED
 from core.settings import Settings
 
+#: The most live jobs one shedding pass fails (a pass reads the used memory again after each).
+SHED_MAX = 64
+#: What a job failed by ``shed`` says, with the store's usage.
+SHED_REASON = (
+    "the job store's memory ({usage}) filled with the audio of jobs still being made, with no finished audio left "
+    "to remove, so none of them could go on: the newest were failed so that older ones can finish. Submit it again "
+    "later; to make room for more work at once, raise the store's budget (maxmemory; make run: TTS_REDIS_MAXMEMORY)"
+)
 #: Trimming goes this far below the trim mark, so that it runs in bursts rather than on every write.
 TRIM_MARGIN = 0.1
 #: Entries removed in the first round trip of a trim, then the used memory is read again; each further
@@ -127,6 +141,17 @@ class StoreBudget:
         usage = self.recent()
         return usage if usage.budget and usage.share >= self.full_at else None
 
+    @property
+    def write_at(self) -> float:
+        """Return the share past which segment writes wait: halfway from ``full_at`` to the limit, so that running
+        jobs go on after admission stops, and the broker's and the workers' own writes always find room."""
+        return self.full_at + (1.0 - self.full_at) / 2
+
+    def room_to_write(self) -> bool:
+        """Say whether a segment may be written now (the store is below ``write_at``; read at most once a second)."""
+        usage = self.recent()
+        return not usage.budget or usage.share < self.write_at
+
     def trim(self, now: float | None = None) -> Trimmed:
         """Forget index entries whose TTL removed them; past ``trim_at``, remove the oldest finished audio and
         cache entries until below ``trim_at - TRIM_MARGIN``. Return what was removed."""
@@ -152,6 +177,25 @@ class StoreBudget:
         STORE_TRIMMED.labels("job_audio").inc(jobs)
         STORE_TRIMMED.labels("cache_entry").inc(entries)
         return Trimmed(jobs, entries, before, usage)
+
+    def shed(self, fail: Callable[[str, str], bool], *, at_most: int = SHED_MAX) -> list[str]:
+        """Fail the newest live jobs, one at a time, until the store is below ``trim_at``; return those failed.
+
+        Call it only when live work alone fills the store past ``full_at`` (a trim found nothing finished to
+        remove). Each job's audio is removed before it is failed: a store at its limit refuses the failure's writes,
+        never a deletion. ``fail(job_id, reason)`` ends a job (``JobStore.fail``).
+        """
+        shed: list[str] = []
+        for raw in self.redis.zrevrange(keys.LIVE_JOBS, 0, at_most - 1):
+            usage = self.usage()
+            if not usage.budget or usage.share < self.trim_at:
+                break
+            job_id = raw.decode() if isinstance(raw, bytes) else str(raw)
+            self.redis.delete(keys.audio(job_id))
+            if fail(job_id, SHED_REASON.format(usage=usage.describe())):
+                shed.append(job_id)
+        STORE_TRIMMED.labels("live_job").inc(len(shed))
+        return shed
 
     def _drop_oldest(self, now: float, count: int) -> tuple[int, int, int]:
         """Remove the oldest ``count`` of finished audio and cache entries together, by age; return how many

@@ -75,7 +75,8 @@ STORE_FULL_WAITS = Counter(
 )
 STORE_TRIMMED = Counter(
     "tts_store_trimmed_total",
-    "Finished jobs' audio and cache entries removed early to keep the job store inside its memory budget.",
+    "Finished jobs' audio and cache entries removed early to keep the job store inside its memory budget "
+    "(kind job_audio, cache_entry), and live jobs failed when live work alone filled it (live_job).",
     ["kind"],
 )
 STORE_USED = Gauge(

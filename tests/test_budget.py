@@ -270,6 +270,29 @@ def test_a_worker_waits_for_room_in_a_full_store_and_counts_no_engine_failure(
     assert Stats(own_redis).window().failed == 0, "a full store is no engine failure: the breaker stays shut"
 
 
+def test_a_segment_waits_short_of_the_limit_so_the_brokers_own_writes_always_find_room(
+    own_redis: redis.Redis, speech: tuple[bytes, int]
+) -> None:
+    pcm, rate = speech
+    store = JobStore(own_redis, ttl=600)
+    job_id = store.create(REQUEST, ["Short of the limit, wait."])
+    used = StoreBudget(own_redis).usage().used
+    budget = StoreBudget(own_redis, budget_bytes=int(used / 0.97), full_at=0.9)  # 97%: past 95%, under the limit
+    assert budget.write_at == pytest.approx(0.95) and not budget.room_to_write()
+    wave = np.frombuffer(pcm, "<i2").astype(np.float32) / 32767
+    synthesizer = _synthesizer(own_redis, store, budget, wave, rate, has_room=budget.room_to_write)
+    start = store.start_segment(job_id, 0, worker="w1")
+    outcome: list[Any] = []
+    waits = STORE_FULL_WAITS._value.get()
+    worker = threading.Thread(target=lambda: outcome.append(synthesizer._make(job_id, 0, start)))
+    worker.start()
+    _wait_until(lambda: STORE_FULL_WAITS._value.get() > waits)
+    assert worker.is_alive() and not store.has_segment(job_id, 0), "Redis would take it, but the segment waits"
+    budget.budget_bytes = 10 * used  # room: what a trim or a shed would make
+    worker.join(30)
+    assert outcome and outcome[0].value == "written" and store.segment(job_id, 0) == pcm
+
+
 def test_a_store_that_stays_full_raises_store_full_for_the_task_to_retry_as_the_same_attempt(
     own_redis: redis.Redis, speech: tuple[bytes, int]
 ) -> None:
@@ -327,6 +350,59 @@ def test_a_janitor_trims_finished_audio_even_when_redis_refuses_every_write(
     assert not own_redis.exists(keys.audio(finished[0])), "the oldest finished audio made room"
     assert StoreBudget(own_redis).usage().share < 0.8
     own_redis.set("one-more", b"x" * 2**20)  # writes work again
+
+
+def test_when_live_work_alone_fills_the_store_the_newest_jobs_fail_saying_why_and_the_oldest_go_on(
+    own_redis: redis.Redis, speech: tuple[bytes, int]
+) -> None:
+    from cache.custody import BrokerKeys, Custody
+    from cache.schedule import ScheduleBook
+    from cache.workers import WorkerRegistry
+    from workers.janitor import Janitor
+
+    pcm, rate = speech
+    store = JobStore(own_redis, ttl=600)
+    live = []
+    for n in range(6):  # each half made: its next segment waits for room that only its own kind holds
+        job_id = store.create(REQUEST, [f"Book {n}, part {i}." for i in range(8)])
+        for i in range(4):
+            store.write_segment(job_id, i, pcm, sample_rate=rate, meta={})
+        live.append(job_id)
+        own_redis.zadd(keys.LIVE_JOBS, {job_id: time.time() + n})  # in the order they came
+    per_job = own_redis.memory_usage(keys.audio(live[0]), samples=0) or 0
+    used = StoreBudget(own_redis).usage().used
+    # Past full (90%) now; three jobs' audio lies between here and below the trim mark (80%).
+    budget = StoreBudget(own_redis, budget_bytes=int((used - 2.5 * per_job) / 0.8))
+    assert budget.usage().share >= 0.9
+    janitor = Janitor(
+        store=store,
+        custody=Custody(own_redis, BrokerKeys(queues=["realtime"]), task_name="t"),
+        heartbeats=WorkerRegistry(own_redis, ttl_s=6),
+        enqueue=lambda *_args: None,
+        book=ScheduleBook(own_redis, default_seconds_per_char=0.08),
+        worker="w1",
+        dead_after_s=6,
+        interval_s=2,
+        working_on=set,
+        budget=budget,
+    )
+    now = time.time()
+
+    def status(job_id: str) -> str:
+        record = store.get(job_id)
+        return record.status.value if record else "gone"
+
+    janitor.keep_budget(now)
+    assert "failed" not in {status(j) for j in live}, "one pass is not judged stuck: a trim may follow"
+    janitor.keep_budget(now + 2)
+    failed = [j for j in live if status(j) == "failed"]
+    assert failed == live[-len(failed) :] and 1 <= len(failed) < len(live), "the newest failed, the oldest go on"
+    assert budget.usage().share < 0.8, "down below the trim mark: the older jobs have room to write"
+    record = store.get(failed[-1])
+    error = (record.error if record else None) or ""
+    assert "newest were failed so that older ones can finish" in error and "TTS_REDIS_MAXMEMORY" in error
+    assert not own_redis.exists(keys.audio(failed[0])) and own_redis.exists(keys.audio(live[0]))
+    assert not any(own_redis.zscore(keys.LIVE_JOBS, j) for j in failed)
 
 
 def test_neither_the_api_nor_a_worker_starts_on_a_job_store_that_would_evict_keys(

@@ -69,6 +69,7 @@ class Janitor:
     _last_pass: float = field(default=0.0, init=False)
     _last_account: float = field(default=0.0, init=False)
     _account_until: float = field(default=0.0, init=False)
+    _full_since: float | None = field(default=None, init=False)  # since when live work alone filled the store
 
     def alarm(self) -> None:
         """Account for every segment in the next passes: a Redis error may have dropped a delivery or a reply.
@@ -121,6 +122,21 @@ class Janitor:
                 trimmed.cache_entries, trimmed.after.describe() if trimmed.after else "?",
                 extra={"jobs": trimmed.jobs, "cache_entries": trimmed.cache_entries},
             )  # fmt: skip
+        stuck = trimmed.after is not None and trimmed.after.budget and trimmed.after.share >= self.budget.full_at
+        if not stuck:
+            self._full_since = None
+        elif self._full_since is None:
+            self._full_since = now  # live work alone fills it; judged again next pass, after another trim
+        elif now - self._full_since >= self.interval_s:
+            shed = self.budget.shed(self.store.fail)
+            if shed:
+                log.error(
+                    "job store full of live work (%s) with no finished audio left to remove, so no job could go on: "
+                    "failed the %d newest live jobs to let the older finish (%s)",
+                    trimmed.after.describe() if trimmed.after else "?", len(shed), ", ".join(shed[:8]),
+                    extra={"shed_jobs": len(shed)},
+                )  # fmt: skip
+            self._full_since = None
         return trimmed.jobs
 
     def release_own_stale(self, now: float) -> int:

@@ -63,6 +63,7 @@ class SegmentSynthesizer:
         book: ScheduleBook,
         policy: SchedulingPolicy,
         wait_for_room: Callable[[float], bool] | None = None,
+        has_room: Callable[[], bool] | None = None,
         room_wait_s: float = 60.0,
         observer: SegmentObserver | None = None,
         arrivals: FirstArrivals | None = None,
@@ -78,6 +79,7 @@ class SegmentSynthesizer:
         self.book = book
         self.policy = policy
         self.wait_for_room = wait_for_room  # blocks until the store has room (cache/budget.py), or says it timed out
+        self.has_room = has_room  # whether a segment may be written now, short of the limit (cache/budget.py)
         self.room_wait_s = room_wait_s
         self._timelines = Timelines(
             store=store, policy=policy.deadlines, default_pace=book.default_seconds_per_char, arrivals=arrivals
@@ -239,16 +241,22 @@ class SegmentSynthesizer:
         job_id, index, meta = made.job_id, made.index, {**made.meta(), "attempt": attempt}
         waited_from = time.monotonic()
         while True:
-            try:
-                return self.store.write_segment(
-                    job_id, index, made.audio, sample_rate=made.sample_rate, meta=meta, worker=self.worker, advance=True
-                )
-            except redis.OutOfMemoryError as e:
-                STORE_FULL_WAITS.inc()
-                left = self.room_wait_s - (time.monotonic() - waited_from)
-                if left <= 0 or self.wait_for_room is None or not self.wait_for_room(left):
-                    raise StoreFull(f"the job store stayed at its memory limit for {self.room_wait_s:g} s") from e
-                log.warning("job %s: the store is full; segment %d waits for room to be written", job_id, index)
+            refused: redis.OutOfMemoryError | None = None
+            # Short of the limit, not at it: Redis at maxmemory refuses the broker's own writes too (a reserved
+            # task's bookkeeping), which Celery's consumer takes for an unrecoverable error, and the worker dies.
+            if self.has_room is None or self.has_room():
+                try:
+                    return self.store.write_segment(
+                        job_id, index, made.audio, sample_rate=made.sample_rate, meta=meta, worker=self.worker,
+                        advance=True,
+                    )  # fmt: skip
+                except redis.OutOfMemoryError as e:
+                    refused = e
+            STORE_FULL_WAITS.inc()
+            left = self.room_wait_s - (time.monotonic() - waited_from)
+            if left <= 0 or self.wait_for_room is None or not self.wait_for_room(left):
+                raise StoreFull(f"the job store stayed at its memory limit for {self.room_wait_s:g} s") from refused
+            log.warning("job %s: the store is full; segment %d waits for room to be written", job_id, index)
 
     def _feed_next(self, job_id: str, index: int, plan: Timeline, lane: str) -> None:
         """Publish the pending segment the write moved to the outbox: each one finished lets one more in."""

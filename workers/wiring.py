@@ -157,6 +157,7 @@ def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> Wor
         book=shared.book,
         policy=shared.policy,
         wait_for_room=shared.budget.wait_for_room,
+        has_room=shared.budget.room_to_write,
         arrivals=FirstArrivals(client, shared.store.segment_meta_one),
     )
     reconciler = Reconciler(
