@@ -83,6 +83,9 @@ STORE_USED = Gauge(
     "tts_store_used_ratio", "The job store's used memory as a share of its budget.", multiprocess_mode="mostrecent"
 )
 MODEL_LOADS = Counter("tts_model_loads_total", "Model host processes started.", ["model"])
+MODEL_LOAD_FAILURES = Counter(
+    "tts_model_load_failures_total", "Model loads that failed (each fails its segment's attempt).", ["model"]
+)
 MODEL_LOAD_SECONDS = Histogram("tts_model_load_seconds", "Time to start a model host and load its model.", ["model"],
                                buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120))  # fmt: skip
 MODEL_EVICTIONS = Counter("tts_model_evictions_total", "Models unloaded to make room or after idling.",

@@ -50,10 +50,22 @@ def _breaker(client: redis.Redis, cooldown_s: float = 1.1) -> CircuitBreaker:
     return CircuitBreaker(client, Stats(client), failure_rate=0.5, min_failures=3, cooldown_s=cooldown_s)
 
 
-def test_the_breaker_opens_when_no_worker_is_alive_and_half_opens_after_cooling_down(quiet: redis.Redis) -> None:
-    breaker = _breaker(quiet)
+def test_while_no_worker_is_alive_jobs_are_refused_and_the_first_after_one_is_back_passes(quiet: redis.Redis) -> None:
+    breaker = _breaker(quiet, cooldown_s=30)
     verdict = breaker.check(workers_alive=0)
-    assert not verdict.allowed and verdict.reason == "no worker is alive" and verdict.retry_after >= 1
+    assert not verdict.allowed and verdict.reason == "no worker is alive" and verdict.retry_after == 5
+    assert breaker.check(workers_alive=1).allowed, "no cool-down: a restarted worker serves at once"
+    assert breaker.state()[0] == "closed"
+    breaker._set("open", "no worker is alive")  # as an earlier version left it
+    assert breaker.check(workers_alive=1).allowed and breaker.state()[0] == "closed"
+
+
+def test_an_open_breaker_lets_one_trial_through_after_cooling_down_and_closes_when_it_succeeds(
+    quiet: redis.Redis,
+) -> None:
+    breaker, stats = _breaker(quiet), Stats(quiet)
+    stats.record(failed=4)
+    assert not breaker.check(workers_alive=1).allowed
     opened = time.monotonic()
     assert not breaker.check(workers_alive=1).allowed, "still cooling down"
     wait_for(lambda: breaker.check(workers_alive=1).allowed, 5, "one trial passes once cooled down")
@@ -80,9 +92,11 @@ def test_the_breaker_opens_on_a_high_failure_rate_and_a_failed_trial_reopens_it(
     assert breaker.state()[0] == "open"
 
 
-def test_the_breaker_state_is_shared_by_every_replica(redis_client: redis.Redis) -> None:
-    _breaker(redis_client, cooldown_s=30).check(workers_alive=0)
-    assert not _breaker(redis_client, cooldown_s=30).check(workers_alive=1).allowed
+def test_the_breaker_state_is_shared_by_every_replica(quiet: redis.Redis) -> None:
+    Stats(quiet).record(failed=4)
+    assert not _breaker(quiet, cooldown_s=30).check(workers_alive=1).allowed
+    quiet.delete(*quiet.keys(keys.STATS + "*"))  # the failures are gone; the open state is not
+    assert not _breaker(quiet, cooldown_s=30).check(workers_alive=1).allowed
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from cache.jobstore import JobRequest
+from cache.stats import Stats
 
 STORY_EN = (
     "The quick brown fox jumps over the lazy dog. It was a sunny morning in the valley. "
@@ -140,12 +141,17 @@ def test_a_canceled_job_reports_canceled_and_its_audio_is_refused(app: Flask, cl
     assert refused.get_json()["error"]["code"] == "job_failed"
 
 
-def test_a_job_whose_model_cannot_load_fails_with_a_reason(served: FlaskClient) -> None:
+def test_a_job_whose_model_cannot_load_fails_with_a_reason_and_opens_no_breaker_for_other_models(
+    app: Flask, served: FlaskClient
+) -> None:
+    stats = Stats(app.extensions["tts"].redis)
+    failed_before = stats.window().failed
     job = submit(served, text="This model is broken.", model="broken-chattts")
     done = wait_done(served, job["id"], timeout=60)
     assert done["status"] == "failed"
-    assert "segment 0" in done["error"]
+    assert "segment 0" in done["error"] and "EngineLoadError" in done["error"]
     assert served.get("/healthz").status_code == 200
+    assert stats.window().failed == failed_before, "one model that cannot load is not the engines' failure"
 
 
 def test_readyz_sees_the_worker(served: FlaskClient) -> None:

@@ -8,7 +8,7 @@ import redis
 from celery import Task, shared_task
 
 from celery_config import SYNTHESIZE_TASK
-from core.errors import ServiceError, StoreFull
+from core.errors import EngineLoadError, ServiceError, StoreFull
 from core.metrics import SEGMENT_FAILURES, SEGMENT_RETRIES
 from workers.runtime import WorkerRuntime, runtime_of
 
@@ -61,7 +61,10 @@ def _synthesize(task: Task, runtime: WorkerRuntime, job_id: str, index: int, *, 
         return "failed"
     except Exception as e:
         reason = f"segment {index}: {type(e).__name__}: {e}"
-        runtime.synthesizer.stats.record(failed=1)
+        if not isinstance(e, EngineLoadError):
+            # The breaker's outcomes judge the engines that serve. A model that cannot load is that model's fault
+            # (its jobs fail with the reason, its load failures are counted), not every tenant's and model's.
+            runtime.synthesizer.stats.record(failed=1)
         if runtime.store.count_failure(job_id, index) >= runtime.settings.segment_max_attempts:
             log.error("giving up on job %s: %s", job_id, reason)
             SEGMENT_FAILURES.inc()

@@ -11,7 +11,8 @@ from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from typing import Any
 
-from core.metrics import MODEL_EVICTIONS, MODEL_LOAD_SECONDS, MODEL_LOADS
+from core.errors import EngineLoadError
+from core.metrics import MODEL_EVICTIONS, MODEL_LOAD_FAILURES, MODEL_LOAD_SECONDS, MODEL_LOADS
 from core.registry import ModelSpec
 from workers.engines.base import RateReady, SynthesisRequest, Waveform
 from workers.pool.handle import HostCrashed, HostHung, ModelHost, refused
@@ -109,7 +110,11 @@ class ModelPool:
                     self.counts["crashes"] += 1
                     log.warning("model %s host %s had died; restarting it", spec.name, host.pid)
             self._make_room(spec)
-            host = self._start_host(spec, key[1])
+            try:
+                host = self._start_host(spec, key[1])
+            except EngineLoadError:
+                MODEL_LOAD_FAILURES.labels(spec.name).inc()
+                raise
             self.counts["loads"] += 1
             self.load_seconds.append(host.load_s)
             MODEL_LOADS.labels(spec.name).inc()
