@@ -100,6 +100,15 @@ def _fingerprint(request: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(request, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
+#: What the service chose for a job that decides its segments: the same text planned with the same choices is cut
+#: into the same segments (the seed, when none is given, is 0), so a new job's segments may replace a lost job's.
+PLAN_KEYS = ("model", "voice", "speed", "mode", "seed", "segments_total", "chars_total")
+
+
+def _plan(job: dict[str, Any]) -> dict[str, Any]:
+    return {key: job.get(key) for key in PLAN_KEYS}
+
+
 def _reuse_or_submit(client: TTSClient, state: BookState, request: dict[str, Any], log: TextIO) -> dict[str, Any]:
     fingerprint = _fingerprint(request)
     job_id = state.data.get("job_id")
@@ -109,33 +118,54 @@ def _reuse_or_submit(client: TTSClient, state: BookState, request: dict[str, Any
         except TTSClientError as e:
             if e.status != 404:
                 raise
-            print(f"job {job_id} is gone from the server (expired); starting again", file=log)
-        else:
-            if job["status"] not in ("failed", "canceled"):
-                return job
-            print(f"job {job_id} {job['status']}; starting again", file=log)
+            return _submit_again(client, state, request, log, why=f"job {job_id} is gone from the server (expired)")
+        if job["status"] not in ("failed", "canceled"):
+            return job
+        print(f"job {job_id} {job['status']}; starting again", file=log)
     elif job_id:
         print("the text or options changed since the cut-off run; starting again", file=log)
     state.clear()
     job = client.submit(**request)
-    state.save(job_id=job["id"], fingerprint=fingerprint, segments_total=job["segments_total"])
+    state.save(job_id=job["id"], fingerprint=fingerprint, segments_total=job["segments_total"], plan=_plan(job))
     return job
 
 
-def make_book(
-    client: TTSClient,
-    text: str,
-    output: Path,
-    *,
-    options: dict[str, Any],
-    state_file: Path,
-    progress: ProgressBar,
-    log: TextIO,
-) -> Path:
-    """Turn ``text`` into ``output``, keeping fetched segments in ``state_file``'s folder so a rerun resumes."""
-    check_supported(output_format(output, None))
-    state = BookState(state_file)
-    job = _reuse_or_submit(client, state, {"text": text, "format": "pcm", **options}, log)
+def _submit_again(
+    client: TTSClient, state: BookState, request: dict[str, Any], log: TextIO, *, why: str
+) -> dict[str, Any]:
+    """Submit the text again for a job whose audio is lost, keeping the segments saved if it plans the same."""
+    job = client.submit(**request)
+    # A state saved before plans were recorded knows the segment count only.
+    planned = state.data.get("plan") or {"segments_total": state.data.get("segments_total")}
+    changed = sorted(key for key, value in planned.items() if job.get(key) != value)
+    if changed:
+        state.clear()
+        state.save(fingerprint=_fingerprint(request))
+        print(f"{why}; submitted again as job {job['id']}, which plans the text differently "
+              f"({', '.join(changed)} changed): starting over", file=log)  # fmt: skip
+    else:
+        print(f"{why}; submitted again as job {job['id']}", file=log)
+    state.save(job_id=job["id"], segments_total=job["segments_total"], plan=_plan(job))
+    return job
+
+
+def _audio_gone(client: TTSClient, job_id: str, error: TTSClientError) -> bool:
+    """Say whether ``error``, met fetching a segment of ``job_id``, means the job's audio is no longer kept."""
+    if error.status == 410 and error.code == "gone":
+        return True
+    if error.status != 404:
+        return False
+    try:  # the segment route's 404 is also its answer for an index past the end
+        client.status(job_id)
+    except TTSClientError as e:
+        return e.status == 404
+    return False
+
+
+def _fetch_missing(
+    client: TTSClient, state: BookState, job: dict[str, Any], progress: ProgressBar, log: TextIO
+) -> None:
+    """Fetch into ``state`` each segment of ``job`` not saved yet, showing progress."""
     job_id, total = job["id"], int(job["segments_total"])
     have = state.have(total)
     rate = int(state.data.get("sample_rate") or 0)
@@ -152,7 +182,43 @@ def make_book(
         done += 1
         audio_s += duration
         progress.update(done, total, audio_s)
+
+
+def make_book(
+    client: TTSClient,
+    text: str,
+    output: Path,
+    *,
+    options: dict[str, Any],
+    state_file: Path,
+    progress: ProgressBar,
+    log: TextIO,
+) -> Path:
+    """Turn ``text`` into ``output``, keeping fetched segments in ``state_file``'s folder so a rerun resumes.
+
+    When the job's audio is no longer kept (its audio TTL passed, or the service's memory budget needed it), the
+    text is submitted again and only the segments not saved yet are fetched, from the new job.
+    """
+    check_supported(output_format(output, None))
+    state = BookState(state_file)
+    request = {"text": text, "format": "pcm", **options}
+    job = _reuse_or_submit(client, state, request, log)
+    submitted_again = False
+    while True:
+        saved = len(state.have(int(job["segments_total"])))
+        try:
+            _fetch_missing(client, state, job, progress, log)
+            break
+        except TTSClientError as e:
+            # A job submitted again that loses its audio before giving a segment would only loop.
+            stuck = submitted_again and len(state.have(int(job["segments_total"]))) == saved
+            if stuck or not _audio_gone(client, job["id"], e):
+                raise
+        progress.close()
+        job = _submit_again(client, state, request, log, why=f"job {job['id']}'s audio is no longer kept")
+        submitted_again = True
     progress.close()
+    total = int(job["segments_total"])
     pcm = b"".join(state.segment_path(i).read_bytes() for i in range(total))
     write_audio(output, pcm, int(state.data["sample_rate"]), output_format(output, None))
     state.clear()

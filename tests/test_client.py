@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -167,20 +168,104 @@ def test_book_shows_progress_and_a_rerun_resumes_the_same_job_fetching_only_miss
     assert np.array_equal(samples, np.frombuffer(whole.content, dtype="<i2"))
 
 
-def test_book_starts_a_new_job_when_the_interrupted_one_expired(
+def test_book_submits_again_keeping_the_saved_segments_when_the_interrupted_job_expired(
     base_url: str, tmp_path: Path, redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
 ) -> None:
     text_file = tmp_path / "chapter.txt"
     text_file.write_text(CHAPTER, encoding="utf-8")
     out = tmp_path / "chapter.wav"
     assert _book(base_url, text_file, out, RecordingSession(interrupt_after=1)) == 130
-    old_id = json.loads((tmp_path / "chapter.wav.part" / "job.json").read_text())["job_id"]
+    state = json.loads((tmp_path / "chapter.wav.part" / "job.json").read_text())
+    old_id = state["job_id"]
     for key in redis_client.scan_iter(match=f"tts:job:{{{old_id}}}:*"):
         redis_client.delete(key)
 
     again = RecordingSession()
     assert _book(base_url, text_file, out, again) == 0
     assert [call for call in again.calls if call[0] == "POST"] == [("POST", "/v1/jobs")]
-    assert again.segment_indices()[0] == 0
-    assert f"job {old_id} is gone from the server" in capsys.readouterr().err
+    assert again.segment_indices() == list(range(1, state["segments_total"]))
+    assert f"job {old_id} is gone from the server (expired); submitted again as job" in capsys.readouterr().err
     assert sf.info(out).samplerate == 22050
+
+
+def _finished(tts: TTSClient, job_id: str) -> None:
+    deadline = time.monotonic() + 60
+    while (job := tts.status(job_id))["status"] not in ("done", "failed", "canceled"):
+        assert time.monotonic() < deadline, job
+        time.sleep(0.05)
+    assert job["status"] == "done", job
+
+
+def _cut_off_book_whose_audio_is_gone(
+    base_url: str, tts: TTSClient, redis_client: redis.Redis, text_file: Path, out: Path
+) -> dict[str, Any]:
+    """Run a book cut off after 2 segments, let its job finish, drop the job's audio; return the saved state."""
+    assert _book(base_url, text_file, out, RecordingSession(interrupt_after=2)) == 130
+    state: dict[str, Any] = json.loads((out.with_name(out.name + ".part") / "job.json").read_text())
+    _finished(tts, state["job_id"])
+    assert redis_client.delete(f"tts:job:{{{state['job_id']}}}:audio") == 1  # what its audio TTL does
+    with pytest.raises(TTSClientError) as gone:
+        tts.segment(state["job_id"], 2)
+    assert (gone.value.status, gone.value.code) == (410, "gone")
+    return state
+
+
+def _jobs_of(paths: list[str]) -> list[str]:
+    return [path.split("/")[3] for path in paths]
+
+
+def test_book_resumes_after_the_jobs_audio_is_gone_by_submitting_again_and_keeping_the_saved_segments(
+    base_url: str, tts: TTSClient, tmp_path: Path, redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text_file = tmp_path / "chapter.txt"
+    text_file.write_text(CHAPTER, encoding="utf-8")
+    out = tmp_path / "chapter.wav"
+    part = tmp_path / "chapter.wav.part"
+    state = _cut_off_book_whose_audio_is_gone(base_url, tts, redis_client, text_file, out)
+    old_id, total = state["job_id"], state["segments_total"]
+    kept = b"".join((part / f"seg-{i:05d}.pcm").read_bytes() for i in range(2))
+    capsys.readouterr()
+
+    again = RecordingSession()
+    assert _book(base_url, text_file, out, again) == 0
+    assert [call for call in again.calls if call[0] == "POST"] == [("POST", "/v1/jobs")]
+    fetched = [path for _, path in again.calls if "/segments/" in path]
+    new_id = _jobs_of(fetched)[-1]
+    assert new_id != old_id
+    # One try of the old job (410), then only the segments not saved yet, from the new job.
+    assert fetched == [f"/v1/jobs/{old_id}/segments/2"] + [f"/v1/jobs/{new_id}/segments/{i}" for i in range(2, total)]
+    err = capsys.readouterr().err
+    assert f"job {old_id}'s audio is no longer kept; submitted again as job {new_id}" in err
+    assert f"{total}/{total} segments" in err
+    assert not part.exists()
+
+    samples, rate = sf.read(out, dtype="int16")
+    rest = b"".join(tts.segment(new_id, i)[0] for i in range(2, total))  # the book's jobs are raw pcm
+    assert rate == 22050
+    assert np.array_equal(samples, np.frombuffer(kept + rest, dtype="<i2"))
+
+
+def test_book_starts_over_when_the_job_submitted_again_plans_other_segments(
+    base_url: str, tts: TTSClient, tmp_path: Path, redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text_file = tmp_path / "chapter.txt"
+    text_file.write_text(CHAPTER, encoding="utf-8")
+    out = tmp_path / "chapter.wav"
+    state_file = tmp_path / "chapter.wav.part" / "job.json"
+    state = _cut_off_book_whose_audio_is_gone(base_url, tts, redis_client, text_file, out)
+    total = state["segments_total"]
+    # As if the service had cut the text otherwise then (another TTS_SEGMENT_MAX_CHARS, another model version).
+    state["plan"]["segments_total"] = state["segments_total"] = total + 1
+    state_file.write_text(json.dumps(state), encoding="utf-8")
+    capsys.readouterr()
+
+    again = RecordingSession()
+    assert _book(base_url, text_file, out, again) == 0
+    fetched = [path for _, path in again.calls if "/segments/" in path]
+    new_id = _jobs_of(fetched)[-1]
+    assert fetched[1:] == [f"/v1/jobs/{new_id}/segments/{i}" for i in range(total)]
+    err = capsys.readouterr().err
+    assert f"submitted again as job {new_id}, which plans the text differently (segments_total changed)" in err
+    samples, _ = sf.read(out, dtype="int16")
+    whole = b"".join(tts.segment(new_id, i)[0] for i in range(total))
+    assert np.array_equal(samples, np.frombuffer(whole, dtype="<i2"))
