@@ -6,6 +6,7 @@ import codecs
 import contextlib
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -17,8 +18,15 @@ import requests
 from client.deadline import HeadersDueAdapter, Watchdog
 
 TERMINAL = frozenset({"done", "failed", "canceled"})
-#: Longest ``?wait=`` the service accepts (``TTS_MAX_WAIT_S``); longer asks are a 422.
+#: The ``?wait=`` a client asks for at first: the service's default ``TTS_MAX_WAIT_S``. A service set shorter
+#: refuses it (422), and the client then asks for what that service allows (``allowed_wait``).
 LONG_POLL_S = 30.0
+#: The waits tried in turn after a refusal that does not say the service's limit.
+FALLBACK_WAITS_S = (5.0, 1.0, 0.0)
+#: The shortest time between two polls of a segment, however short the service's long-poll.
+MIN_POLL_S = 0.5
+#: How the service's 422 states its limit ("wait: must be between 0 and 5 seconds").
+_WAIT_LIMIT = re.compile(r"between 0 and (\d+(?:\.\d+)?) seconds")
 #: How many times ``events`` reconnects in a row without receiving anything new.
 SSE_RECONNECTS = 5
 #: How many times a text piece is sent in all when the service is briefly busy (503) or cannot be reached.
@@ -60,6 +68,18 @@ class TTSClientError(Exception):
         """The error body's ``reason`` (why a text piece was refused), if it has one."""
         reason = self.details.get("reason")
         return None if reason is None else str(reason)
+
+
+def allowed_wait(error: TTSClientError, asked: float) -> float | None:
+    """Return the ``?wait=`` to ask for after ``error`` refused a wait of ``asked`` seconds, or None when
+    ``error`` is no refusal of the wait: the limit the service states, else the next of ``FALLBACK_WAITS_S``."""
+    if error.status != 422 or error.details.get("field") != "wait" or asked <= 0:
+        return None
+    # The limit is only in the message: read it defensively, and step down when it cannot be read.
+    stated = _WAIT_LIMIT.search(error.message)
+    if stated is not None and float(stated.group(1)) < asked:
+        return float(stated.group(1))
+    return next(wait for wait in FALLBACK_WAITS_S if wait < asked)
 
 
 def _error_from(response: requests.Response, *, within_s: float = ANSWER_WITHIN_S) -> TTSClientError:
@@ -153,6 +173,8 @@ class TTSClient:
         self._owns_session = session is None
         self.session = session or _session()
         self.timeout = timeout
+        #: The ``?wait=`` of each long-poll: ``LONG_POLL_S``, lowered once the service refuses it as too long.
+        self.long_poll_s = LONG_POLL_S
 
     def close(self) -> None:
         """Close the connections of the session this client made (a session passed in stays open)."""
@@ -188,6 +210,23 @@ class TTSClient:
         if response.status_code >= 400:
             raise _error_from(response, within_s=self.timeout)  # it reads (and closes) the answer
         return response
+
+    def _long_poll(
+        self, method: str, path: str, *, wait: float | None = None, read_s: float = 0.0, **kwargs: Any
+    ) -> requests.Response:
+        """Send a request that waits up to ``wait`` seconds (``long_poll_s`` by default) on the service, each read
+        allowed that wait or ``read_s`` more; a wait the service refuses as too long is lowered to what it allows,
+        for this and every later long-poll."""
+        asked = self.long_poll_s if wait is None else wait
+        while True:
+            try:
+                return self._request(method, f"{path}?wait={asked:g}", read_s=max(asked, read_s), **kwargs)
+            except TTSClientError as e:
+                lower = allowed_wait(e, asked)
+                if lower is None:
+                    raise
+                asked = lower
+                self.long_poll_s = min(self.long_poll_s, lower)
 
     def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         """Send a request and return its JSON object answer, read within the client's timeout."""
@@ -255,15 +294,20 @@ class TTSClient:
                 raise TTSClientError(409, "job_failed", f"job {job['status']}: {job.get('error', 'no reason')}")
             time.sleep(poll_s)
 
-    def segment(self, job_id: str, index: int, *, wait: float = LONG_POLL_S) -> tuple[bytes, float, int]:
-        """Return segment ``index`` as (audio, duration in seconds, sample rate), long-polling until it exists."""
+    def segment(self, job_id: str, index: int, *, wait: float | None = None) -> tuple[bytes, float, int]:
+        """Return segment ``index`` as (audio, duration in seconds, sample rate), long-polling until it exists
+        (``wait``: each poll's, ``long_poll_s`` by default)."""
         while True:
+            started = time.monotonic()
             try:
-                response = self._request("GET", f"/v1/jobs/{job_id}/segments/{index}?wait={wait:g}", read_s=wait)
+                response = self._long_poll("GET", f"/v1/jobs/{job_id}/segments/{index}", wait=wait)
             except TTSClientError as e:
-                if e.code == "not_ready":
-                    continue  # the long-poll ran out; the job is still going
-                raise
+                if e.code != "not_ready":
+                    raise
+                # The long-poll ran out and the job is still going; a service with a very short one (or a wait
+                # lowered to 0) must not make this a busy loop.
+                time.sleep(max(0.0, MIN_POLL_S - (time.monotonic() - started)))
+                continue
             duration = float(response.headers.get("X-Segment-Duration", "0"))
             return response.content, duration, int(response.headers.get("X-Sample-Rate", "0"))
 
@@ -345,7 +389,9 @@ class TTSClient:
         offset = partial.stat().st_size if resume and partial.is_file() else 0
         headers = {"Range": f"bytes={offset}-"} if offset else {}
         try:
-            response = self._request(
+            # The wait is the client's, so that a service with a longer one cannot outlast the read timeout; a
+            # growing body's reads keep their own bound, however short the wait.
+            response = self._long_poll(
                 "GET", f"/v1/jobs/{job_id}/audio", headers=headers, stream=True, read_s=LONG_POLL_S
             )
         except TTSClientError as e:
