@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 
+import redis
 from flask import Flask, g, request
 
 from api.services import services
+from cache.idempotency import IdempotencyKeys
 from cache.limiter import RateLimiter
 from core.errors import TooManyRequests, Unauthorized
 from core.metrics import ADMISSION_REJECTIONS
@@ -26,6 +28,15 @@ def _presented_key() -> str | None:
     return request.headers.get("X-API-Key") or None
 
 
+def _replay(client: redis.Redis) -> bool:
+    """Say whether this submission repeats an Idempotency-Key whose job exists: it gets that job and starts no work,
+    so it spends no quota (a client retrying a submission after a timeout, as it should, is not locked out)."""
+    key = request.headers.get("Idempotency-Key")
+    if request.endpoint != "jobs.create_job" or not key or len(key) > 255:
+        return False
+    return IdempotencyKeys(client).created(g.caller, key)
+
+
 def _check_access() -> None:
     svc = services()
     per_minute = svc.settings.anonymous_per_minute
@@ -39,7 +50,7 @@ def _check_access() -> None:
             raise Unauthorized("send a valid API key as 'Authorization: Bearer <key>' or 'X-API-Key: <key>'")
         g.caller = g.owner = found.caller
         per_minute = found.per_minute
-    if per_minute and request.endpoint in SUBMITTING_ENDPOINTS:
+    if per_minute and request.endpoint in SUBMITTING_ENDPOINTS and not _replay(svc.redis):
         wait = RateLimiter(svc.redis).take(g.caller, per_minute=per_minute)
         if wait:
             ADMISSION_REJECTIONS.labels("quota").inc()

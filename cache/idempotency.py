@@ -132,6 +132,11 @@ class IdempotencyKeys:
                 return Claim.parse(raw)
         return None
 
+    def created(self, caller: str, key: str) -> bool:
+        """Say whether this caller's key already created its job (a replay of it starts no work)."""
+        raw = self.redis.get(keys.idempotency(caller, key))
+        return isinstance(raw, bytes) and Claim.parse(raw).filled
+
     def fill(self, caller: str, key: str, digest: str, job_id: str) -> None:
         """Record that the job a claimed key creates was written."""
         self.redis.set(keys.idempotency(caller, key), self._value(digest, job_id, filled=True), ex=self.ttl_s)

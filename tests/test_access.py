@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -75,6 +76,18 @@ def test_a_caller_over_its_quota_gets_a_429_with_retry_after(keyed: FlaskClient)
     assert 1 <= int(refused.headers["Retry-After"]) <= 60
     assert keyed.post("/v1/jobs", json=body, headers={"X-API-Key": BOB}).status_code == 202
     assert keyed.get("/v1/models", headers=alice).status_code == 200, "polling does not spend quota"
+
+
+def test_replaying_an_idempotency_key_spends_no_quota(keyed: FlaskClient) -> None:
+    body = {"text": "Submitted once, retried after a timeout.", "priority": "batch"}
+    alice = {"X-API-Key": ALICE, "Idempotency-Key": f"retry-me-{uuid.uuid4().hex}"}
+    first = keyed.post("/v1/jobs", json=body, headers=alice)
+    replays = [keyed.post("/v1/jobs", json=body, headers=alice) for _ in range(4)]
+    assert [r.status_code for r in replays] == [202] * 4, [r.get_json() for r in replays]
+    assert {r.get_json()["id"] for r in replays} == {first.get_json()["id"]}
+    other = keyed.post("/v1/jobs", json=body, headers={"X-API-Key": ALICE})
+    assert other.status_code == 202, "the replays left the second of alice's two submissions a minute"
+    assert keyed.post("/v1/jobs", json=body, headers={"X-API-Key": ALICE}).status_code == 429
 
 
 def test_the_same_idempotency_key_and_body_return_the_same_job(client: FlaskClient) -> None:
