@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import select
 import socket
 import threading
@@ -21,8 +22,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: Seconds a refused caller is told to wait: a slot frees the moment one of its streams closes.
-RETRY_AFTER_S = 5
 #: A held response goes out in pieces of at most this many bytes, each of which must be taken by the client within
 #: ``write_timeout_s`` (the socket's timeout): a client that takes less than that is dropped, and its slot freed.
 WRITE_PIECE_BYTES = 64 * 1024
@@ -76,9 +75,19 @@ class StreamHolds:
     """Admit held requests: at most ``per_caller`` per caller across processes, ``per_process`` in this one."""
 
     def __init__(
-        self, streams: CallerStreams, *, per_caller: int, per_process: int, ttl_s: float, write_timeout_s: float = 30.0
+        self,
+        streams: CallerStreams,
+        *,
+        per_caller: int,
+        per_process: int,
+        ttl_s: float,
+        write_timeout_s: float = 30.0,
+        keepalive_s: float = 15.0,
     ) -> None:
         self.streams = streams
+        # What a caller at its limit is told to wait: a stream that ends frees its slot at once, but one whose client
+        # left is noticed only at its next keep-alive (or a growing stream's look at its client), within this long.
+        self.retry_after_s = max(1, math.ceil(keepalive_s))
         self.per_caller = per_caller
         self.per_process = per_process
         self.ttl_s = ttl_s
@@ -118,8 +127,9 @@ class StreamHolds:
             ADMISSION_REJECTIONS.labels("streams_caller").inc()
             raise TooManyRequests(
                 f"you hold your limit of {self.per_caller} open streams and long-polls (max_streams_per_caller); "
-                f"close one, or retry in {RETRY_AFTER_S} s",
-                retry_after=RETRY_AFTER_S,
+                f"close one, or retry in {self.retry_after_s} s (a stream whose client left frees its slot within "
+                "a keep-alive)",
+                retry_after=self.retry_after_s,
                 limit="max_streams_per_caller",
                 max=self.per_caller,
             )

@@ -106,6 +106,7 @@ def _holds(client: redis.Redis, settings: Settings) -> StreamHolds:
         per_process=settings.max_streams_per_process,
         ttl_s=settings.stream_slot_ttl_s,
         write_timeout_s=settings.stream_write_timeout_s,
+        keepalive_s=settings.stream_keepalive_s,
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import socket
 import threading
 import tracemalloc
@@ -27,7 +28,7 @@ from cache.events import EventHub
 from cache.jobstore import JobRequest, JobStore
 from cache.streams import CallerStreams
 from core.audio import MEDIA_TYPES
-from tests.conftest import GUNICORN_STREAMS_PER_CALLER
+from tests.conftest import GUNICORN_KEEPALIVE_S, GUNICORN_STREAMS_PER_CALLER
 from tests.support.processes import wait_for
 from tests.support.servers import ApiProcess, RedisServer, WorkerProcess
 
@@ -208,7 +209,8 @@ def test_a_caller_over_its_stream_limit_gets_429_naming_the_limit_until_a_stream
         assert [s.status for s in streams] == [200] * GUNICORN_STREAMS_PER_CALLER
         refused = _open_events(gunicorn_api, job_id, caller)
         assert refused.status == 429
-        assert int(refused.headers["retry-after"]) > 0
+        # Told to wait a keep-alive: within it, a stream whose client left is noticed and its slot freed.
+        assert int(refused.headers["retry-after"]) == math.ceil(GUNICORN_KEEPALIVE_S)
         error = refused.json_body()["error"]
         assert error["code"] == "too_many_requests"
         assert error["limit"] == "max_streams_per_caller"
