@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable, Iterator
+
+import redis
 from flask import Blueprint, Response, g, request
 
 from api.contract import JobBody, SpeechBody
 from api.holds import Hold, departure, held_response
 from api.jobs import cancel, finished_file, submit_input
-from api.services import services
+from api.services import Services, services
 from api.streaming import audio_stream
 from api.validation import read_body
 from cache.records import JobStatus
 from core.audio import media_type
 from core.errors import Gone, JobFailed, ServiceError, ServiceUnavailable
+
+log = logging.getLogger(__name__)
 
 bp = Blueprint("speech", __name__, url_prefix="/v1/audio")
 
@@ -23,6 +30,17 @@ OPENAI_VOICES = {
     "alloy": "default", "ash": "male", "ballad": "male", "coral": "female", "echo": "male", "fable": "default",
     "onyx": "male", "nova": "female", "sage": "female", "shimmer": "female", "verse": "default",
 }  # fmt: skip
+#: What is answered to a caller who hung up before its audio came (nginx's "client closed request"): nobody reads
+#: it, but the access log and the request metrics say what happened.
+CALLER_LEFT_STATUS = 499
+
+
+class CallerLeft(Exception):
+    """Raised when the caller hangs up while the route waits for its job's audio."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"the caller of job {job_id} left")
+        self.job_id = job_id
 
 
 def job_of(body: SpeechBody) -> JobBody:
@@ -52,24 +70,28 @@ def speech() -> Response:
     )
     job_input = job_of(body)
     fmt = job_input.format
+    gone = departure(request.environ)
     hold = svc.holds.hold(g.caller)  # before submitting: a refused stream leaves no job behind
     try:
         job_id = _submitted(job_input)
-        waited = _wait_whole(job_id, hold) if fmt == "flac" else _wait_first(job_id)
+        waited = _wait_whole(job_id, hold, gone) if fmt == "flac" else _wait_first(job_id, gone)
         if waited is None:
             raise _no_audio(job_id)
         rate, total = waited
+    except CallerLeft as left:
+        hold.release()
+        _abandon(svc, left.job_id, "while it waited for the audio")
+        return Response(status=CALLER_LEFT_STATUS)
     except BaseException:
         hold.release()
         raise
     headers = {"X-Job-Id": job_id, "X-Sample-Rate": str(rate)}
     if fmt == "flac":  # FLAC's header states the length: wait for every segment, then send them one at a time
         return finished_file(job_id, fmt, rate, total, headers=headers, hold=hold)
+    stream = audio_stream(svc.store, job_id, fmt=fmt, keepalive_s=svc.settings.stream_keepalive_s, gone=gone)
     return held_response(
         hold,
-        audio_stream(
-            svc.store, job_id, fmt=fmt, keepalive_s=svc.settings.stream_keepalive_s, gone=departure(request.environ)
-        ),
+        _abandoned_if_cut_short(svc, job_id, stream),
         mimetype=media_type(fmt, rate),
         headers={**headers, "X-Accel-Buffering": "no"},
     )
@@ -89,17 +111,17 @@ def _submitted(job_input: JobBody) -> str:
         raise
 
 
-def _wait_first(job_id: str) -> tuple[int, int] | None:
+def _wait_first(job_id: str, gone: Callable[[], bool]) -> tuple[int, int] | None:
     """Wait for the job's first segment; return its sample rate and segment count (None: no audio came)."""
     svc = services()
-    first = svc.store.wait_segment(job_id, 0, svc.settings.max_wait_s)
+    came = _wait_segment(job_id, 0, gone)
     record = svc.store.get(job_id)
-    if first is None or record is None or record.sample_rate is None:
+    if not came or record is None or record.sample_rate is None:
         return None
     return record.sample_rate, record.segments_total
 
 
-def _wait_whole(job_id: str, hold: Hold) -> tuple[int, int] | None:
+def _wait_whole(job_id: str, hold: Hold, gone: Callable[[], bool]) -> tuple[int, int] | None:
     """Wait for every segment of the job, renewing the caller's stream slot; return its rate and segment count
     (None: a segment did not come)."""
     svc = services()
@@ -107,10 +129,55 @@ def _wait_whole(job_id: str, hold: Hold) -> tuple[int, int] | None:
     total = record.segments_total if record else 0
     for index in range(total):
         hold.keep()
-        if svc.store.wait_segment(job_id, index, svc.settings.max_wait_s) is None:
+        if not _wait_segment(job_id, index, gone):
             return None
     record = svc.store.get(job_id)
     return ((record.sample_rate or 0) if record else 0), total
+
+
+def _wait_segment(job_id: str, index: int, gone: Callable[[], bool]) -> bool:
+    """Wait up to TTS_MAX_WAIT_S for segment ``index``; say whether it came, or raise CallerLeft.
+
+    Nothing is written to the caller while it waits, so no failed write tells that it left: it looks before each
+    segment, and at every keep-alive interval while one is slow to come.
+    """
+    svc = services()
+    deadline = time.monotonic() + svc.settings.max_wait_s
+    while True:
+        if gone():
+            raise CallerLeft(job_id)
+        remaining = deadline - time.monotonic()
+        turn = max(0.0, min(svc.settings.stream_keepalive_s, remaining))
+        if svc.store.wait_segment(job_id, index, turn) is not None:
+            return True
+        record = svc.store.get(job_id)
+        if turn >= remaining or record is None or record.status.terminal:
+            return False
+
+
+def _abandoned_if_cut_short(svc: Services, job_id: str, chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """Yield the growing stream; if it ends before its job does, the caller left (seen at an idle turn, or a
+    write to it failed and the server closed the body), so cancel the job."""
+    try:
+        yield from chunks
+    finally:
+        _abandon(svc, job_id, "during its audio")
+
+
+def _abandon(svc: Services, job_id: str, when: str) -> None:
+    """Cancel the job of a caller who left, and log it; nothing for a job that already ended (or is gone)."""
+    try:
+        record = svc.store.get(job_id)
+        if record is None or record.status.terminal or not svc.store.cancel(job_id):
+            return
+        svc.book.remove(job_id, range(record.segments_total))
+    except redis.RedisError as e:
+        log.warning("speech job %s: its caller left %s, and the job could not be canceled (%s)", job_id, when, e)
+        return
+    log.info(
+        "speech job %s canceled: its caller left %s, %d of its %d segments made",
+        job_id, when, record.segments_done, record.segments_total,
+    )  # fmt: skip
 
 
 def _no_audio(job_id: str) -> ServiceError:
