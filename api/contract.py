@@ -68,16 +68,21 @@ class JobBody(BaseModel):
 
 
 class SpeechBody(BaseModel):
-    """POST /v1/audio/speech, as OpenAI defines it. Fields OpenAI adds that this service has no use for
-    (``instructions``, ``stream_format``) are accepted and ignored, so that OpenAI's SDKs work unchanged."""
+    """POST /v1/audio/speech, as OpenAI defines it, and as strict as every body: a misspelt field is refused, not
+    silently dropped. OpenAI's fields that this service has no use for (``instructions``, ``stream_format``) are
+    declared, accepted and ignored, so that OpenAI's SDKs work unchanged."""
 
-    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    model_config = _STRICT
 
     input: str = Field(min_length=1, description="What to say.")
     model: Name | None = Field(None, description="tts-1, tts-1-hd or gpt-4o-mini-tts (the default model), or an id.")
     voice: Name | None = Field(None, description="An OpenAI voice name (mapped to ours) or one of the model's.")
     response_format: SpeechFormat = "mp3"
     speed: Speed = 1.0
+    instructions: str | None = Field(None, description="OpenAI's direction of the voice: accepted and ignored.")
+    stream_format: Literal["sse", "audio"] | None = Field(
+        None, description="OpenAI's choice of stream: accepted and ignored; the answer is always the audio itself."
+    )
 
     _input = field_validator("input")(_speakable)
 
