@@ -43,14 +43,17 @@ TRIM_MARGIN = 0.1
 TRIM_BATCH = 4
 TRIM_BATCH_MAX = 512
 
-# KEYS: the kept-audio index. ARGV: key prefix, now, then job ids. Removes each job's audio, notes on its
-# record (if the record is still there) when and why, and drops it from the index; returns how many jobs
-# still had audio. The note may fail on a store past its limit (pcall): the audio is removed all the same.
+# KEYS: the kept-audio index. ARGV: key prefix, now, then job ids. Removes each job's audio, with what only
+# serves it (its texts, timings, events, attempts, claims), notes on its record (if the record is still there)
+# when and why, and drops it from the index; returns how many jobs still had audio. The note may fail on a store
+# past its limit (pcall): the audio is removed all the same.
 _DROP_AUDIO = """
 local removed = 0
 for i = 3, #ARGV do
   local base = ARGV[1] .. ARGV[i] .. '}:'
   removed = removed + redis.call('DEL', base .. 'audio')
+  redis.call('DEL', base .. 'segmeta', base .. 'events', base .. 'texts', base .. 'attempts', base .. 'claims',
+             base .. 'pending')
   if redis.call('EXISTS', base .. 'record') == 1 then
     redis.pcall('HSET', base .. 'record', 'audio_removed_at', ARGV[2], 'audio_removed_for', 'memory')
   end

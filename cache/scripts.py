@@ -42,8 +42,9 @@ local function finish_as(status, err)
     redis.call('XADD', KEYS[4], '*', 'type', 'status', 'status', status)
   end
   redis.call('DEL', KEYS[7])
-  for i = 1, 8 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
-  redis.call('EXPIRE', KEYS[2], ARGV[11])
+  -- The record stays for its TTL; the rest serves the audio (its texts, timings, events) and goes with it.
+  redis.call('EXPIRE', KEYS[1], ARGV[5])
+  for i = 2, 8 do redis.call('EXPIRE', KEYS[i], ARGV[11]) end
   redis.call('ZREM', KEYS[11], ARGV[8])
   redis.call('ZADD', KEYS[13], ARGV[4], ARGV[8])
 end
@@ -111,8 +112,8 @@ redis.call('HSET', KEYS[1], 'status', ARGV[1], 'error', ARGV[2], 'finished_at', 
            'audio_expires_at', ARGV[6])
 redis.call('XADD', KEYS[4], '*', 'type', 'status', 'status', ARGV[1], 'error', ARGV[2])
 redis.call('DEL', KEYS[7])
-for i = 1, 8 do redis.call('EXPIRE', KEYS[i], ARGV[4]) end
-redis.call('EXPIRE', KEYS[2], ARGV[5])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+for i = 2, 8 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
 redis.call('ZADD', KEYS[9], ARGV[3], ARGV[7])
 return $EndResult_ENDED
 """)

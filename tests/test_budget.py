@@ -92,6 +92,9 @@ def test_a_finished_jobs_audio_expires_before_its_record(redis_client: redis.Red
     job_id = _done_job(store, pcm, rate)
     assert 3500 < redis_client.ttl(keys.audio(job_id)) <= 3600
     assert redis_client.ttl(keys.job(job_id)) > 80_000
+    # What serves only the audio goes with it: a day of finished jobs keeps their records, not their texts and events.
+    for key in (keys.texts(job_id), keys.segment_meta(job_id), keys.events(job_id)):
+        assert redis_client.exists(key) and 0 < redis_client.ttl(key) <= 3600, key
     record = store.get(job_id)
     assert record is not None and record.finished_at is not None
     assert record.audio_expires_at == pytest.approx(record.finished_at + 3600, abs=1)
@@ -142,6 +145,8 @@ def test_past_the_trim_mark_the_oldest_finished_audio_goes_first_and_live_jobs_s
     gone = [j for j in finished if not redis_client.exists(keys.audio(j))]
     assert gone == finished[: len(gone)], "oldest first"
     assert redis_client.exists(keys.audio(live)), "a live job's audio is never removed"
+    assert not redis_client.exists(keys.texts(gone[0])) and not redis_client.exists(keys.events(gone[0]))
+    assert redis_client.exists(keys.job(gone[0])), "the record stays, to say why the audio is gone"
     response = app.test_client().get(f"/v1/jobs/{gone[0]}/audio")
     assert response.status_code == 410
     assert "memory budget" in response.get_json()["error"]["message"]
