@@ -6,7 +6,9 @@ blocks in XREAD for every follower at once (cache/events.py), so held streams co
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -15,6 +17,19 @@ from cache.records import JobStatus
 from core.audio import StreamEncoder
 
 KEEPALIVE_S = 15.0
+
+log = logging.getLogger(__name__)
+
+
+class CutShort(OSError):
+    """Raised when a growing audio stream's job ends without all its audio (canceled, failed, removed).
+
+    The response then ends without its last chunk, so its client sees a download cut short rather than a whole file
+    of part of the audio. It is an EPIPE to the server, which closes the connection quietly, as for a client gone.
+    """
+
+    def __init__(self, job_id: str, status: str) -> None:
+        super().__init__(errno.EPIPE, f"job {job_id} ended {status}: its audio stream was cut short")
 
 
 @dataclass(frozen=True)
@@ -103,11 +118,15 @@ def audio_stream(
 ) -> Iterator[bytes]:
     """Yield the job's audio as it grows: a streaming header, then each segment in order, encoded as one file.
 
-    While no segment comes, every ``keepalive_s`` it asks ``gone`` whether the client has left, and ends if so.
+    While no segment comes, every ``keepalive_s`` it asks ``gone`` whether the client has left, and ends if so. A job
+    that ends otherwise than done raises CutShort: its audio is not whole.
     """
     encoder: StreamEncoder | None = None
     for event in follow(store, job_id, keepalive_s=keepalive_s):
         if isinstance(event, Ended):
+            if event.status != "done":
+                log.info("job %s ended %s while its audio was streamed: the stream is cut short", job_id, event.status)
+                raise CutShort(job_id, event.status)
             if encoder is not None:
                 yield encoder.close()
             return

@@ -240,6 +240,23 @@ def test_a_caller_over_its_stream_limit_gets_429_naming_the_limit_until_a_stream
     wait_for(lambda: _slots(redis_client, caller) == 0, 30, "every slot given back once the streams closed")
 
 
+def test_a_growing_download_of_a_job_canceled_midway_ends_cut_short_not_as_a_whole_file(
+    gunicorn_api: ApiProcess, redis_client: redis.Redis
+) -> None:
+    store = JobStore(redis_client, ttl=600)
+    job_id = _stalled_job(store)
+    stream = RawStream(gunicorn_api.port, f"/v1/jobs/{job_id}/audio", source="127.0.0.79")
+    try:
+        assert stream.status == 200 and stream.headers.get("transfer-encoding") == "chunked"
+        stream.until(b"RIFF")  # segment 0 is on its way
+        store.cancel(job_id)
+        with pytest.raises(ConnectionError):  # the server closes the connection without the last, empty chunk
+            stream.until(b"\r\n0\r\n\r\n")
+        assert not stream.buffer.endswith(b"0\r\n\r\n"), "a whole chunked body would end so"
+    finally:
+        stream.close()
+
+
 def test_a_growing_audio_stream_whose_client_left_gives_its_slot_back_while_its_job_is_stalled(
     gunicorn_api: ApiProcess, redis_client: redis.Redis
 ) -> None:
