@@ -69,8 +69,9 @@ class JobBody(BaseModel):
 
 class SpeechBody(BaseModel):
     """POST /v1/audio/speech, as OpenAI defines it, and as strict as every body: a misspelt field is refused, not
-    silently dropped. OpenAI's fields that this service has no use for (``instructions``, ``stream_format``) are
-    declared, accepted and ignored, so that OpenAI's SDKs work unchanged."""
+    silently dropped. OpenAI's fields that this service has no use for (``instructions``, and ``stream_format`` as
+    audio) are declared, accepted and ignored, so that OpenAI's SDKs work unchanged; an SSE stream, which this
+    service does not make, is refused rather than answered with bytes its client does not expect."""
 
     model_config = _STRICT
 
@@ -81,10 +82,17 @@ class SpeechBody(BaseModel):
     speed: Speed = 1.0
     instructions: str | None = Field(None, description="OpenAI's direction of the voice: accepted and ignored.")
     stream_format: Literal["sse", "audio"] | None = Field(
-        None, description="OpenAI's choice of stream: accepted and ignored; the answer is always the audio itself."
+        None, description="OpenAI's choice of stream: audio (the answer is the audio itself); sse is refused."
     )
 
     _input = field_validator("input")(_speakable)
+
+    @field_validator("stream_format")
+    @classmethod
+    def _audio_only(cls, value: str | None) -> str | None:
+        if value == "sse":
+            raise ValueError("sse is not available here: the answer is the audio itself, chunked; omit it or use audio")
+        return value
 
     @field_validator("response_format")
     @classmethod

@@ -24,11 +24,12 @@ log = logging.getLogger(__name__)
 bp = Blueprint("speech", __name__, url_prefix="/v1/audio")
 
 #: OpenAI's model names map to the default model.
-OPENAI_MODELS = frozenset({"tts-1", "tts-1-hd", "gpt-4o-mini-tts"})
+OPENAI_MODELS = frozenset({"tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15"})
 #: OpenAI's voice names map to the voices every registry model has.
 OPENAI_VOICES = {
     "alloy": "default", "ash": "male", "ballad": "male", "coral": "female", "echo": "male", "fable": "default",
-    "onyx": "male", "nova": "female", "sage": "female", "shimmer": "female", "verse": "default",
+    "onyx": "male", "nova": "female", "sage": "female", "shimmer": "female", "verse": "default", "marin": "female",
+    "cedar": "male",
 }  # fmt: skip
 #: What is answered to a caller who hung up before its audio came (nginx's "client closed request"): nobody reads
 #: it, but the access log and the request metrics say what happened.

@@ -30,6 +30,13 @@ def test_openais_ignored_fields_are_checked_like_every_other() -> None:
         assert not _valid({"input": "hi", **wrong}), wrong
 
 
+def test_an_sse_stream_which_this_service_does_not_make_is_a_422_saying_to_use_audio(served: FlaskClient) -> None:
+    response = served.post("/v1/audio/speech", json={"input": "As events?", "stream_format": "sse"})
+    assert response.status_code == 422
+    error = response.get_json()["error"]
+    assert error["field"] == "stream_format" and "use audio" in error["message"]
+
+
 def _valid(body: dict[str, object]) -> bool:
     try:
         SpeechBody.model_validate(body)
@@ -43,6 +50,19 @@ def test_every_field_the_openai_package_can_send_is_one_the_body_declares() -> N
 
     sent = SpeechCreateParams.__required_keys__ | SpeechCreateParams.__optional_keys__
     assert sent <= set(SpeechBody.model_fields), sorted(sent - set(SpeechBody.model_fields))
+
+
+def test_every_voice_and_model_name_the_openai_package_knows_is_mapped() -> None:
+    from typing import get_args
+
+    from openai.types.audio.speech_create_params import Voice
+    from openai.types.audio.speech_model import SpeechModel
+
+    from api.speech import OPENAI_MODELS, OPENAI_VOICES
+
+    voices = {name for arg in get_args(Voice) for name in get_args(arg)}  # the Literal inside the Union
+    assert voices and voices <= set(OPENAI_VOICES), sorted(voices - set(OPENAI_VOICES))
+    assert set(get_args(SpeechModel)) <= OPENAI_MODELS, sorted(set(get_args(SpeechModel)) - OPENAI_MODELS)
 
 
 def test_the_openai_package_gets_audio_when_it_sends_every_field_it_has(app: Flask, worker: WorkerProcess) -> None:
