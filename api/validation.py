@@ -137,5 +137,5 @@ def parse_wait(raw: str | None, *, limit: float) -> float:
     except ValueError as e:
         raise ValidationFailed("wait", "must be a number of seconds") from e
     if not math.isfinite(wait) or not 0 <= wait <= limit:
-        raise ValidationFailed("wait", f"must be between 0 and {limit:g} seconds")
+        raise ValidationFailed("wait", f"must be between 0 and {limit:g} seconds", max=limit)
     return wait

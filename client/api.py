@@ -75,10 +75,14 @@ def allowed_wait(error: TTSClientError, asked: float) -> float | None:
     ``error`` is no refusal of the wait: the limit the service states, else the next of ``FALLBACK_WAITS_S``."""
     if error.status != 422 or error.details.get("field") != "wait" or asked <= 0:
         return None
-    # The limit is only in the message: read it defensively, and step down when it cannot be read.
-    stated = _WAIT_LIMIT.search(error.message)
-    if stated is not None and float(stated.group(1)) < asked:
-        return float(stated.group(1))
+    # The service states its limit as ``max`` (and, before it did, only in the message): read it defensively, and
+    # step down when it cannot be read.
+    limit = error.details.get("max")
+    if not isinstance(limit, int | float) or isinstance(limit, bool):
+        stated = _WAIT_LIMIT.search(error.message)
+        limit = float(stated.group(1)) if stated is not None else None
+    if limit is not None and 0 <= float(limit) < asked:
+        return float(limit)
     return next(wait for wait in FALLBACK_WAITS_S if wait < asked)
 
 

@@ -186,6 +186,8 @@ def test_bad_wait_values_are_a_422(app: Any, client: FlaskClient) -> None:
         response = client.get(f"/v1/jobs/{job_id}/segments/0?wait={bad}")
         assert response.status_code == 422, bad
         assert response.get_json()["error"]["field"] == "wait"
+    too_long = client.get(f"/v1/jobs/{job_id}/segments/0?wait=31").get_json()["error"]
+    assert too_long["max"] == 30.0, "the limit, for a client to ask again within it"
     client.delete(f"/v1/jobs/{job_id}")
     for bad in ("abc", "-1"):  # the whole audio's too, whatever the job's state (here canceled)
         response = client.get(f"/v1/jobs/{job_id}/audio?wait={bad}")

@@ -111,6 +111,11 @@ def test_a_refused_wait_is_lowered_to_what_the_service_says_or_else_step_by_step
     assert allowed_wait(error, asked) == allowed
 
 
+def test_the_limit_the_service_states_as_max_is_taken_before_the_message() -> None:
+    error = TTSClientError(422, "invalid_field", "wait: out of range", details={"field": "wait", "max": 7.5})
+    assert allowed_wait(error, 30.0) == 7.5
+
+
 def test_a_refusal_of_something_else_or_of_no_wait_lowers_nothing() -> None:
     assert allowed_wait(TTSClientError(422, "invalid_field", "speed: too fast", details={"field": "speed"}), 30) is None
     assert allowed_wait(TTSClientError(404, "not_found", "no job"), 30.0) is None
