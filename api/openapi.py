@@ -67,9 +67,10 @@ def _job_paths(settings: Settings) -> dict[str, Any]:
         },
         "/v1/jobs/{job_id}": {
             "get": {"summary": "Status and progress.", "parameters": [job_id],
-                    "responses": {"200": job, **_errors(*auth)}},
-            "delete": {"summary": "Cancel.", "parameters": [job_id],
-                       "responses": {"200": job, **_errors(*auth)}},
+                    "responses": {"200": job, **_errors(*auth, 503)}},
+            "delete": {"summary": "Cancel (a job that already ended is answered as it is; its audio and record "
+                                  "expire on their own).", "parameters": [job_id],
+                       "responses": {"200": job, **_errors(*auth, 503)}},
         },
         "/v1/jobs/{job_id}/text": {
             "post": {
