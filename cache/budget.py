@@ -7,10 +7,11 @@ so their audio routes answer 410 Gone saying why. Past ``full_at``, with nothing
 admission answers 503 (``full``), so that Redis never reaches the limit where it refuses writes.
 
 Admission judges only the memory used now, not the audio admitted jobs will still write: jobs admitted together
-may need more than the budget holds. Then live work alone fills it past ``full_at``, every segment write waits for
-room that nothing can make, and no job can finish. ``shed`` ends that: it fails the newest live jobs, their audio
-removed first, until the store is below ``trim_at`` again, so that the older ones finish (each failed job's record
-says why). Losing the newest is what admission would have chosen, had it known.
+may need more than the budget holds. Then live work fills it past ``write_at``, every segment write waits for room
+that nothing can make, and no job can finish. ``shed`` ends that: it fails the newest live jobs, their audio
+removed with them, until the store is below ``trim_at`` again, so that the older ones finish (each failed job's
+record says why). Losing the newest is what admission would have chosen, had it known. It is called only when the
+live jobs' audio is what fills the store: failing jobs cannot free memory that records or other keys hold.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from core.settings import Settings
 
 #: The most live jobs one shedding pass fails (a pass reads the used memory again after each).
 SHED_MAX = 64
+#: How many of the newest live jobs' audio is measured to judge whether failing them would make room.
+SHED_SCAN = 2000
 #: What a job failed by ``shed`` says, with the store's usage.
 SHED_REASON = (
     "the job store's memory ({usage}) filled with the audio of jobs still being made, with no finished audio left "
@@ -151,8 +154,12 @@ class StoreBudget:
         return self.full_at + (1.0 - self.full_at) / 2
 
     def room_to_write(self) -> bool:
-        """Say whether a segment may be written now (the store is below ``write_at``; read at most once a second)."""
+        """Say whether a segment may be written now (the store is below ``write_at``): read at most once a second
+        while the store is below ``full_at``, and at every write past it, where a stale reading lets a whole engine
+        call's audio through at once."""
         usage = self.recent()
+        if usage.budget and usage.share >= self.full_at:
+            usage = self.usage()
         return not usage.budget or usage.share < self.write_at
 
     def trim(self, now: float | None = None) -> Trimmed:
@@ -181,12 +188,20 @@ class StoreBudget:
         STORE_TRIMMED.labels("cache_entry").inc(entries)
         return Trimmed(jobs, entries, before, usage)
 
-    def shed(self, fail: Callable[[str, str], bool], *, at_most: int = SHED_MAX) -> list[str]:
+    def live_audio_bytes(self, *, newest: int = SHED_SCAN) -> int:
+        """Return the memory the audio of the ``newest`` live jobs holds (one pipelined MEMORY USAGE each)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for raw in self.redis.zrevrange(keys.LIVE_JOBS, 0, newest - 1):
+            pipe.memory_usage(keys.audio(raw.decode() if isinstance(raw, bytes) else str(raw)), samples=0)
+        return sum(int(found or 0) for found in pipe.execute())
+
+    def shed(self, fail: Callable[[str, str, bool], bool], *, at_most: int = SHED_MAX) -> list[str]:
         """Fail the newest live jobs, one at a time, until the store is below ``trim_at``; return those failed.
 
-        Call it only when live work alone fills the store past ``full_at`` (a trim found nothing finished to
-        remove). Each job's audio is removed before it is failed: a store at its limit refuses the failure's writes,
-        never a deletion. ``fail(job_id, reason)`` ends a job (``JobStore.fail``).
+        Call it only when live work fills the store past ``write_at`` and a trim found nothing finished to remove.
+        Each job's audio is removed in the same step as its failure, and only while it is live.
+        ``fail(job_id, reason, drop_audio)`` ends a job (``JobStore.fail``); at the limit, where that step's
+        writes are refused, the audio is removed first on its own (a deletion always passes).
         """
         shed: list[str] = []
         for raw in self.redis.zrevrange(keys.LIVE_JOBS, 0, at_most - 1):
@@ -194,8 +209,13 @@ class StoreBudget:
             if not usage.budget or usage.share < self.trim_at:
                 break
             job_id = raw.decode() if isinstance(raw, bytes) else str(raw)
-            self.redis.delete(keys.audio(job_id))
-            if fail(job_id, SHED_REASON.format(usage=usage.describe())):
+            reason = SHED_REASON.format(usage=usage.describe())
+            try:
+                failed = fail(job_id, reason, True)
+            except redis.OutOfMemoryError:
+                self.redis.delete(keys.audio(job_id))
+                failed = fail(job_id, reason, True)
+            if failed:
                 shed.append(job_id)
         STORE_TRIMMED.labels("live_job").inc(len(shed))
         return shed
@@ -226,14 +246,15 @@ class StoreBudget:
         return [(member.decode(), float(score)) for member, score in reply]
 
     def wait_for_room(self, timeout_s: float, *, poll_s: float = 0.5) -> bool:
-        """Block until the store is below its limit for writes again (``full_at``), up to ``timeout_s``.
+        """Block until the store is below its mark for segment writes again (``write_at``), up to ``timeout_s``.
 
-        Polls the used memory: room is made by other processes (a janitor's trim, TTLs expiring).
+        Polls the used memory: room is made by other processes (a janitor's trim or shed, TTLs expiring). The mark
+        is the one writes wait at: a lower one would leave every writer waiting in between, with nothing to shed.
         """
         deadline = time.monotonic() + timeout_s
         while True:
             usage = self.usage()
-            if not usage.budget or usage.share < self.full_at:
+            if not usage.budget or usage.share < self.write_at:
                 return True
             left = deadline - time.monotonic()
             if left <= 0:

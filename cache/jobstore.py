@@ -263,18 +263,28 @@ class JobStore(JobReads):
         """Say that ``worker`` stopped working on a segment without writing it (its task failed or retries)."""
         self.redis.srem(keys.held(worker), keys.segment_member(job_id, index))
 
-    def fail(self, job_id: str, reason: str) -> bool:
-        """Mark the job failed with a reason unless it already ended; say whether it changed."""
-        return self._end(job_id, JobStatus.FAILED, reason)
+    def fail(self, job_id: str, reason: str, *, drop_audio: bool = False) -> bool:
+        """Mark the job failed with a reason unless it already ended; say whether it changed. ``drop_audio``: remove
+        its audio in the same step (only if it was still live), to make room in a full store."""
+        return self._end(job_id, JobStatus.FAILED, reason, drop_audio=drop_audio)
 
     def cancel(self, job_id: str) -> bool:
         """Mark the job canceled unless it already ended; say whether it changed."""
         return self._end(job_id, JobStatus.CANCELED, "canceled by the client")
 
-    def _end(self, job_id: str, status: JobStatus, reason: str) -> bool:
+    def _end(self, job_id: str, status: JobStatus, reason: str, *, drop_audio: bool = False) -> bool:
         now = time.time()
         expires = f"{now + self.audio_ttl:.3f}"
-        args = [status.value, reason, f"{now:.6f}", self.ttl, self.audio_ttl, expires, job_id]
+        args = [
+            status.value,
+            reason,
+            f"{now:.6f}",
+            self.ttl,
+            self.audio_ttl,
+            expires,
+            job_id,
+            "1" if drop_audio else "0",
+        ]
         result = EndResult(self._finish(keys=[*keys.all_job_keys(job_id), keys.AUDIO_KEPT], args=args))
         if result is not EndResult.ALREADY_OVER:
             self.forget_live(job_id)

@@ -121,6 +121,8 @@ def held(hostname: str) -> str:
 #: A sorted set of segments that must be published to the broker, scored by when a sweeper may publish them:
 #: every segment taken off a job's pending list, or taken from a dead worker, passes through it (an outbox).
 OUTBOX = f"{PREFIX}:outbox"
+#: Held by the one worker failing live jobs to make room in a full store at a time (cache/budget.py).
+SHED_LOCK = f"{PREFIX}:budget:shed:lock"
 #: Held by the one worker sweeping the outbox and dead workers at a time.
 JANITOR_LOCK = f"{PREFIX}:janitor:lock"
 

@@ -102,12 +102,14 @@ return {$WriteResult_WRITTEN, -1}
 )
 
 # KEYS: the job's own (keys.all_job_keys), then the kept-audio index.
-# ARGV: new_status ('failed' or 'canceled'), reason, now, ttl, audio ttl, when the audio expires, job id.
+# ARGV: new_status ('failed' or 'canceled'), reason, now, ttl, audio ttl, when the audio expires, job id, and
+#       optionally '1': remove its audio first, in the same step (a job failed to make room).
 # Returns 1 when the job moved to new_status, 0 when it was already terminal, -1 when gone.
 FINISH = _lua("""
 if redis.call('EXISTS', KEYS[1]) == 0 then return $EndResult_GONE end
 local status = redis.call('HGET', KEYS[1], 'status')
 if status == $DONE or status == $FAILED or status == $CANCELED then return $EndResult_ALREADY_OVER end
+if ARGV[8] == '1' then redis.call('DEL', KEYS[2]) end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'error', ARGV[2], 'finished_at', ARGV[3], 'updated_at', ARGV[3],
            'audio_expires_at', ARGV[6])
 redis.call('XADD', KEYS[4], '*', 'type', 'status', 'status', ARGV[1], 'error', ARGV[2])

@@ -50,3 +50,37 @@ def test_a_busy_consumer_whose_redis_died_closes_cleanly_and_its_late_acks_land(
         held[0].ack()
     finally:
         server.stop()
+
+
+def test_a_delivery_a_full_redis_refuses_to_record_is_a_connection_error_not_an_unrecoverable_one(
+    tmp_path: Path,
+) -> None:
+    import redis
+    from kombu.transport import redis as kombu_redis
+
+    try:
+        server = RedisServer(tmp_path)
+    except RuntimeError as e:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip(str(e))
+    server.start()
+    broker.install()
+    tasks = Queue("t", Exchange("t"), "t")
+    try:
+        with Connection(server.url) as connection:
+            channel = connection.default_channel
+            consumer = connection.Consumer(tasks, callbacks=[lambda *_: None], accept=["json"])
+            consumer.qos(prefetch_count=10)
+            info = {"delivery_tag": "d1", "delivery_info": {"exchange": "t", "routing_key": "t"}}
+            raw = {"body": "{}", "properties": info, "content-type": "application/json"}
+            message = channel.Message(raw, channel=channel)
+            # Redis at its maxmemory: the MULTI that records the delivery is refused (what a worker met, and died of).
+            channel.client.config_set("maxmemory", channel.client.info("memory")["used_memory"] // 2)
+            assert kombu_redis.QoS.append is broker._append_or_reconnect
+            with pytest.raises(redis.ConnectionError, match="refused to record a delivery"):
+                channel.qos.append(message, "d1")
+            assert redis.ConnectionError in connection.connection_errors, "which Celery's consumer reconnects on"
+            channel.qos.restore_visible()  # as a (re)connecting consumer does: under a lock a full Redis refuses
+    finally:
+        server.stop()

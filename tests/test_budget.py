@@ -5,6 +5,7 @@ write time that is waited out rather than counted as an engine failure."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -357,50 +358,58 @@ def test_a_janitor_trims_finished_audio_even_when_redis_refuses_every_write(
     own_redis.set("one-more", b"x" * 2**20)  # writes work again
 
 
-def test_when_live_work_alone_fills_the_store_the_newest_jobs_fail_saying_why_and_the_oldest_go_on(
-    own_redis: redis.Redis, speech: tuple[bytes, int]
-) -> None:
+def _janitor(client: redis.Redis, store: JobStore, budget: StoreBudget) -> Any:
     from cache.custody import BrokerKeys, Custody
     from cache.schedule import ScheduleBook
     from cache.workers import WorkerRegistry
     from workers.janitor import Janitor
 
-    pcm, rate = speech
-    store = JobStore(own_redis, ttl=600)
-    live = []
-    for n in range(6):  # each half made: its next segment waits for room that only its own kind holds
-        job_id = store.create(REQUEST, [f"Book {n}, part {i}." for i in range(8)])
-        for i in range(4):
-            store.write_segment(job_id, i, pcm, sample_rate=rate, meta={})
-        live.append(job_id)
-        own_redis.zadd(keys.LIVE_JOBS, {job_id: time.time() + n})  # in the order they came
-    per_job = own_redis.memory_usage(keys.audio(live[0]), samples=0) or 0
-    used = StoreBudget(own_redis).usage().used
-    # Past full (90%) now; three jobs' audio lies between here and below the trim mark (80%).
-    budget = StoreBudget(own_redis, budget_bytes=int((used - 2.5 * per_job) / 0.8))
-    assert budget.usage().share >= 0.9
-    janitor = Janitor(
+    return Janitor(
         store=store,
-        custody=Custody(own_redis, BrokerKeys(queues=["realtime"]), task_name="t"),
-        heartbeats=WorkerRegistry(own_redis, ttl_s=6),
+        custody=Custody(client, BrokerKeys(queues=["realtime"]), task_name="t"),
+        heartbeats=WorkerRegistry(client, ttl_s=6),
         enqueue=lambda *_args: None,
-        book=ScheduleBook(own_redis, default_seconds_per_char=0.08),
+        book=ScheduleBook(client, default_seconds_per_char=0.08),
         worker="w1",
         dead_after_s=6,
         interval_s=2,
         working_on=set,
         budget=budget,
     )
+
+
+def _half_made_books(client: redis.Redis, store: JobStore, pcm: bytes, rate: int, count: int) -> list[str]:
+    """Create ``count`` live jobs of 8 segments with 4 written, in the order they came."""
+    live = []
+    for n in range(count):
+        job_id = store.create(REQUEST, [f"Book {n}, part {i}." for i in range(8)])
+        for i in range(4):
+            store.write_segment(job_id, i, pcm, sample_rate=rate, meta={})
+        live.append(job_id)
+        client.zadd(keys.LIVE_JOBS, {job_id: time.time() + n})
+    return live
+
+
+def _status(store: JobStore, job_id: str) -> str:
+    record = store.get(job_id)
+    return record.status.value if record else "gone"
+
+
+def test_when_live_work_fills_the_store_the_newest_jobs_fail_saying_why_and_the_oldest_go_on(
+    own_redis: redis.Redis, speech: tuple[bytes, int]
+) -> None:
+    pcm, rate = speech
+    store = JobStore(own_redis, ttl=600)
+    live = _half_made_books(own_redis, store, pcm, rate, 6)  # each one's next segment waits for room
+    used = StoreBudget(own_redis).usage().used
+    budget = StoreBudget(own_redis, budget_bytes=int(used / 0.96))  # past 95%, where segment writes wait
+    assert budget.usage().share >= budget.write_at
+    janitor = _janitor(own_redis, store, budget)
     now = time.time()
-
-    def status(job_id: str) -> str:
-        record = store.get(job_id)
-        return record.status.value if record else "gone"
-
     janitor.keep_budget(now)
-    assert "failed" not in {status(j) for j in live}, "one pass is not judged stuck: a trim may follow"
+    assert "failed" not in {_status(store, j) for j in live}, "one pass is not judged stuck: a trim may follow"
     janitor.keep_budget(now + 2)
-    failed = [j for j in live if status(j) == "failed"]
+    failed = [j for j in live if _status(store, j) == "failed"]
     assert failed == live[-len(failed) :] and 1 <= len(failed) < len(live), "the newest failed, the oldest go on"
     assert budget.usage().share < 0.8, "down below the trim mark: the older jobs have room to write"
     record = store.get(failed[-1])
@@ -408,6 +417,35 @@ def test_when_live_work_alone_fills_the_store_the_newest_jobs_fail_saying_why_an
     assert "newest were failed so that older ones can finish" in error and "TTS_REDIS_MAXMEMORY" in error
     assert not own_redis.exists(keys.audio(failed[0])) and own_redis.exists(keys.audio(live[0]))
     assert not any(own_redis.zscore(keys.LIVE_JOBS, j) for j in failed)
+
+
+def test_a_store_full_of_something_else_than_live_audio_fails_no_job_and_says_so(
+    own_redis: redis.Redis, speech: tuple[bytes, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    pcm, rate = speech
+    store = JobStore(own_redis, ttl=600)
+    live = _half_made_books(own_redis, store, pcm, rate, 2)
+    for n in range(160):  # what failing jobs cannot free: records, pieces, another tenant's keys
+        own_redis.set(f"other:{n}", b"x" * 65536)
+    used = StoreBudget(own_redis).usage().used
+    budget = StoreBudget(own_redis, budget_bytes=int(used / 0.97))
+    janitor = _janitor(own_redis, store, budget)
+    now = time.time()
+    with caplog.at_level(logging.ERROR, logger="workers.janitor"):
+        janitor.keep_budget(now)
+        janitor.keep_budget(now + 2)
+    assert "failed" not in {_status(store, j) for j in live}, "failing them would free next to nothing"
+    assert any("not with live jobs' audio" in r.getMessage() for r in caplog.records)
+
+
+def test_a_job_that_finished_meanwhile_keeps_its_audio_when_the_store_sheds(
+    own_redis: redis.Redis, speech: tuple[bytes, int]
+) -> None:
+    pcm, rate = speech
+    store = JobStore(own_redis, ttl=600)
+    done = _done_job(store, pcm, rate, segments=2)
+    assert store.fail(done, "made room", drop_audio=True) is False, "over already: not failed"
+    assert own_redis.exists(keys.audio(done)), "and its audio stays, removed only with a live job's failure"
 
 
 def test_neither_the_api_nor_a_worker_starts_on_a_job_store_that_would_evict_keys(

@@ -1,4 +1,5 @@
-"""A fix for kombu's Redis transport, so that a broker connection lost under a worker never stops it.
+"""A fix for kombu's Redis transport, so that a broker connection lost under a worker, or a broker at its memory
+limit, never stops it.
 
 On a connection loss, Celery 5.7's consumer collects the connection, then closes it, and acks
 that finish later still reach the old channel. With kombu 5.7 both go through the collected
@@ -21,14 +22,21 @@ details, so acks of tasks that finish after the reconnect still land ("Couldn't 
 
 from __future__ import annotations
 
+import logging
 from queue import Empty
 from typing import Any
 
 import redis
 from kombu.transport import redis as kombu_redis
 
+log = logging.getLogger(__name__)
+
 _connparams = kombu_redis.Channel._connparams
 _close = kombu_redis.Channel.close
+_append = kombu_redis.QoS.append
+_restore_visible = kombu_redis.QoS.restore_visible
+#: What a Redis at its maxmemory answers a write (or a MULTI holding one) with.
+_REFUSED_FULL = (redis.OutOfMemoryError, redis.exceptions.ExecAbortError)
 
 
 def _connparams_of_a_live_connection(self: Any, asynchronous: bool = False) -> Any:
@@ -46,7 +54,32 @@ def _close_even_if_the_brpop_reply_is_lost(self: Any) -> None:
     _close(self)  # type: ignore[no-untyped-call]
 
 
+def _append_or_reconnect(self: Any, message: Any, delivery_tag: str) -> None:
+    try:
+        _append(self, message, delivery_tag)  # type: ignore[no-untyped-call]
+    except _REFUSED_FULL as e:
+        # A Redis at its maxmemory refuses the record of a delivery it just gave out (its MULTI is refused whole:
+        # redis-py raises the refusal or the EXECABORT, depending on the reply it reads first).
+        # Celery takes any other error here as unrecoverable and the worker exits; a connection error it meets by
+        # reconnecting. The delivery is then in neither the queue nor the unacked hash: the janitor's account
+        # finds its segment missing and publishes it again (workers/janitor.py), as for a delivery lost with a
+        # connection.
+        raise redis.ConnectionError(f"the broker's Redis refused to record a delivery: {e}") from e
+
+
+def _restore_visible_unless_full(self: Any, *args: Any, **kwargs: Any) -> None:
+    try:
+        _restore_visible(self, *args, **kwargs)  # type: ignore[no-untyped-call]
+    except _REFUSED_FULL:
+        # Run as a consumer (re)connects, under a lock whose SET a full Redis refuses: Celery would take that as
+        # unrecoverable too. Skipped, it runs at the next connect; the janitor hands on what waits meanwhile.
+        log.warning("the broker's Redis is at its memory limit: unacknowledged deliveries are restored later")
+
+
 def install() -> None:
-    """Make kombu's Redis channels close fully after a connection loss, and fail with connection errors after."""
+    """Make kombu's Redis channels close fully after a connection loss, and fail with connection errors after
+    (a delivery Redis refused to record at its memory limit included)."""
     kombu_redis.Channel._connparams = _connparams_of_a_live_connection  # type: ignore[method-assign]
     kombu_redis.Channel.close = _close_even_if_the_brpop_reply_is_lost  # type: ignore[method-assign]
+    kombu_redis.QoS.append = _append_or_reconnect  # type: ignore[method-assign]
+    kombu_redis.QoS.restore_visible = _restore_visible_unless_full  # type: ignore[method-assign]

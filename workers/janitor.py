@@ -16,8 +16,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+import redis
+
 from cache import keys
-from cache.budget import StoreBudget
+from cache.budget import StoreBudget, Usage
 from cache.custody import Custody
 from cache.jobstore import JobStore
 from cache.schedule import ScheduleBook
@@ -122,22 +124,42 @@ class Janitor:
                 trimmed.cache_entries, trimmed.after.describe() if trimmed.after else "?",
                 extra={"jobs": trimmed.jobs, "cache_entries": trimmed.cache_entries},
             )  # fmt: skip
-        stuck = trimmed.after is not None and trimmed.after.budget and trimmed.after.share >= self.budget.full_at
+        after = trimmed.after
+        stuck = after is not None and bool(after.budget) and after.share >= self.budget.write_at
         if not stuck:
             self._full_since = None
         elif self._full_since is None:
-            self._full_since = now  # live work alone fills it; judged again next pass, after another trim
-        elif now - self._full_since >= self.interval_s:
-            shed = self.budget.shed(self.store.fail)
-            if shed:
-                log.error(
-                    "job store full of live work (%s) with no finished audio left to remove, so no job could go on: "
-                    "failed the %d newest live jobs to let the older finish (%s)",
-                    trimmed.after.describe() if trimmed.after else "?", len(shed), ", ".join(shed[:8]),
-                    extra={"shed_jobs": len(shed)},
-                )  # fmt: skip
+            self._full_since = now  # segment writes wait; judged again next pass, after another trim
+        elif now - self._full_since >= self.interval_s and after is not None:
             self._full_since = None
+            self._shed(after)
         return trimmed.jobs
+
+    def _shed(self, usage: Usage) -> None:
+        """Fail the newest live jobs of a store their audio has filled, so that the older finish (cache/budget.py);
+        one worker at a time (a lock, unless the store refuses even that), and only if their audio is what fills it."""
+        assert self.budget is not None
+        try:
+            if not self.store.redis.set(keys.SHED_LOCK, self.worker, nx=True, px=int(2 * self.interval_s * 1000)):
+                return  # another worker's janitor sheds
+        except redis.OutOfMemoryError:
+            pass  # at the limit: shed without it (each job is failed once; a second worker finds it over)
+        needed = (usage.share - self.budget.trim_at) * usage.budget
+        live_audio = self.budget.live_audio_bytes()
+        if live_audio < needed:
+            log.error(
+                "job store full (%s), but not with live jobs' audio (%.0f MB of it): failing jobs would not make room. "
+                "Raise its budget (maxmemory; make run: TTS_REDIS_MAXMEMORY), or keep finished jobs' records for less "
+                "(TTS_JOB_TTL_S)", usage.describe(), live_audio / 2**20,
+            )  # fmt: skip
+            return
+        shed = self.budget.shed(lambda job_id, reason, drop: self.store.fail(job_id, reason, drop_audio=drop))
+        if shed:
+            log.error(
+                "job store full of live work (%s) with no finished audio left to remove, so no job could go on: "
+                "failed the %d newest live jobs to let the older finish (%s)",
+                usage.describe(), len(shed), ", ".join(shed[:8]), extra={"shed_jobs": len(shed)},
+            )  # fmt: skip
 
     def release_own_stale(self, now: float) -> int:
         """Move to the outbox what Redis says this worker holds but no thread of it works on; return how many."""
