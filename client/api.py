@@ -15,7 +15,7 @@ from typing import Any
 
 import requests
 
-from client.deadline import HeadersDueAdapter, Watchdog
+from client.deadline import HeadersDueAdapter, Watchdog, shutter
 
 TERMINAL = frozenset({"done", "failed", "canceled"})
 #: The ``?wait=`` a client asks for at first: the service's default ``TTS_MAX_WAIT_S``. A service set shorter
@@ -112,7 +112,7 @@ def _answer(response: requests.Response, *, within_s: float = ANSWER_WITHIN_S) -
     where = f"{response.request.method} {response.url}" if response.request is not None else response.url
     body = bytearray()
     # An answer built by hand (a test's stand-in) has its body already and no connection to read it from.
-    shut = response.raw.shutdown if response.raw is not None else (lambda: None)
+    shut = shutter(response.raw)
     try:
         with Watchdog(within_s, shut) as watchdog:
             chunks = [response.content] if response.raw is None else response.iter_content(chunk_size=64 * 1024)
@@ -121,9 +121,12 @@ def _answer(response: requests.Response, *, within_s: float = ANSWER_WITHIN_S) -
                 if len(body) > MAX_ANSWER_BYTES:
                     raise TTSClientError(0, "bad_answer", f"{where}: the answer is over {MAX_ANSWER_BYTES:,} bytes; "
                                          "is this the TTS service?")  # fmt: skip
-    except requests.RequestException as e:
+    except (requests.RequestException, OSError, ValueError) as e:
+        # A socket shut under a read is a broken answer to requests, or, over TLS, an OSError or a ValueError.
         if watchdog.fired:
             raise TTSClientError(0, "unreachable", f"{where}: the answer took over {within_s:g} s to arrive") from e
+        if not isinstance(e, requests.RequestException):
+            raise
         raise TTSClientError(0, "unreachable", f"{where}: the answer broke off: {e}") from e
     finally:
         if response.raw is not None:  # one built by hand (a test's stand-in) has no connection to give back

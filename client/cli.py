@@ -121,7 +121,9 @@ def _reuse_or_submit(client: TTSClient, state: BookState, request: dict[str, Any
             return _submit_again(client, state, request, log, why=f"job {job_id} is gone from the server (expired)")
         if job["status"] not in ("failed", "canceled"):
             return job
-        print(f"job {job_id} {job['status']}; starting again", file=log)
+        # A job failed (its store full, say) or canceled: the segments saved before are as good as a new job's.
+        reason = f": {job['error']}" if job.get("error") else ""
+        return _submit_again(client, state, request, log, why=f"job {job_id} {job['status']}{reason}")
     elif job_id:
         print("the text or options changed since the cut-off run; starting again", file=log)
     state.clear()

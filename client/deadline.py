@@ -98,3 +98,21 @@ class HeadersDueAdapter(HTTPAdapter):
     def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
         super().init_poolmanager(*args, **kwargs)
         self.poolmanager.pool_classes_by_scheme = {"http": _Pool, "https": _TLSPool}
+
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
+        """Return requests' manager for ``proxy`` (HTTP(S)_PROXY), its connections bounded the same way."""
+        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        if hasattr(manager, "pool_classes_by_scheme"):  # a SOCKS proxy's manager makes connections of its own
+            manager.pool_classes_by_scheme = {"http": _Pool, "https": _TLSPool}
+        return manager
+
+
+def shutter(raw: Any) -> Callable[[], None]:
+    """Return what shuts the socket a urllib3 answer ``raw`` is read from (nothing for none, or an old urllib3)."""
+    shutdown: Callable[[], None] | None = getattr(raw, "shutdown", None)  # urllib3 2.3 and later
+    if callable(shutdown):
+        return shutdown
+    sock = getattr(getattr(raw, "_connection", None), "sock", None)
+    if sock is None:
+        return lambda: None
+    return lambda: sock.shutdown(socket.SHUT_RDWR)

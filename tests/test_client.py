@@ -188,6 +188,25 @@ def test_book_submits_again_keeping_the_saved_segments_when_the_interrupted_job_
     assert sf.info(out).samplerate == 22050
 
 
+def test_book_keeps_the_saved_segments_when_the_interrupted_job_failed(
+    base_url: str, tts: TTSClient, tmp_path: Path, redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text_file = tmp_path / "chapter.txt"
+    text_file.write_text(CHAPTER, encoding="utf-8")
+    out = tmp_path / "chapter.wav"
+    assert _book(base_url, text_file, out, RecordingSession(interrupt_after=1)) == 130
+    state = json.loads((tmp_path / "chapter.wav.part" / "job.json").read_text())
+    _finished(tts, state["job_id"])
+    # As a job the store failed to make room ends (its status and reason on its record).
+    redis_client.hset(f"tts:job:{{{state['job_id']}}}:record", mapping={"status": "failed", "error": "made room"})
+    capsys.readouterr()
+
+    again = RecordingSession()
+    assert _book(base_url, text_file, out, again) == 0
+    assert again.segment_indices() == list(range(1, state["segments_total"])), "segment 0 was kept, not fetched"
+    assert f"job {state['job_id']} failed: made room; submitted again as job" in capsys.readouterr().err
+
+
 def _finished(tts: TTSClient, job_id: str) -> None:
     deadline = time.monotonic() + 60
     while (job := tts.status(job_id))["status"] not in ("done", "failed", "canceled"):
