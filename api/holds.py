@@ -86,8 +86,9 @@ class StreamHolds:
     ) -> None:
         self.streams = streams
         # What a caller at its limit is told to wait: a stream that ends frees its slot at once, but one whose client
-        # left is noticed only at its next keep-alive (or a growing stream's look at its client), within this long.
-        self.retry_after_s = max(1, math.ceil(keepalive_s))
+        # left is noticed at a write that fails, which an event stream's keep-alives reach by the second of them
+        # (a growing audio stream looks at its client at each). A long-poll holds its slot for its wait.
+        self.retry_after_s = max(1, math.ceil(2 * keepalive_s))
         self.per_caller = per_caller
         self.per_process = per_process
         self.ttl_s = ttl_s
@@ -128,7 +129,7 @@ class StreamHolds:
             raise TooManyRequests(
                 f"you hold your limit of {self.per_caller} open streams and long-polls (max_streams_per_caller); "
                 f"close one, or retry in {self.retry_after_s} s (a stream whose client left frees its slot within "
-                "a keep-alive)",
+                "two keep-alives)",
                 retry_after=self.retry_after_s,
                 limit="max_streams_per_caller",
                 max=self.per_caller,

@@ -122,11 +122,16 @@ def audio_stream(
     that ends otherwise than done raises CutShort: its audio is not whole.
     """
     encoder: StreamEncoder | None = None
+    sent = 0
     for event in follow(store, job_id, keepalive_s=keepalive_s):
         if isinstance(event, Ended):
             if event.status != "done":
                 log.info("job %s ended %s while its audio was streamed: the stream is cut short", job_id, event.status)
                 raise CutShort(job_id, event.status)
+            record = store.get(job_id)
+            if record is not None and sent < record.segments_total:  # done, its later audio removed meanwhile
+                log.info("job %s: its audio after segment %d is gone: the stream is cut short", job_id, sent - 1)
+                raise CutShort(job_id, "done, without all its audio")
             if encoder is not None:
                 yield encoder.close()
             return
@@ -136,9 +141,11 @@ def audio_stream(
             yield b""  # no bytes for the client (an audio stream has no keep-alive), but a turn to renew its slot
             continue
         pcm = store.segment(job_id, event.index)
-        if pcm is None:
-            return
+        if pcm is None:  # its audio removed meanwhile (its TTL, or the memory budget): the file cannot be whole
+            log.info("job %s: segment %d's audio is gone: the stream is cut short", job_id, event.index)
+            raise CutShort(job_id, "without its audio")
         if encoder is None:
             record = store.get(job_id)
             encoder = StreamEncoder(fmt, (record.sample_rate or 0) if record else 0)
+        sent += 1
         yield encoder.write(pcm)

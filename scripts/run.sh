@@ -202,7 +202,7 @@ echo "==> supervisord restarts whatever dies; see what runs: ${VENV#"$ROOT"/}/bi
 echo "==> waiting for the API and the worker"
 # Up to 2 minutes for the API to answer with a live worker, then up to 15 more while a worker loads its model
 # (real weights from a slow disk take a while), saying so every 30 s.
-ready="" up=0 loading=0
+ready="" up_since=$SECONDS loading_since="" said=0
 while :; do
   if answer=$("$PY" scripts/api_get.py "http://$API_HOST:$API_PORT/readyz" 2>/dev/null); then
     # Ready, and no worker still loading its models (a first request would wait for them).
@@ -210,20 +210,19 @@ while :; do
       ready=$answer
       break
     fi
-    loading=$((loading + 1))
-    if [ $((loading % 60)) -eq 0 ]; then
-      echo "==> a worker is still loading its model ($((loading / 2)) s so far)"
+    loading_since=${loading_since:-$SECONDS}
+    loading_s=$((SECONDS - loading_since))
+    if [ "$loading_s" -ge $((said + 30)) ]; then
+      said=$loading_s
+      echo "==> a worker is still loading its model ($loading_s s so far)"
     fi
-    if [ "$loading" -ge 1800 ]; then
+    if [ "$loading_s" -ge 900 ]; then
       echo "a worker was still loading its model after 15 minutes; see the logs above" >&2
       exit 1
     fi
-  else
-    up=$((up + 1))
-    if [ "$up" -ge 240 ]; then
-      echo "the API did not answer ready (with a live worker) within 2 minutes; see the logs above" >&2
-      exit 1
-    fi
+  elif [ -z "$loading_since" ] && [ $((SECONDS - up_since)) -ge 120 ]; then
+    echo "the API did not answer ready (with a live worker) within 2 minutes; see the logs above" >&2
+    exit 1
   fi
   if ! kill -0 "$sup_pid" 2>/dev/null; then
     echo "supervisord exited during start-up; see the log above" >&2

@@ -88,6 +88,24 @@ def test_segments_that_finish_out_of_order_are_delivered_in_order(redis_client: 
     assert seen == [Ready(0, 3), Ready(1, 3), Ready(2, 3), Ended("done", None)]
 
 
+def test_a_growing_stream_of_a_done_job_whose_later_audio_is_gone_is_cut_short_not_ended_whole(
+    redis_client: Any,
+) -> None:
+    from api.streaming import CutShort, audio_stream
+    from cache import keys
+
+    store = JobStore(redis_client, ttl=60)
+    request = JobRequest(model="m", voice="v", speed=1.0, mode="balanced", format="pcm", priority="realtime", seed=None)
+    job_id = store.create(request, ["a", "b"])
+    for index in (0, 1):
+        store.write_segment(job_id, index, bytes([index + 1]) * 4, sample_rate=8000, meta={})
+    redis_client.hdel(keys.audio(job_id), "1")  # removed meanwhile: its TTL, or the memory budget
+    stream = audio_stream(store, job_id, fmt="pcm", keepalive_s=1)
+    assert next(stream) == bytes([1]) * 4
+    with pytest.raises(CutShort):
+        next(stream)
+
+
 def test_a_canceled_job_ends_its_event_stream_with_canceled(app: Flask, client: FlaskClient) -> None:
     store = app.extensions["tts"].store
     request = JobRequest(

@@ -88,7 +88,7 @@ def live(workers: WorkerRegistry, *, host: str) -> tuple[bool, str]:
     if since > UPKEEP_STUCK_S:
         return False, (
             f"beating, but its last upkeep pass ended {since:.0f} s ago (over {UPKEEP_STUCK_S:g} s): "
-            "its janitor, text-stream sweep and reconciler are stuck"
+            "its janitor and reconciler are stuck"
         )
     return True, "alive: beating, upkeep running"
 

@@ -84,7 +84,7 @@ class WorkerRuntime:
     def _sweep_forever(self) -> None:
         # Its own thread and pace: a tail idle past TTS_TEXT_STREAM_FLUSH_S is spoken within a third of that later,
         # not at the next upkeep pass (a heartbeat, 2 s, after it), and a slow janitor pass does not hold it up.
-        every = min(self.settings.heartbeat_s, self.settings.text_stream_flush_s / 3)
+        every = max(0.1, min(self.settings.heartbeat_s, self.settings.text_stream_flush_s / 3))
         while not self._stop.wait(every):
             _guarded("text-stream sweep", self.text_streams.sweep)
 
