@@ -326,29 +326,13 @@ def test_packed_audio_round_trips_every_codec_and_empty_audio() -> None:
 def test_a_janitor_trims_finished_audio_even_when_redis_refuses_every_write(
     own_redis: redis.Redis, speech: tuple[bytes, int]
 ) -> None:
-    from cache.custody import BrokerKeys, Custody
-    from cache.schedule import ScheduleBook
-    from cache.workers import WorkerRegistry
-    from workers.janitor import Janitor
-
     pcm, rate = speech
     store = JobStore(own_redis, ttl=600)
     finished = [_done_job(store, pcm, rate, segments=4) for _ in range(6)]
     own_redis.config_set("maxmemory", own_redis.info("memory")["used_memory"] + 4 * 2**20)
     filled = _fill(own_redis)
     own_redis.delete(*[f"junk:{i}" for i in range(filled - 20, filled)])  # just under the limit: writes refused
-    janitor = Janitor(
-        store=store,
-        custody=Custody(own_redis, BrokerKeys(queues=["realtime"]), task_name="t"),
-        heartbeats=WorkerRegistry(own_redis, ttl_s=6),
-        enqueue=lambda *_args: None,
-        book=ScheduleBook(own_redis, default_seconds_per_char=0.08),
-        worker="w1",
-        dead_after_s=6,
-        interval_s=2,
-        working_on=set,
-        budget=StoreBudget(own_redis),
-    )
+    janitor = _janitor(own_redis, store, StoreBudget(own_redis))
     with pytest.raises(redis.OutOfMemoryError):
         own_redis.set("one-more", b"x" * 2**20)
     with contextlib.suppress(redis.RedisError):  # the lock's SET may still be refused: the trim ran before it

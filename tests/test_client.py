@@ -168,12 +168,17 @@ def test_book_shows_progress_and_a_rerun_resumes_the_same_job_fetching_only_miss
     assert np.array_equal(samples, np.frombuffer(whole.content, dtype="<i2"))
 
 
+def _chapter(folder: Path) -> tuple[Path, Path]:
+    """Write the chapter's text into ``folder``; return it and the book's output path beside it."""
+    text_file = folder / "chapter.txt"
+    text_file.write_text(CHAPTER, encoding="utf-8")
+    return text_file, folder / "chapter.wav"
+
+
 def test_book_submits_again_keeping_the_saved_segments_when_the_interrupted_job_expired(
     base_url: str, tmp_path: Path, redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    text_file = tmp_path / "chapter.txt"
-    text_file.write_text(CHAPTER, encoding="utf-8")
-    out = tmp_path / "chapter.wav"
+    text_file, out = _chapter(tmp_path)
     assert _book(base_url, text_file, out, RecordingSession(interrupt_after=1)) == 130
     state = json.loads((tmp_path / "chapter.wav.part" / "job.json").read_text())
     old_id = state["job_id"]
@@ -191,9 +196,7 @@ def test_book_submits_again_keeping_the_saved_segments_when_the_interrupted_job_
 def test_book_keeps_the_saved_segments_when_the_interrupted_job_failed(
     base_url: str, tts: TTSClient, tmp_path: Path, redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    text_file = tmp_path / "chapter.txt"
-    text_file.write_text(CHAPTER, encoding="utf-8")
-    out = tmp_path / "chapter.wav"
+    text_file, out = _chapter(tmp_path)
     assert _book(base_url, text_file, out, RecordingSession(interrupt_after=1)) == 130
     state = json.loads((tmp_path / "chapter.wav.part" / "job.json").read_text())
     _finished(tts, state["job_id"])
@@ -236,9 +239,7 @@ def _jobs_of(paths: list[str]) -> list[str]:
 def test_book_resumes_after_the_jobs_audio_is_gone_by_submitting_again_and_keeping_the_saved_segments(
     base_url: str, tts: TTSClient, tmp_path: Path, redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    text_file = tmp_path / "chapter.txt"
-    text_file.write_text(CHAPTER, encoding="utf-8")
-    out = tmp_path / "chapter.wav"
+    text_file, out = _chapter(tmp_path)
     part = tmp_path / "chapter.wav.part"
     state = _cut_off_book_whose_audio_is_gone(base_url, tts, redis_client, text_file, out)
     old_id, total = state["job_id"], state["segments_total"]
@@ -267,9 +268,7 @@ def test_book_resumes_after_the_jobs_audio_is_gone_by_submitting_again_and_keepi
 def test_book_starts_over_when_the_job_submitted_again_plans_other_segments(
     base_url: str, tts: TTSClient, tmp_path: Path, redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    text_file = tmp_path / "chapter.txt"
-    text_file.write_text(CHAPTER, encoding="utf-8")
-    out = tmp_path / "chapter.wav"
+    text_file, out = _chapter(tmp_path)
     state_file = tmp_path / "chapter.wav.part" / "job.json"
     state = _cut_off_book_whose_audio_is_gone(base_url, tts, redis_client, text_file, out)
     total = state["segments_total"]

@@ -46,38 +46,12 @@ def trickling(request: pytest.FixtureRequest) -> Iterator[str]:
     server.close()
 
 
-def test_an_answer_trickled_a_byte_at_a_time_fails_once_the_clients_timeout_has_passed(trickling: str) -> None:
-    outcome: list[BaseException | None] = []
+def _status_within(client: TTSClient) -> TTSClientError | None:
+    """Ask ``client`` for a job's status on a thread; return its error (None: it answered), failing the test unless
+    the call ended within 5 s. A byte every 0.1 s keeps each 1 s read alive: unbounded, it would run for minutes."""
+    outcome: list[TTSClientError | None] = []
 
     def ask() -> None:
-        with TTSClient(trickling, timeout=1.0) as client:
-            try:
-                client.status("0" * 32)
-            except TTSClientError as e:
-                outcome.append(e)
-            else:
-                outcome.append(None)
-
-    began = time.monotonic()
-    asker = threading.Thread(target=ask, daemon=True)
-    asker.start()
-    asker.join(15)  # a byte every 0.1 s keeps each 1 s read alive: unbounded, it would run for minutes
-    assert not asker.is_alive(), "the client waited on a trickling server far past its timeout"
-    assert time.monotonic() - began < 5
-    error = outcome[0]
-    assert isinstance(error, TTSClientError) and error.code == "unreachable", error
-    assert "timed out" in str(error) or "took over 1 s" in str(error), str(error)
-
-
-def test_a_proxy_that_trickles_its_answers_headers_is_bounded_as_well() -> None:
-    server = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
-    threading.Thread(target=_trickle, args=(server, stop), kwargs={"head_first": False}, daemon=True).start()
-    outcome: list[BaseException | None] = []
-
-    def ask() -> None:
-        client = TTSClient("http://tts.invalid:8000", timeout=1.0)  # reached only through the proxy
-        client.session.proxies = {"http": f"http://127.0.0.1:{server.getsockname()[1]}"}
         try:
             client.status("0" * 32)
         except TTSClientError as e:
@@ -87,14 +61,30 @@ def test_a_proxy_that_trickles_its_answers_headers_is_bounded_as_well() -> None:
         finally:
             client.close()
 
+    began = time.monotonic()
+    asker = threading.Thread(target=ask, daemon=True)
+    asker.start()
+    asker.join(15)
+    assert not asker.is_alive(), "the client waited on a trickling server far past its timeout"
+    assert time.monotonic() - began < 5, "bounded by its 1 s timeout, not per byte"
+    return outcome[0]
+
+
+def test_an_answer_trickled_a_byte_at_a_time_fails_once_the_clients_timeout_has_passed(trickling: str) -> None:
+    error = _status_within(TTSClient(trickling, timeout=1.0))
+    assert isinstance(error, TTSClientError) and error.code == "unreachable", error
+    assert "timed out" in str(error) or "took over 1 s" in str(error), str(error)
+
+
+def test_a_proxy_that_trickles_its_answers_headers_is_bounded_as_well() -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+    threading.Thread(target=_trickle, args=(server, stop), kwargs={"head_first": False}, daemon=True).start()
+    client = TTSClient("http://tts.invalid:8000", timeout=1.0)  # reached only through the proxy
+    client.session.proxies = {"http": f"http://127.0.0.1:{server.getsockname()[1]}"}
     try:
-        began = time.monotonic()
-        asker = threading.Thread(target=ask, daemon=True)
-        asker.start()
-        asker.join(15)
-        assert not asker.is_alive(), "the client waited on a trickling proxy far past its timeout"
-        assert time.monotonic() - began < 5, "its headers trickle for 9 s: bounded by the 1 s timeout, not per byte"
-        assert isinstance(outcome[0], TTSClientError) and outcome[0].code == "unreachable", outcome
+        error = _status_within(client)  # its headers trickle for 9 s
+        assert isinstance(error, TTSClientError) and error.code == "unreachable", error
     finally:
         stop.set()
         server.close()
