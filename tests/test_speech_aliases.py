@@ -11,7 +11,8 @@ from api.speech import OPENAI_VOICES, job_of
 #: OpenAI's voices and the voice every registry model has that each one stands for.
 EXPECTED_VOICES = {
     "alloy": "default", "ash": "male", "ballad": "male", "coral": "female", "echo": "male", "fable": "default",
-    "onyx": "male", "nova": "female", "sage": "female", "shimmer": "female", "verse": "default",
+    "onyx": "male", "nova": "female", "sage": "female", "shimmer": "female", "verse": "default", "marin": "female",
+    "cedar": "male",
 }  # fmt: skip
 
 
