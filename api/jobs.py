@@ -10,7 +10,7 @@ from flask import Blueprint, Response, g, request
 from api.contract import JobBody, PieceView, TextPieceBody, TextStreamView, as_json
 from api.downloads import FILE_CACHE_MAX_BYTES, download, kept
 from api.holds import Hold, departure, held_response
-from api.services import services
+from api.services import Services, services
 from api.streaming import STREAMABLE, audio_stream, sse_events
 from api.text_pieces import refuse_piece
 from api.validation import parse_wait, read_body
@@ -121,10 +121,15 @@ def cancel_job(job_id: str) -> dict[str, Any]:
 
 def cancel(job_id: str) -> None:
     """Cancel the job (unknown: 404) and take its segments off the deadline book; nothing for an ended job."""
-    record = _record(job_id)
-    svc = services()
-    if svc.store.cancel(job_id):
-        svc.book.remove(job_id, range(record.segments_total))
+    cancel_known(services(), job_id, _record(job_id).segments_total)
+
+
+def cancel_known(svc: Services, job_id: str, segments_total: int) -> bool:
+    """Cancel a job known to exist and take its segments off the deadline book; say whether it was still live."""
+    if not svc.store.cancel(job_id):
+        return False
+    svc.book.remove(job_id, range(segments_total))
+    return True
 
 
 @bp.get("/<job_id>/segments/<int:index>")

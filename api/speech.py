@@ -11,7 +11,7 @@ from flask import Blueprint, Response, g, request
 
 from api.contract import JobBody, SpeechBody
 from api.holds import Hold, departure, held_response
-from api.jobs import cancel, finished_file, submit_input
+from api.jobs import cancel, cancel_known, finished_file, submit_input
 from api.services import Services, services
 from api.streaming import audio_stream
 from api.validation import read_body
@@ -169,9 +169,8 @@ def _abandon(svc: Services, job_id: str, when: str) -> None:
     """Cancel the job of a caller who left, and log it; nothing for a job that already ended (or is gone)."""
     try:
         record = svc.store.get(job_id)
-        if record is None or record.status.terminal or not svc.store.cancel(job_id):
+        if record is None or not cancel_known(svc, job_id, record.segments_total):
             return
-        svc.book.remove(job_id, range(record.segments_total))
     except redis.RedisError as e:
         log.warning("speech job %s: its caller left %s, and the job could not be canceled (%s)", job_id, when, e)
         return

@@ -25,6 +25,7 @@ from typing import Any
 import redis
 
 from cache import keys
+from cache.job_reads import as_str
 from core.errors import SettingsInvalid
 from core.metrics import STORE_TRIMMED, STORE_USED
 from core.settings import Settings
@@ -192,7 +193,7 @@ class StoreBudget:
         """Return the memory the audio of the ``newest`` live jobs holds (one pipelined MEMORY USAGE each)."""
         pipe = self.redis.pipeline(transaction=False)
         for raw in self.redis.zrevrange(keys.LIVE_JOBS, 0, newest - 1):
-            pipe.memory_usage(keys.audio(raw.decode() if isinstance(raw, bytes) else str(raw)), samples=0)
+            pipe.memory_usage(keys.audio(as_str(raw)), samples=0)
         return sum(int(found or 0) for found in pipe.execute())
 
     def shed(self, fail: Callable[[str, str, bool], bool], *, at_most: int = SHED_MAX) -> list[str]:
@@ -208,7 +209,7 @@ class StoreBudget:
             usage = self.usage()
             if not usage.budget or usage.share < self.trim_at:
                 break
-            job_id = raw.decode() if isinstance(raw, bytes) else str(raw)
+            job_id = as_str(raw)
             reason = SHED_REASON.format(usage=usage.describe())
             try:
                 failed = fail(job_id, reason, True)
