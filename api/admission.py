@@ -7,12 +7,13 @@ import time
 from collections.abc import Sequence
 
 from cache.breaker import CircuitBreaker
-from cache.budget import StoreBudget
+from cache.budget import StoreBudget, Usage
 from cache.refusals import Refusals
+from cache.reservations import NOTHING, Reservations, Reserved, Verdict
 from cache.schedule import ScheduleBook
 from cache.stats import Stats
 from cache.workers import WorkerRegistry
-from core.errors import ServiceUnavailable, StoreFull
+from core.errors import ServiceUnavailable, StoreFull, StoreTooSmall
 from core.metrics import ADMISSION_REJECTIONS, ADMISSION_RETRIES_ADMITTED
 from core.policy import SchedulingPolicy
 from core.schedule import admission_excess
@@ -51,10 +52,12 @@ class Admission:
         settings: Settings,
         policy: SchedulingPolicy,
         budget: StoreBudget | None = None,
+        reservations: Reservations | None = None,
         refusals: Refusals | None = None,
     ) -> None:
         self.stats = stats
         self.budget = budget
+        self.reservations = reservations
         self.breaker = breaker
         self.workers = workers
         self.book = book
@@ -166,17 +169,46 @@ class Admission:
                 **({KEPT_FOR_RETRIES: kept_s} if estimate <= self.first_audio_s else {}),
             )
 
-    def check_room(self) -> None:
-        """Raise StoreFull (503, Retry-After) when the job store is past its budget's full mark: every job, even
-        one whose audio is all cached, writes its audio into the store."""
-        full = self.budget.full() if self.budget is not None else None
-        if full is not None:
+    def reserve_audio(self, model: str, chars: int) -> Reserved:
+        """Reserve the audio a job of ``chars`` characters on ``model`` will write; return what was reserved.
+
+        Every job, even one whose audio is all cached, writes its audio into the job store. Raise StoreFull (503,
+        Retry-After) when that audio, with the memory used and the audio live jobs have reserved, would pass the
+        budget's full mark, and StoreTooSmall (413) when it would pass it with nothing else in the store.
+        """
+        if self.budget is None or self.reservations is None:
+            return NOTHING
+        usage = self.budget.recent()
+        if not usage.budget:
+            return NOTHING
+        limit = int(usage.budget * self.budget.full_at)
+        found = self.reservations.reserve(model, chars, largest=limit, most=limit - usage.used)
+        estimate = found.audio
+        mb = f"about {estimate.bytes / 2**20:.1f} MB at {estimate.per_char:,.0f} bytes per character"
+        if found.verdict is Verdict.TOO_LARGE:
+            ADMISSION_REJECTIONS.labels("store_too_small").inc()
+            raise StoreTooSmall(
+                f"this job's audio ({mb}, what {model} wrote lately) would not fit in the job store's memory budget "
+                f"({limit / 2**20:.0f} MB, its full mark) even alone: split the text into several jobs, or raise "
+                "the budget (maxmemory; make run: TTS_REDIS_MAXMEMORY)",
+                estimated_audio_bytes=estimate.bytes,
+                budget_bytes=limit,
+            )
+        if found.verdict is Verdict.NO_ROOM:
             ADMISSION_REJECTIONS.labels("store_full").inc()
             raise StoreFull(
-                f"not accepting jobs: the job store is near its memory budget ({full.describe()}) with live jobs "
-                "alone; retry when they finish",
+                f"not accepting this job: its audio ({mb}) would not fit in the job store's memory budget "
+                f"({Usage(usage.used, usage.budget, found.owed).describe()}, full at {self.budget.full_at:.0%}); "
+                "retry when live jobs finish, or submit a shorter text",
                 retry_after=10,
+                estimated_audio_bytes=estimate.bytes,
             )
+        return estimate
+
+    def release_audio(self, reserved: int) -> None:
+        """Give back a reservation no job was written for (its submission failed after ``reserve_audio``)."""
+        if self.reservations is not None:
+            self.reservations.release(reserved)
 
     def check_realtime(self, deadlines: Sequence[float], first_chars: int, *, workers_alive: int, asker: Asker) -> None:
         """Run both realtime checks; while refusals for want of capacity await their retries, with the margin kept

@@ -16,6 +16,7 @@ from cache.budget import StoreBudget, build_budget, check_no_eviction
 from cache.events import EventHub
 from cache.jobstore import JobStore, store_of
 from cache.refusals import Refusals
+from cache.reservations import Reservations
 from cache.schedule import ScheduleBook
 from cache.sentences import SentenceCache, build_cache
 from cache.stats import API_MAX_AGE_S, Stats
@@ -94,7 +95,7 @@ def _admission(
     )
     return Admission(
         stats=stats, breaker=breaker, workers=workers, book=book, settings=settings, budget=budget, policy=policy,
-        refusals=Refusals(client),
+        reservations=Reservations(client), refusals=Refusals(client),
     )  # fmt: skip
 
 
@@ -141,7 +142,8 @@ def build_services(settings: Settings) -> Services:
         book=book,
         policy=policy,
         admit=admission.admit,
-        check_room=admission.check_room,
+        reserve_audio=admission.reserve_audio,
+        release_audio=admission.release_audio,
         text_streams=text_streams,
     )
     return Services(

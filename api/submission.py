@@ -15,6 +15,7 @@ from api.admission import Asker
 from api.contract import JobBody
 from cache.idempotency import body_digest
 from cache.jobstore import JobRequest, JobStore
+from cache.reservations import NOTHING, Reserved
 from cache.schedule import ScheduleBook
 from cache.sentences import SentenceCache, segment_keys
 from cache.text_streams import TextStreams
@@ -62,6 +63,8 @@ class Admitted:
     deadlines: list[float]
     pace: float
     start_estimate_s: float
+    #: The audio reserved for it in the job store (none without a budget).
+    reserved: Reserved = NOTHING
 
 
 @dataclass
@@ -70,8 +73,10 @@ class Submitter:
 
     ``admit(lane, deadlines to make, characters of the first segment if it is to make, asker)`` raises
     ServiceUnavailable when the job cannot be made in time, and otherwise returns the estimated seconds until its
-    first segment starts; ``asker`` (caller, body digest) lets it tell a retry from a newcomer. ``check_room()``
-    raises StoreFull when the job store has no room for another job's audio.
+    first segment starts; ``asker`` (caller, body digest) lets it tell a retry from a newcomer.
+    ``reserve_audio(model, characters)`` reserves the audio the job will write in the job store, raising StoreFull
+    when there is no room for it, and ``release_audio(bytes)`` gives back a reservation no job was written for
+    (cache/reservations.py).
     """
 
     settings: Settings
@@ -82,7 +87,8 @@ class Submitter:
     book: ScheduleBook
     policy: SchedulingPolicy
     admit: Callable[[str, Sequence[float], int, Asker], float] | None = None
-    check_room: Callable[[], None] | None = None
+    reserve_audio: Callable[[str, int], Reserved] | None = None
+    release_audio: Callable[[int], None] | None = None
     text_streams: TextStreams | None = None
 
     def submit(
@@ -177,14 +183,15 @@ class Submitter:
             policy=self.policy.deadlines,
             arrivals=dict.fromkeys(looked.hits, looked.accepted_at),
         ).deadlines(looked.accepted_at)
-        if self.check_room is not None:
-            self.check_room()
         wait = 0.0
         if (looked.misses or planned.tail is not None) and self.admit is not None:
             window = looked.misses[: self.policy.window(planned.request.priority)]  # what enters the queue now
             first_chars = len(planned.texts[0]) if looked.misses and looked.misses[0] == 0 else 0
             wait = self.admit(planned.request.priority, [deadlines[i] for i in window], first_chars, asker)
-        return Admitted(deadlines, pace, wait)
+        reserved = NOTHING
+        if self.reserve_audio is not None:  # last: a job refused for anything else reserves nothing
+            reserved = self.reserve_audio(planned.spec.name, sum(len(t) for t in planned.texts))
+        return Admitted(deadlines, pace, wait, reserved)
 
     def persist(
         self, planned: Planned, looked: Looked, admitted: Admitted, *, owner: str, job_id: str | None = None
@@ -208,10 +215,17 @@ class Submitter:
             fields.update(text_open="1", text_next_seq="0", text_tail=planned.tail,
                           text_chars=str(planned.text_chars), text_last_at=fields["created_at"])  # fmt: skip
         store = self.store
-        job_id = store.create(
-            planned.request, planned.texts, job_id=job_id, cached=len(looked.hits), pending=later, publish=first,
-            fields=fields,
-        )  # fmt: skip
+        reserved = admitted.reserved
+        try:
+            job_id = store.create(
+                planned.request, planned.texts, job_id=job_id, cached=len(looked.hits), pending=later, publish=first,
+                fields=fields, owed=(reserved.bytes, reserved.per_char),
+            )  # fmt: skip
+        except BaseException:
+            if self.release_audio is not None:  # no job holds the reservation (once written, its end gives it back)
+                with contextlib.suppress(redis.RedisError):
+                    self.release_audio(reserved.bytes)
+            raise
         if looked.hits:
             try:
                 store.write_segments(job_id, looked.hits)

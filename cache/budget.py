@@ -6,12 +6,14 @@ shares this Redis) are removed, oldest first, down to ``trim_at - TRIM_MARGIN``;
 so their audio routes answer 410 Gone saying why. Past ``full_at``, with nothing finished left to remove,
 admission answers 503 (``full``), so that Redis never reaches the limit where it refuses writes.
 
-Admission judges only the memory used now, not the audio admitted jobs will still write: jobs admitted together
-may need more than the budget holds. Then live work fills it past ``write_at``, every segment write waits for room
-that nothing can make, and no job can finish. ``shed`` ends that: it fails the newest live jobs, their audio
-removed with them, until the store is below ``trim_at`` again, so that the older ones finish (each failed job's
-record says why). Losing the newest is what admission would have chosen, had it known. It is called only when the
-live jobs' audio is what fills the store: failing jobs cannot free memory that records or other keys hold.
+Admission also counts the audio admitted jobs will still write: each job reserves its expected audio as it is
+admitted, and is refused (503) when that would not fit beside what is used and reserved (cache/reservations.py);
+trimming counts the reservations as used too. An estimate can fall short (a model whose audio grew, a Redis whose
+other keys grew): then live work fills the store past ``write_at``, every segment write waits for room that nothing
+can make, and no job can finish. ``shed`` ends that: it fails the newest live jobs, their audio removed with them,
+until the store is below ``trim_at`` again, so that the older ones finish (each failed job's record says why).
+Losing the newest is what admission would have chosen, had it known. It is called only when the live jobs' audio is
+what fills the store: failing jobs cannot free memory that records or other keys hold.
 """
 
 from __future__ import annotations
@@ -69,21 +71,29 @@ return removed
 
 @dataclass(frozen=True)
 class Usage:
-    """The job store's used memory and budget, in bytes (budget 0: none set)."""
+    """The job store's used memory and budget, and the audio live jobs have reserved and not yet written
+    (cache/reservations.py), in bytes (budget 0: none set)."""
 
     used: int
     budget: int
+    owed: int = 0
 
     @property
     def share(self) -> float:
         """Return the used share of the budget (0 without one)."""
         return self.used / self.budget if self.budget else 0.0
 
+    @property
+    def projected_share(self) -> float:
+        """Return the share of the budget that will be used once live jobs have written what they reserved."""
+        return (self.used + self.owed) / self.budget if self.budget else 0.0
+
     def describe(self) -> str:
         """Say how full the store is, for logs and error messages."""
         if not self.budget:
             return f"{self.used / 2**20:.0f} MB used, no budget"
-        return f"{self.used / 2**20:.0f} of {self.budget / 2**20:.0f} MB ({self.share:.0%})"
+        owed = f", {self.owed / 2**20:.0f} MB more reserved by live jobs" if self.owed else ""
+        return f"{self.used / 2**20:.0f} of {self.budget / 2**20:.0f} MB ({self.share:.0%}){owed}"
 
 
 @dataclass(frozen=True)
@@ -126,10 +136,13 @@ class StoreBudget:
         self._last: tuple[float, Usage] | None = None
 
     def usage(self) -> Usage:
-        """Read the used memory (as Redis counts it against maxmemory) and the budget, now."""
-        info = self.redis.info("memory")
+        """Read the used memory (as Redis counts it against maxmemory), the budget and the audio reserved, now."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.info("memory")
+        pipe.get(keys.STORE_OWED)
+        info, owed = pipe.execute()
         used = int(info.get("used_memory", 0)) - int(info.get("mem_not_counted_for_evict", 0))
-        found = Usage(max(0, used), self.budget_bytes or int(info.get("maxmemory", 0)))
+        found = Usage(max(0, used), self.budget_bytes or int(info.get("maxmemory", 0)), max(0, int(owed or 0)))
         STORE_USED.set(found.share)
         with self._lock:
             self._last = (self._clock(), found)
@@ -165,19 +178,22 @@ class StoreBudget:
 
     def trim(self, now: float | None = None) -> Trimmed:
         """Forget index entries whose TTL removed them; past ``trim_at``, remove the oldest finished audio and
-        cache entries until below ``trim_at - TRIM_MARGIN``. Return what was removed."""
+        cache entries until below ``trim_at - TRIM_MARGIN``. Return what was removed.
+
+        The share judged is the projected one: the audio live jobs have reserved counts as used, so room is made
+        before their writes need it (and admission, which counts it too, finds it)."""
         now = time.time() if now is None else now
         pipe = self.redis.pipeline(transaction=False)
         pipe.zremrangebyscore(keys.AUDIO_KEPT, "-inf", now - self.audio_ttl_s)
         pipe.zremrangebyscore(keys.CACHE_KEPT, "-inf", now - self.cache_ttl_s)
         pipe.execute()
         before = usage = self.usage()
-        if not usage.budget or usage.share < self.trim_at:
+        if not usage.budget or usage.projected_share < self.trim_at:
             return Trimmed(before=before, after=usage)
         jobs = entries = 0
         low = max(0.0, self.trim_at - TRIM_MARGIN)
         batch = TRIM_BATCH
-        while usage.share >= low:
+        while usage.projected_share >= low:
             removed_jobs, removed_entries, listed = self._drop_oldest(now, batch)
             batch = min(TRIM_BATCH_MAX, 2 * batch)
             if not listed:

@@ -80,11 +80,14 @@ class JobStore(JobReads):
         pending: list[int] | None = None,
         publish: Iterable[int] = (),
         fields: dict[str, str] | None = None,
+        owed: tuple[int, float] = (0, 0.0),
     ) -> str:
         """Write a new queued job with its segment texts; return its id.
 
         ``publish`` are the segments the caller enqueues next (they wait in the outbox until ``published``
-        says so), ``pending`` the ones fed in later as others finish.
+        says so), ``pending`` the ones fed in later as others finish. ``owed`` is the audio reserved for the job
+        (``Reservations.reserve``, already counted in the owed total): its bytes, and the bytes per character a
+        text stream's later characters reserve; the job's writes spend it, and its end gives back the rest.
         """
         streaming = (fields or {}).get("text_open") == "1"  # a text stream may open before a sentence is complete
         if not texts and not streaming:
@@ -104,6 +107,9 @@ class JobStore(JobReads):
             "created_at": now,
             "updated_at": now,
         }
+        owed_bytes, owed_per_char = owed
+        if owed_bytes > 0 or owed_per_char > 0:
+            record.update(owed_bytes=owed_bytes, owed_per_char=f"{owed_per_char:.1f}")
         record.update((fields or {}).items())
         pipe.hset(keys.job(job_id), mapping=record)
         if texts:
@@ -204,15 +210,17 @@ class JobStore(JobReads):
         *,
         worker: str,
         advance: bool,
+        learn: tuple[str, int] = ("", 0),
     ) -> tuple[list[str], list[EncodableT]]:
         now = time.time()
         script_keys = [
             *keys.all_job_keys(job_id), keys.held(worker), keys.OUTBOX, keys.LIVE_JOBS, keys.DUE, keys.AUDIO_KEPT,
+            keys.STORE_OWED, keys.BYTES_PER_CHAR,
         ]  # fmt: skip
         args: list[EncodableT] = [
             index, self.pack(audio, rate).data, json.dumps(meta), f"{now:.6f}", self.ttl, rate,
             keys.segment_member(job_id, index), job_id, f"{now + self.outbox_grace_s:.6f}", "1" if advance else "0",
-            self.audio_ttl, f"{now + self.audio_ttl:.3f}",
+            self.audio_ttl, f"{now + self.audio_ttl:.3f}", learn[0], learn[1],
         ]  # fmt: skip
         return script_keys, args
 
@@ -236,13 +244,17 @@ class JobStore(JobReads):
         meta: dict[str, Any],
         worker: str = "",
         advance: bool = False,
+        learn: tuple[str, int] = ("", 0),
     ) -> SegmentWrite:
         """Store a finished segment once (raw PCM, or audio already packed), releasing ``worker``'s hold; with
         ``advance``, move the next pending one to the outbox (the caller publishes it, then calls ``published``).
+        ``learn`` (model, the segment's characters) counts its bytes in the model's bytes per character.
 
         A store at its memory limit raises ``redis.OutOfMemoryError`` having changed nothing.
         """
-        script_keys, args = self._write_args(job_id, index, audio, sample_rate, meta, worker=worker, advance=advance)
+        script_keys, args = self._write_args(
+            job_id, index, audio, sample_rate, meta, worker=worker, advance=advance, learn=learn
+        )
         result, next_index = self._write_segment(keys=script_keys, args=args)
         return SegmentWrite(WriteResult(int(result)), None if int(next_index) < 0 else int(next_index))
 
@@ -285,7 +297,8 @@ class JobStore(JobReads):
             job_id,
             "1" if drop_audio else "0",
         ]
-        result = EndResult(self._finish(keys=[*keys.all_job_keys(job_id), keys.AUDIO_KEPT], args=args))
+        script_keys = [*keys.all_job_keys(job_id), keys.AUDIO_KEPT, keys.STORE_OWED]
+        result = EndResult(self._finish(keys=script_keys, args=args))
         if result is not EndResult.ALREADY_OVER:
             self.forget_live(job_id)
         return result is EndResult.ENDED

@@ -121,6 +121,12 @@ def held(hostname: str) -> str:
 #: A sorted set of segments that must be published to the broker, scored by when a sweeper may publish them:
 #: every segment taken off a job's pending list, or taken from a dead worker, passes through it (an outbox).
 OUTBOX = f"{PREFIX}:outbox"
+#: The audio live jobs may still write, in bytes (an integer): the sum of their records' ``owed_bytes``, which
+#: admission adds to the memory used when it judges whether a new job's audio fits (cache/reservations.py).
+STORE_OWED = f"{PREFIX}:budget:owed"
+#: Recent audio bytes and characters per model (a hash: "<model>:bytes", "<model>:chars", decaying sums), from
+#: which a new job's audio is estimated.
+BYTES_PER_CHAR = f"{PREFIX}:budget:bytes_per_char"
 #: Held by the one worker failing live jobs to make room in a full store at a time (cache/budget.py).
 SHED_LOCK = f"{PREFIX}:budget:shed:lock"
 #: Held by the one worker sweeping the outbox and dead workers at a time.

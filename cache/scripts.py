@@ -20,20 +20,50 @@ class AppendResult(enum.IntEnum):
     GONE = -1
 
 
+#: How much of the bytes and characters learned so far each written segment keeps (the rest is the new one's):
+#: about the last 50 segments of a model weigh in its bytes per character.
+LEARN_DECAY = 0.98
+
+
 def _lua(source: str) -> str:
     """Spell the statuses and result codes from their Python enums, so Lua and Python cannot disagree."""
     names = {f"{s.name}": f"'{s.value}'" for s in JobStatus}
     enums = (StartState, WriteResult, EndResult, PieceResult, AppendResult)
     codes = {f"{r.__class__.__name__}_{r.name}": str(r.value) for e in enums for r in e}
-    return Template(source).substitute(names, **codes)
+    return Template(source).substitute(names, **codes, LEARN_DECAY=repr(LEARN_DECAY))
 
+
+# The audio a live job may still write, reserved when it was admitted (cache/reservations.py): its record's
+# `owed_bytes`, summed over live jobs under keys.STORE_OWED. spend_owed(key, bytes) takes written audio off it;
+# release_owed(key) gives the rest back, as the job ends.
+OWED = """
+local function spend_owed(total_key, bytes)
+  local owed = tonumber(redis.call('HGET', KEYS[1], 'owed_bytes') or '0')
+  if owed > 0 then
+    local spent = math.min(owed, bytes)
+    redis.call('HSET', KEYS[1], 'owed_bytes', owed - spent)
+    redis.call('DECRBY', total_key, spent)
+  end
+end
+local function release_owed(total_key)
+  local owed = tonumber(redis.call('HGET', KEYS[1], 'owed_bytes') or '0')
+  if owed > 0 then
+    redis.call('DECRBY', total_key, owed)
+    redis.call('HSET', KEYS[1], 'owed_bytes', 0)
+  end
+end
+"""
 
 # What makes a job done, shared by the scripts whose KEYS start with the job's own (keys.all_job_keys), then
-# KEYS[11] the live-job index and KEYS[13] the kept-audio index, and whose ARGV[4] is now, ARGV[5] the record's
-# TTL, ARGV[8] the job id, ARGV[11] the audio's TTL and ARGV[12] when the audio expires.
+# KEYS[11] the live-job index, KEYS[13] the kept-audio index and KEYS[14] the owed audio's total, and whose
+# ARGV[4] is now, ARGV[5] the record's TTL, ARGV[8] the job id, ARGV[11] the audio's TTL and ARGV[12] when the
+# audio expires.
 # finish_as(status, error) ends the job so (its error, if any, on the record and the event); finish_done() as done.
-FINISH_DONE = """
+FINISH_DONE = (
+    OWED
+    + """
 local function finish_as(status, err)
+  release_owed(KEYS[14])
   redis.call('HSET', KEYS[1], 'status', status, 'finished_at', ARGV[4], 'audio_expires_at', ARGV[12])
   if err then
     redis.call('HSET', KEYS[1], 'error', err)
@@ -50,11 +80,13 @@ local function finish_as(status, err)
 end
 local function finish_done() finish_as($DONE, nil) end
 """
+)
 
 # KEYS: record, audio, segmeta, events, texts, attempts, pending, claims (the job's own, as keys.all_job_keys),
-#       then the writer's held set, the outbox, the live-job index, the deadline books, the kept-audio index.
+#       then the writer's held set, the outbox, the live-job index, the deadline books, the kept-audio index, the
+#       owed audio's total, the bytes per character learned per model.
 # ARGV: index, audio, meta_json, now, ttl, sample_rate, segment member, job id, outbox time, advance ('1' or '0'),
-#       audio ttl, when the audio expires.
+#       audio ttl, when the audio expires, the model ('' learns nothing), the segment's characters.
 # Stores the segment only if absent (a redelivered task cannot duplicate it or its event), and advances the
 # job in the same step: the segment leaves its writer's held set and the deadline books; when written and
 # `advance` is set, the job's next pending segment moves to the outbox (so a crash before its publish cannot
@@ -62,6 +94,8 @@ local function finish_done() finish_as($DONE, nil) end
 # {result, next index or -1}, result being 1 written, 2 written and it finished the job, 0 already there (a
 # redelivery), -1 job gone, -2 job over. The first command that can grow memory is HSETNX: a store at its
 # maxmemory refuses the script there, before it changed anything (the writer keeps its hold and retries).
+# The audio written is taken off the job's reservation, and counts in the model's bytes per character (sums that
+# decay by LEARN_DECAY a segment, so they follow the model's recent output).
 WRITE_SEGMENT = _lua(
     FINISH_DONE
     + """
@@ -77,6 +111,13 @@ if status == $DONE or redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then
   let_go() return {$WriteResult_DUPLICATE, -1}
 end
 let_go()
+spend_owed(KEYS[14], #ARGV[2])
+if ARGV[13] ~= '' then
+  local bytes_field, chars_field = ARGV[13] .. ':bytes', ARGV[13] .. ':chars'
+  local learned = redis.call('HMGET', KEYS[15], bytes_field, chars_field)
+  redis.call('HSET', KEYS[15], bytes_field, (tonumber(learned[1]) or 0) * $LEARN_DECAY + #ARGV[2],
+             chars_field, (tonumber(learned[2]) or 0) * $LEARN_DECAY + tonumber(ARGV[14]))
+end
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
 redis.call('HSETNX', KEYS[1], 'sample_rate', ARGV[6])
 local done = redis.call('HINCRBY', KEYS[1], 'segments_done', 1)
@@ -101,14 +142,18 @@ return {$WriteResult_WRITTEN, -1}
 """
 )
 
-# KEYS: the job's own (keys.all_job_keys), then the kept-audio index.
+# KEYS: the job's own (keys.all_job_keys), then the kept-audio index, the owed audio's total.
 # ARGV: new_status ('failed' or 'canceled'), reason, now, ttl, audio ttl, when the audio expires, job id, and
 #       optionally '1': remove its audio first, in the same step (a job failed to make room).
-# Returns 1 when the job moved to new_status, 0 when it was already terminal, -1 when gone.
-FINISH = _lua("""
+# Returns 1 when the job moved to new_status, 0 when it was already terminal, -1 when gone. The audio the job had
+# reserved and not written is given back.
+FINISH = _lua(
+    OWED
+    + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return $EndResult_GONE end
 local status = redis.call('HGET', KEYS[1], 'status')
 if status == $DONE or status == $FAILED or status == $CANCELED then return $EndResult_ALREADY_OVER end
+release_owed(KEYS[10])
 if ARGV[8] == '1' then redis.call('DEL', KEYS[2]) end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'error', ARGV[2], 'finished_at', ARGV[3], 'updated_at', ARGV[3],
            'audio_expires_at', ARGV[6])
@@ -118,7 +163,8 @@ redis.call('EXPIRE', KEYS[1], ARGV[4])
 for i = 2, 8 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
 redis.call('ZADD', KEYS[9], ARGV[3], ARGV[7])
 return $EndResult_ENDED
-""")
+"""
+)
 
 # KEYS: record, audio, attempts, texts, segmeta, claims, the worker's held set, the holders index.
 # ARGV: index, now, delivery token, segment member, worker name, known ('1' when the worker already has the
@@ -308,7 +354,7 @@ return {$PieceResult_TAKEN, seq, tail, final_reached, total, next_seq}
 """)
 
 # KEYS: the job's own (keys.all_job_keys), its pieces, the outbox, the live-job index, the open-stream index,
-#       the kept-audio index.
+#       the kept-audio index, the owed audio's total.
 # ARGV: the front of the tail that was planned (it leaves the tail), the error the job fails with if the stream
 #       closes with no segment at all, the new segments' lengths ("12,30"), now, the record's TTL, '1' to close
 #       the stream, why it closed, the job id, when the outbox entries fall due, the window, the audio's TTL, when
@@ -320,6 +366,7 @@ return {$PieceResult_TAKEN, seq, tail, final_reached, total, next_seq}
 # nor to one that moved since the plan was read: another planner appended (its lock lapsed under this one) or
 # took the planned text off the tail, or, for a close, a piece arrived (it would be taken but never spoken).
 # Closing the stream with every segment written finishes the job; closing it with no segment at all fails it.
+# The new characters' audio is reserved at the bytes per character the job was admitted with (`owed_per_char`).
 # Returns {APPENDED, first new index, the indexes to publish...}, or {FINISHED}, {FAILED}, {STALE}, {CLOSED},
 # {OVER} or {GONE} (AppendResult).
 APPEND_SEGMENTS = _lua(
@@ -358,6 +405,11 @@ if added > 0 then
   if lengths ~= '' then lengths = lengths .. ',' end
   redis.call('HSET', KEYS[1], 'segments_total', total + added, 'segment_chars', lengths .. ARGV[3])
   redis.call('HINCRBY', KEYS[1], 'chars_total', chars)
+  local more = math.floor(chars * tonumber(redis.call('HGET', KEYS[1], 'owed_per_char') or '0'))
+  if more > 0 then
+    redis.call('HINCRBY', KEYS[1], 'owed_bytes', more)
+    redis.call('INCRBY', KEYS[14], more)
+  end
 end
 redis.call('HSET', KEYS[1], 'text_tail', string.sub(tail, #ARGV[1] + 1), 'updated_at', ARGV[4])
 if ARGV[6] == '1' then

@@ -197,7 +197,7 @@ class StreamPlanner:
         total, last = read
         reply = self._append(
             keys=[*keys.all_job_keys(job_id), keys.text_pieces(job_id), keys.OUTBOX, keys.LIVE_JOBS, keys.TEXT_STREAMS,
-                  keys.AUDIO_KEPT],
+                  keys.AUDIO_KEPT, keys.STORE_OWED],
             args=[planned, empty_error, ",".join(str(len(t)) for t in texts), f"{now:.6f}", store.ttl,
                   "1" if close else "0", reason, job_id, f"{now + store.outbox_grace_s:.6f}", self.policy.window(lane),
                   store.audio_ttl, f"{now + store.audio_ttl:.3f}", total, last, *texts],

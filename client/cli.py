@@ -103,6 +103,28 @@ def _fingerprint(request: dict[str, Any]) -> str:
 #: What the service chose for a job that decides its segments: the same text planned with the same choices is cut
 #: into the same segments (the seed, when none is given, is 0), so a new job's segments may replace a lost job's.
 PLAN_KEYS = ("model", "voice", "speed", "mode", "seed", "segments_total", "chars_total")
+#: How long a book waits in all for the service to admit it (503 with Retry-After: its store or engines are full
+#: of other work), and the longest pause between two tries, whatever Retry-After says.
+BOOK_ADMISSION_WAIT_S = 1800.0
+BOOK_RETRY_MAX_S = 60.0
+
+
+def _submit_when_admitted(
+    client: TTSClient, request: dict[str, Any], log: TextIO, *, wait_s: float = BOOK_ADMISSION_WAIT_S
+) -> dict[str, Any]:
+    """Submit a book, waiting out each 503 that says when to try again (Retry-After), for up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return client.submit(**request)
+        except TTSClientError as e:
+            if e.status != 503 or e.retry_after is None:
+                raise
+            pause = min(max(e.retry_after, 1.0), BOOK_RETRY_MAX_S)
+            if time.monotonic() + pause > deadline:
+                raise
+            print(f"not admitted yet ({e.code}: {e.message}); trying again in {pause:g} s", file=log, flush=True)
+            time.sleep(pause)
 
 
 def _plan(job: dict[str, Any]) -> dict[str, Any]:
@@ -127,7 +149,7 @@ def _reuse_or_submit(client: TTSClient, state: BookState, request: dict[str, Any
     elif job_id:
         print("the text or options changed since the cut-off run; starting again", file=log)
     state.clear()
-    job = client.submit(**request)
+    job = _submit_when_admitted(client, request, log)
     state.save(job_id=job["id"], fingerprint=fingerprint, segments_total=job["segments_total"], plan=_plan(job))
     return job
 
@@ -136,7 +158,7 @@ def _submit_again(
     client: TTSClient, state: BookState, request: dict[str, Any], log: TextIO, *, why: str
 ) -> dict[str, Any]:
     """Submit the text again for a job whose audio is lost, keeping the segments saved if it plans the same."""
-    job = client.submit(**request)
+    job = _submit_when_admitted(client, request, log)
     # A state saved before plans were recorded knows the segment count only.
     planned = state.data.get("plan") or {"segments_total": state.data.get("segments_total")}
     changed = sorted(key for key, value in planned.items() if job.get(key) != value)

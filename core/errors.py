@@ -152,6 +152,12 @@ class StoreFull(ServiceUnavailable):
     code = "store_full"
 
 
+class StoreTooSmall(PayloadTooLarge):
+    """Raised when a job's audio would not fit in the job store's memory budget even with nothing else in it."""
+
+    code = "store_too_small"
+
+
 class Gone(ServiceError):
     """Raised when a finished job's audio is no longer kept (its audio TTL passed, or the memory budget needed it)."""
 

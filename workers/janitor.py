@@ -22,6 +22,7 @@ from cache import keys
 from cache.budget import StoreBudget, Usage
 from cache.custody import Custody
 from cache.jobstore import JobStore
+from cache.reservations import Reservations
 from cache.schedule import ScheduleBook
 from cache.workers import WorkerRegistry
 from core.metrics import OUTBOX_PUBLISHED, SEGMENTS_HANDED_OVER
@@ -29,6 +30,10 @@ from core.policy import SchedulingPolicy
 from workers.celery_app import Enqueue
 
 log = logging.getLogger(__name__)
+
+#: A recount of the owed audio that moves the total by this much is logged (smaller moves are submissions that
+#: had reserved and not yet written their job as it counted).
+RECOUNT_LOGGED_BYTES = 2**20
 
 
 def dead_workers(
@@ -67,6 +72,7 @@ class Janitor:
     account_every_s: float = 15.0
     policy: SchedulingPolicy = field(default_factory=SchedulingPolicy)
     budget: StoreBudget | None = None  # kept each pass, by every worker (deletions are idempotent)
+    reservations: Reservations | None = None  # the owed audio's total, recounted with each account
     _reachable_since: float | None = field(default=None, init=False)
     _last_pass: float = field(default=0.0, init=False)
     _last_account: float = field(default=0.0, init=False)
@@ -104,6 +110,7 @@ class Janitor:
                 if counts["dead"] or due:
                     self._last_account = now
                     counts["lost"] = self.account(now)
+                    self.recount_owed()
                 counts["published"] = self.publish_due(now)
         except Exception:  # Redis, or the broker (the same Redis) failing a publish: kombu's OperationalError
             self._reachable_since = None
@@ -134,6 +141,15 @@ class Janitor:
             self._full_since = None
             self._shed(after)
         return trimmed.jobs
+
+    def recount_owed(self) -> None:
+        """Set the audio live jobs owe the store to what their records say (cache/reservations.py): a sum kept by
+        increments drifts when a process dies between two of its steps."""
+        if self.reservations is None:
+            return
+        before, now = self.reservations.recount()
+        if abs(before - now) >= RECOUNT_LOGGED_BYTES:
+            log.info("the audio live jobs have reserved was counted as %d bytes, and is %d", before, now)
 
     def _shed(self, usage: Usage) -> None:
         """Fail the newest live jobs of a store their audio has filled, so that the older finish (cache/budget.py);

@@ -248,7 +248,7 @@ class SegmentSynthesizer:
                 try:
                     return self.store.write_segment(
                         job_id, index, made.audio, sample_rate=made.sample_rate, meta=meta, worker=self.worker,
-                        advance=True,
+                        advance=True, learn=(made.spec.name, len(made.text)),
                     )  # fmt: skip
                 except redis.OutOfMemoryError as e:
                     refused = e

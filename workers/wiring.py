@@ -11,6 +11,7 @@ import redis
 from cache.budget import StoreBudget, build_budget, check_no_eviction
 from cache.custody import BrokerKeys, Custody
 from cache.jobstore import JobStore, store_of
+from cache.reservations import Reservations
 from cache.schedule import ScheduleBook
 from cache.sentences import build_cache
 from cache.stats import Stats
@@ -115,6 +116,7 @@ def _janitor(
         account_every_s=settings.reconcile_interval_s,
         policy=shared.policy,
         budget=shared.budget,
+        reservations=Reservations(shared.client),
     )
 
 

@@ -1,0 +1,135 @@
+"""Reserving the audio an admitted job will write, so that admission counts it before the store fills.
+
+The memory used now says nothing of the audio admitted jobs are still to write: thirty books admitted together
+into an empty store may need three times its budget, and only find out halfway (the budget then fails the newest:
+cache/budget.py ``shed``). So each job reserves, as it is admitted, the audio it is expected to write: its
+characters times its model's recent bytes per character (learned from every segment written, cache/scripts.py).
+A job is admitted only if that fits beside the memory used and the audio already reserved, below the budget's full
+mark; the reservation and the check are one atomic step (``reserve``), so a burst of jobs cannot all see the same
+room.
+
+The reservation is kept on the job's record (``owed_bytes``) and summed under ``keys.STORE_OWED``. Each segment
+written spends its bytes off it, and the job's end (done, failed, canceled) gives back what is left, in the same
+atomic steps as the write and the end. A text stream's later characters reserve theirs as they are planned, at
+the rate the stream was admitted with. What increments keep can drift (an API that died between reserving and
+writing its job): ``recount`` sets the sum from the live jobs' records, and the janitor runs it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from cache import keys
+from cache.job_reads import as_str
+
+#: A model's bytes per character before it has written anything: about 0.25 s of 24 kHz 16-bit audio per
+#: character, unencoded (ChatTTS speaks Chinese at about four characters a second). Once a model has written a few
+#: segments, what it wrote is used instead.
+DEFAULT_BYTES_PER_CHAR = 12_000
+#: Learned bytes per character count only from this many characters on (fewer say little).
+LEARNED_FROM_CHARS = 50
+
+# KEYS: the owed total, the bytes per character learned per model.
+# ARGV: the model, the job's characters, the default bytes per character, the characters learned from before the
+#       learned rate counts, the most the job's audio may be (the full mark), the most the total may reach with it.
+# Estimates the job's audio at its model's learned rate, and reserves it only if the total stays within the most.
+# Returns {verdict, the bytes, the bytes per character (a string), the total}: verdict 1 reserved, 0 no room,
+# -1 too large for the full mark alone. A total below nothing (a release that met a recount) counts as nothing.
+_RESERVE = """
+local learned = redis.call('HMGET', KEYS[2], ARGV[1] .. ':bytes', ARGV[1] .. ':chars')
+local per_char = tonumber(ARGV[3])
+if (tonumber(learned[2]) or 0) >= tonumber(ARGV[4]) then per_char = tonumber(learned[1]) / tonumber(learned[2]) end
+local need = math.ceil(tonumber(ARGV[2]) * per_char)
+local owed = tonumber(redis.call('GET', KEYS[1]) or '0')
+if owed < 0 then
+  redis.call('SET', KEYS[1], 0)
+  owed = 0
+end
+if need > tonumber(ARGV[5]) then return {-1, need, tostring(per_char), owed} end
+if owed + need > tonumber(ARGV[6]) then return {0, need, tostring(per_char), owed} end
+return {1, need, tostring(per_char), redis.call('INCRBY', KEYS[1], need)}
+"""
+
+# KEYS: the owed total, the live-job index. ARGV: the job key's prefix ("tts:job:{"), its suffix ("}:record").
+# Sets the total to the sum of the live jobs' reservations; returns {the total before, the total now}.
+_RECOUNT = """
+local total = 0
+for _, job_id in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+  total = total + tonumber(redis.call('HGET', ARGV[1] .. job_id .. ARGV[2], 'owed_bytes') or '0')
+end
+local before = tonumber(redis.call('GET', KEYS[1]) or '0')
+redis.call('SET', KEYS[1], total)
+return {before, total}
+"""
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """The audio one job reserved: its bytes, and the bytes per character they were estimated at."""
+
+    bytes: int
+    per_char: float
+
+
+#: What a job reserves where the store has no budget.
+NOTHING = Reserved(0, 0.0)
+
+
+class Verdict(enum.IntEnum):
+    """What ``Reservations.reserve`` found."""
+
+    RESERVED = 1
+    NO_ROOM = 0  # the audio, beside what is reserved, would pass the most the total may reach
+    TOO_LARGE = -1  # the audio alone would pass the full mark
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """The answer of ``Reservations.reserve``: the verdict, the job's estimated audio, and the owed total."""
+
+    verdict: Verdict
+    audio: Reserved
+    owed: int
+
+
+class Reservations:
+    """Estimate, reserve and recount the audio admitted jobs will write."""
+
+    def __init__(self, client: redis.Redis, *, default_bytes_per_char: float = DEFAULT_BYTES_PER_CHAR) -> None:
+        self.redis = client
+        self.default_bytes_per_char = default_bytes_per_char
+        self._reserve = client.register_script(_RESERVE)
+        self._recount = client.register_script(_RECOUNT)
+
+    def bytes_per_char(self, model: str) -> float:
+        """Return the bytes per character ``model`` wrote lately, or the default before it wrote enough."""
+        found: Any = self.redis.hmget(keys.BYTES_PER_CHAR, [f"{model}:bytes", f"{model}:chars"])
+        written, chars = (float(as_str(v)) if v is not None else 0.0 for v in found)
+        return written / chars if chars >= LEARNED_FROM_CHARS else float(self.default_bytes_per_char)
+
+    def reserve(self, model: str, chars: int, *, largest: int, most: int) -> Reservation:
+        """Estimate the audio of a job of ``chars`` characters on ``model`` and reserve it, in one atomic step, if
+        it is at most ``largest`` bytes and the owed total stays within ``most`` with it."""
+        verdict, need, per_char, owed = self._reserve(
+            keys=[keys.STORE_OWED, keys.BYTES_PER_CHAR],
+            args=[model, chars, self.default_bytes_per_char, LEARNED_FROM_CHARS, largest, most],
+        )
+        return Reservation(Verdict(int(verdict)), Reserved(int(need), float(as_str(per_char))), int(owed))
+
+    def owed(self) -> int:
+        """Return the audio live jobs have reserved and not yet written, in bytes."""
+        return max(0, int(as_str(self.redis.get(keys.STORE_OWED) or b"0")))
+
+    def release(self, reserved: int) -> None:
+        """Give back a reservation no job was written for (its submission failed after ``reserve``)."""
+        if reserved > 0:
+            self.redis.decrby(keys.STORE_OWED, reserved)
+
+    def recount(self) -> tuple[int, int]:
+        """Set the owed total to the sum of the live jobs' reservations; return it before and now."""
+        before, now = self._recount(keys=[keys.STORE_OWED, keys.LIVE_JOBS], args=[f"{keys.PREFIX}:job:{{", "}:record"])
+        return int(before), int(now)

@@ -1,0 +1,252 @@
+"""Admission counts the audio admitted jobs will still write: each job reserves it as it is admitted, its writes
+spend it, its end gives back the rest, and a burst of books is admitted only as far as the store can hold them."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from flask import Flask
+
+from api import create_app
+from cache import keys
+from cache.budget import StoreBudget
+from cache.jobstore import JobRequest, JobStore
+from cache.reservations import DEFAULT_BYTES_PER_CHAR, LEARNED_FROM_CHARS, Reservations, Verdict
+from client.cli import main
+from core.audio import to_pcm16
+from tests.support.http import serving
+from tests.support.processes import wait_for
+from tests.support.servers import RedisServer, WorkerProcess
+from workers.engines.base import SynthesisRequest
+from workers.engines.espeak import EspeakEngine
+
+REQUEST = JobRequest(model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav",
+                     priority="batch", seed=None, cache=False)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def speech() -> tuple[bytes, int]:
+    """Return a few seconds of real speech (eSpeak NG) as 16-bit PCM and its rate."""
+    engine = EspeakEngine(language="en-us", voices={"default": ""})
+    engine.load()
+    text = "Every byte a job will write is counted first."
+    [wave] = engine.synthesize([SynthesisRequest(text=text, voice="default")])
+    return to_pcm16(wave), engine.sample_rate
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[redis.Redis]:
+    """Return a client of a Redis of this test's own (the owed total is one key for the whole store)."""
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        yield redis.Redis.from_url(server.url)
+    finally:
+        server.stop()
+
+
+def _owed_on_record(client: redis.Redis, job_id: str) -> int:
+    return int(client.hget(keys.job(job_id), "owed_bytes") or 0)
+
+
+def test_a_job_reserves_its_audio_its_writes_spend_it_and_its_end_gives_back_the_rest(
+    own_redis: redis.Redis, speech: tuple[bytes, int]
+) -> None:
+    pcm, rate = speech
+    store, reservations = JobStore(own_redis, ttl=600), Reservations(own_redis)
+    reserved = reservations.reserve("espeak-en", 20, largest=10**9, most=10**9)  # 240,000 bytes at the default
+    need = reserved.audio.bytes
+    assert reserved.verdict is Verdict.RESERVED and need == 20 * DEFAULT_BYTES_PER_CHAR > len(pcm)
+    job_id = store.create(REQUEST, ["One.", "Two.", "Three."], pending=[1, 2], owed=(need, DEFAULT_BYTES_PER_CHAR))
+    store.write_segment(job_id, 0, pcm, sample_rate=rate, meta={})
+    written = own_redis.hstrlen(keys.audio(job_id), "0")
+    assert 0 < written < len(pcm), "FLAC: less than the raw PCM"
+    assert reservations.owed() == need - written == _owed_on_record(own_redis, job_id)
+    assert store.cancel(job_id)
+    assert reservations.owed() == 0 and _owed_on_record(own_redis, job_id) == 0, "the rest given back at its end"
+
+
+def test_a_job_that_finishes_or_fails_leaves_nothing_owed_even_when_its_audio_outgrew_the_estimate(
+    own_redis: redis.Redis, speech: tuple[bytes, int]
+) -> None:
+    pcm, rate = speech
+    store, reservations = JobStore(own_redis, ttl=600), Reservations(own_redis)
+    small = DEFAULT_BYTES_PER_CHAR  # one character's: less than one segment, so the writes spend it all, no more
+    reservations.reserve("espeak-en", 1, largest=10**9, most=10**9)
+    done = store.create(REQUEST, ["One.", "Two."], owed=(small, DEFAULT_BYTES_PER_CHAR))
+    reservations.reserve("espeak-en", 1, largest=10**9, most=10**9)
+    failed = store.create(REQUEST, ["One.", "Two."], owed=(small, DEFAULT_BYTES_PER_CHAR))
+    for i in (0, 1):
+        store.write_segment(done, i, pcm, sample_rate=rate, meta={})
+    assert reservations.owed() == small, "the finished job spent its reservation, never below nothing"
+    assert store.fail(failed, "the engine gave up", drop_audio=False)
+    assert reservations.owed() == 0
+
+
+def test_a_burst_of_reservations_takes_exactly_the_room_there_is(own_redis: redis.Redis) -> None:
+    reservations = Reservations(own_redis)
+    outcomes: list[bool] = []
+    lock = threading.Lock()
+
+    def reserve() -> None:
+        found = Reservations(own_redis).reserve("espeak-en", 1, largest=10**9, most=5 * DEFAULT_BYTES_PER_CHAR + 500)
+        with lock:
+            outcomes.append(found.verdict)
+
+    threads = [threading.Thread(target=reserve) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert outcomes.count(Verdict.RESERVED) == 5 and outcomes.count(Verdict.NO_ROOM) == 15
+    assert reservations.owed() == 5 * DEFAULT_BYTES_PER_CHAR
+
+
+def test_a_models_writes_teach_its_bytes_per_character_from_the_default(
+    own_redis: redis.Redis, speech: tuple[bytes, int]
+) -> None:
+    pcm, rate = speech
+    store, reservations = JobStore(own_redis, ttl=600), Reservations(own_redis)
+    assert reservations.bytes_per_char("espeak-en") == DEFAULT_BYTES_PER_CHAR
+    text = "Every byte a job will write is counted first."
+    job_id = store.create(REQUEST, [text] * 3)
+    store.write_segment(job_id, 0, pcm, sample_rate=rate, meta={}, learn=("espeak-en", len(text)))
+    assert len(text) < LEARNED_FROM_CHARS and reservations.bytes_per_char("espeak-en") == DEFAULT_BYTES_PER_CHAR
+    for i in (1, 2):
+        store.write_segment(job_id, i, pcm, sample_rate=rate, meta={}, learn=("espeak-en", len(text)))
+    per_segment = own_redis.hstrlen(keys.audio(job_id), "0")
+    assert reservations.bytes_per_char("espeak-en") == pytest.approx(per_segment / len(text), rel=1e-6)
+    assert reservations.bytes_per_char("chattts-tiny") == DEFAULT_BYTES_PER_CHAR, "learned per model"
+    found = reservations.reserve("espeak-en", 1000, largest=10**9, most=10**9)
+    assert found.audio.bytes == pytest.approx(1000 * per_segment / len(text), abs=1), "reserved at the learned rate"
+    assert reservations.reserve("espeak-en", 1000, largest=found.audio.bytes - 1, most=10**9).verdict is (
+        Verdict.TOO_LARGE
+    )
+
+
+def test_a_recount_sets_the_owed_total_to_what_the_live_jobs_hold(own_redis: redis.Redis) -> None:
+    store, reservations = JobStore(own_redis, ttl=600), Reservations(own_redis)
+    live = [store.create(REQUEST, ["One."], owed=(owed, 10.0)) for owed in (700, 300)]
+    ended = store.create(REQUEST, ["One."], owed=(5000, 10.0))
+    own_redis.set(keys.STORE_OWED, 123_456)  # drifted: an API died between reserving and writing its job
+    store.cancel(ended)  # gives back its 5000
+    assert reservations.recount() == (123_456 - 5000, 1000)
+    assert reservations.owed() == 1000 and all(own_redis.zscore(keys.LIVE_JOBS, j) for j in live)
+
+
+@pytest.fixture
+def budget_app(settings_env: dict[str, str], worker: WorkerProcess) -> Iterator[Any]:
+    """Return a maker of API apps with a memory budget of so many MB, on the session's Redis, with its worker
+    alive (admission needs one); their connections are closed after the test."""
+    made: list[Flask] = []
+
+    def make(budget_mb: int) -> Flask:
+        config = {"redis_url": settings_env["REDIS_URL"], "models_file": settings_env["TTS_MODELS_FILE"],
+                  "store_budget_mb": budget_mb}  # fmt: skip
+        made.append(create_app(config))
+        return made[-1]
+
+    yield make
+    for app in made:
+        app.extensions["tts"].close()
+
+
+@pytest.fixture
+def espeak_rate(redis_client: redis.Redis) -> Iterator[Any]:
+    """Let a test set what espeak-en is taken to write per character; the learned rate is restored after."""
+    saved = redis_client.hgetall(keys.BYTES_PER_CHAR)
+
+    def set_rate(per_char: int) -> None:
+        redis_client.hset(keys.BYTES_PER_CHAR, mapping={"espeak-en:bytes": per_char * 1000, "espeak-en:chars": 1000})
+
+    yield set_rate
+    redis_client.delete(keys.BYTES_PER_CHAR)
+    if saved:
+        redis_client.hset(keys.BYTES_PER_CHAR, mapping=saved)
+
+
+def test_a_burst_of_books_is_admitted_only_as_far_as_the_store_can_hold_their_audio(
+    budget_app: Any, redis_client: redis.Redis, espeak_rate: Any
+) -> None:
+    espeak_rate(2000)
+    book = " ".join(f"Sentence {n} of a long book, read by a patient voice." for n in range(80))  # ~4,400 chars
+    need_mb = len(book) * 2000 / 2**20  # about 8.4 MB each
+    owed_before = Reservations(redis_client).owed()
+    used_mb = (StoreBudget(redis_client).usage().used + owed_before) / 2**20
+    app = budget_app(int((used_mb + 3.5 * need_mb) / 0.9) + 1)  # room for three, not four
+    answers: list[Any] = []
+    lock = threading.Lock()
+
+    def submit(n: int) -> None:
+        body = {"text": f"Book {n}. {book}", "model": "espeak-en", "priority": "batch"}
+        answer = app.test_client().post("/v1/jobs", json=body)
+        with lock:
+            answers.append(answer)
+
+    threads = [threading.Thread(target=submit, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    admitted = [a.get_json()["id"] for a in answers if a.status_code == 202]
+    refused = [a for a in answers if a.status_code != 202]
+    try:
+        # Writes move audio from the reservations into the memory used as the books are made, so a fourth may
+        # find room if one of the three ended meanwhile; never all eight.
+        assert 1 <= len(admitted) <= 4 and len(refused) >= 4, [a.get_json() for a in answers]
+        for answer in refused:
+            error = answer.get_json()["error"]
+            assert answer.status_code == 503 and answer.headers["Retry-After"] == "10", error
+            assert error["code"] == "store_full" and "would not fit" in error["message"], error
+            assert error["estimated_audio_bytes"] >= 8 * 2**20
+    finally:
+        for job_id in admitted:
+            app.test_client().delete(f"/v1/jobs/{job_id}")
+    wait_for(lambda: Reservations(redis_client).owed() == owed_before, 10, "every reservation given back")
+
+
+def test_a_job_whose_audio_could_never_fit_is_refused_413_saying_what_to_do(
+    budget_app: Any, redis_client: redis.Redis, espeak_rate: Any
+) -> None:
+    espeak_rate(1_000_000)  # a megabyte per character
+    used_mb = StoreBudget(redis_client).usage().used / 2**20
+    app = budget_app(int(used_mb) + 64)
+    answer = app.test_client().post("/v1/jobs", json={"text": "Hello there, " * 10, "model": "espeak-en"})
+    error = answer.get_json()["error"]
+    assert answer.status_code == 413 and error["code"] == "store_too_small", error
+    assert "split the text" in error["message"] and "TTS_REDIS_MAXMEMORY" in error["message"]
+
+
+def test_tts_book_waits_out_a_full_store_and_is_admitted_once_room_is_given_back(
+    budget_app: Any, redis_client: redis.Redis, espeak_rate: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    espeak_rate(2000)
+    text_file, out = tmp_path / "chapter.txt", tmp_path / "chapter.wav"
+    text_file.write_text("A short chapter, read once the store has room for it. " * 4, encoding="utf-8")
+    store, reservations = JobStore(redis_client, ttl=600), Reservations(redis_client)
+    usage = StoreBudget(redis_client).usage()
+    budget_mb = int((usage.used + reservations.owed()) / 2**20 / 0.9) + 8
+    # Another job holds all the room but 100 KB: the chapter (about 440 KB at 2,000 bytes a character) waits.
+    room = int(budget_mb * 2**20 * 0.9) - usage.used - reservations.owed()
+    held = reservations.reserve("espeak-en", (room - 100_000) // 2000, largest=10**12, most=10**12)
+    assert held.verdict is Verdict.RESERVED
+    blocker = store.create(REQUEST, ["Holding the room."], owed=(held.audio.bytes, 2000.0))
+    codes: list[int] = []
+    waited: list[str] = []
+    with serving(budget_app(budget_mb)) as url:
+        argv = ["book", str(text_file), "-o", str(out), "--url", url, "--model", "espeak-en"]
+        book = threading.Thread(target=lambda: codes.append(main(argv)))
+        book.start()
+        wait_for(lambda: waited.append(capsys.readouterr().err) or "not admitted yet" in "".join(waited), 30,
+                 "the book told it waits")  # fmt: skip
+        store.cancel(blocker)  # its room given back
+        book.join(timeout=60)
+    said = "".join(waited)
+    assert "not admitted yet (store_full: not accepting this job: its audio" in said, said
+    assert "trying again in 10 s" in said
+    assert codes == [0] and out.exists()
