@@ -15,7 +15,7 @@ from api.admission import Asker
 from api.contract import JobBody
 from cache.idempotency import body_digest
 from cache.jobstore import JobRequest, JobStore
-from cache.reservations import NOTHING, Reserved
+from cache.reservations import NOTHING, Reserved, chars_at_speed_one
 from cache.schedule import ScheduleBook
 from cache.sentences import SentenceCache, segment_keys
 from cache.text_streams import TextStreams
@@ -190,7 +190,8 @@ class Submitter:
             wait = self.admit(planned.request.priority, [deadlines[i] for i in window], first_chars, asker)
         reserved = NOTHING
         if self.reserve_audio is not None:  # last: a job refused for anything else reserves nothing
-            reserved = self.reserve_audio(planned.spec.name, sum(len(t) for t in planned.texts))
+            chars = chars_at_speed_one(sum(len(t) for t in planned.texts), planned.request.speed)
+            reserved = self.reserve_audio(planned.spec.name, chars)
         return Admitted(deadlines, pace, wait, reserved)
 
     def persist(
@@ -219,7 +220,7 @@ class Submitter:
         try:
             job_id = store.create(
                 planned.request, planned.texts, job_id=job_id, cached=len(looked.hits), pending=later, publish=first,
-                fields=fields, owed=(reserved.bytes, reserved.per_char),
+                fields=fields, owed=(reserved.bytes, reserved.per_char / planned.request.speed),
             )  # fmt: skip
         except BaseException:
             if self.release_audio is not None:  # no job holds the reservation (once written, its end gives it back)

@@ -42,6 +42,9 @@ SHED_REASON = (
     "to remove, so none of them could go on: the newest were failed so that older ones can finish. Submit it again "
     "later; to make room for more work at once, raise the store's budget (maxmemory; make run: TTS_REDIS_MAXMEMORY)"
 )
+#: Room for the audio live jobs have reserved is made only from audio that ended at least this long ago
+#: (cache/budget.py ``trim``); room for audio written is made from any.
+RESERVED_ROOM_AGE_S = 60.0
 #: Trimming goes this far below the trim mark, so that it runs in bursts rather than on every write.
 TRIM_MARGIN = 0.1
 #: Entries removed in the first round trip of a trim, then the used memory is read again; each further
@@ -156,11 +159,6 @@ class StoreBudget:
             return last[1]
         return self.usage()
 
-    def full(self) -> Usage | None:
-        """Return the usage when the store is past ``full_at`` of its budget (new work must wait), else None."""
-        usage = self.recent()
-        return usage if usage.budget and usage.share >= self.full_at else None
-
     @property
     def write_at(self) -> float:
         """Return the share past which segment writes wait: halfway from ``full_at`` to the limit, so that running
@@ -180,30 +178,48 @@ class StoreBudget:
         """Forget index entries whose TTL removed them; past ``trim_at``, remove the oldest finished audio and
         cache entries until below ``trim_at - TRIM_MARGIN``. Return what was removed.
 
-        The share judged is the projected one: the audio live jobs have reserved counts as used, so room is made
-        before their writes need it (and admission, which counts it too, finds it)."""
+        Judged twice: on the memory used, removing entries of any age; then on the projected share, where the audio
+        live jobs have reserved counts as used, so that admission, which counts it too, finds room for new work.
+        That second pass removes only what ended ``RESERVED_ROOM_AGE_S`` ago or more: a reservation is an estimate
+        (cautious until a model has written some audio), and audio a caller has just been told is ready is not
+        taken for audio that is not written yet."""
         now = time.time() if now is None else now
         pipe = self.redis.pipeline(transaction=False)
         pipe.zremrangebyscore(keys.AUDIO_KEPT, "-inf", now - self.audio_ttl_s)
         pipe.zremrangebyscore(keys.CACHE_KEPT, "-inf", now - self.cache_ttl_s)
         pipe.execute()
         before = usage = self.usage()
-        if not usage.budget or usage.projected_share < self.trim_at:
-            return Trimmed(before=before, after=usage)
+        jobs = entries = 0
+        passes: list[tuple[Callable[[Usage], float], float]] = [
+            (lambda u: u.share, now),
+            (lambda u: u.projected_share, now - RESERVED_ROOM_AGE_S),
+        ]
+        for share, ended_by in passes:
+            if usage.budget and share(usage) >= self.trim_at:
+                usage, removed_jobs, removed_entries = self._trim_down(usage, share, ended_by, now)
+                jobs += removed_jobs
+                entries += removed_entries
+        STORE_TRIMMED.labels("job_audio").inc(jobs)
+        STORE_TRIMMED.labels("cache_entry").inc(entries)
+        return Trimmed(jobs, entries, before, usage)
+
+    def _trim_down(
+        self, usage: Usage, share: Callable[[Usage], float], ended_by: float, now: float
+    ) -> tuple[Usage, int, int]:
+        """Remove the oldest entries that ended by ``ended_by`` until ``share`` is below ``trim_at - TRIM_MARGIN``
+        or none is left; return the usage then, and how many jobs' audio and cache entries went."""
         jobs = entries = 0
         low = max(0.0, self.trim_at - TRIM_MARGIN)
         batch = TRIM_BATCH
-        while usage.projected_share >= low:
-            removed_jobs, removed_entries, listed = self._drop_oldest(now, batch)
+        while share(usage) >= low:
+            removed_jobs, removed_entries, listed = self._drop_oldest(now, batch, ended_by=ended_by)
             batch = min(TRIM_BATCH_MAX, 2 * batch)
             if not listed:
                 break  # nothing finished is left: live work fills the budget (admission refuses past full_at)
             jobs += removed_jobs
             entries += removed_entries
             usage = self.usage()
-        STORE_TRIMMED.labels("job_audio").inc(jobs)
-        STORE_TRIMMED.labels("cache_entry").inc(entries)
-        return Trimmed(jobs, entries, before, usage)
+        return usage, jobs, entries
 
     def live_audio_bytes(self, *, newest: int = SHED_SCAN) -> int:
         """Return the memory the audio of the ``newest`` live jobs holds (one pipelined MEMORY USAGE each)."""
@@ -237,12 +253,13 @@ class StoreBudget:
         STORE_TRIMMED.labels("live_job").inc(len(shed))
         return shed
 
-    def _drop_oldest(self, now: float, count: int) -> tuple[int, int, int]:
-        """Remove the oldest ``count`` of finished audio and cache entries together, by age; return how many
-        jobs' audio and cache entries were removed, and how many entries the indexes listed."""
-        oldest = [(score, "job", member) for member, score in self._oldest(keys.AUDIO_KEPT, count)]
+    def _drop_oldest(self, now: float, count: int, *, ended_by: float) -> tuple[int, int, int]:
+        """Remove the oldest ``count`` of finished audio and cache entries together, by age, of those that ended
+        (or were stored) by ``ended_by``; return how many jobs' audio and cache entries were removed, and how many
+        entries the indexes listed."""
+        oldest = [(score, "job", member) for member, score in self._oldest(keys.AUDIO_KEPT, count, ended_by)]
         if self.trim_cache:
-            oldest += [(score, "cache", member) for member, score in self._oldest(keys.CACHE_KEPT, count)]
+            oldest += [(score, "cache", member) for member, score in self._oldest(keys.CACHE_KEPT, count, ended_by)]
         oldest = sorted(oldest)[:count]
         jobs = [member for _, kind, member in oldest if kind == "job"]
         cached = [member for _, kind, member in oldest if kind == "cache"]
@@ -258,8 +275,8 @@ class StoreBudget:
             removed_entries = int(pipe.execute()[0])
         return removed_jobs, removed_entries, len(oldest)
 
-    def _oldest(self, index: str, count: int) -> list[tuple[str, float]]:
-        reply: Any = self.redis.zrange(index, 0, count - 1, withscores=True)
+    def _oldest(self, index: str, count: int, ended_by: float) -> list[tuple[str, float]]:
+        reply: Any = self.redis.zrangebyscore(index, "-inf", ended_by, start=0, num=count, withscores=True)
         return [(member.decode(), float(score)) for member, score in reply]
 
     def wait_for_room(self, timeout_s: float, *, poll_s: float = 0.5) -> bool:

@@ -124,6 +124,8 @@ OUTBOX = f"{PREFIX}:outbox"
 #: The audio live jobs may still write, in bytes (an integer): the sum of their records' ``owed_bytes``, which
 #: admission adds to the memory used when it judges whether a new job's audio fits (cache/reservations.py).
 STORE_OWED = f"{PREFIX}:budget:owed"
+#: The difference between that total and the live jobs' records that the last recount found and left.
+STORE_OWED_DRIFT = f"{PREFIX}:budget:owed:drift"
 #: Recent audio bytes and characters per model (a hash: "<model>:bytes", "<model>:chars", decaying sums), from
 #: which a new job's audio is estimated.
 BYTES_PER_CHAR = f"{PREFIX}:budget:bytes_per_char"

@@ -3,23 +3,25 @@
 The memory used now says nothing of the audio admitted jobs are still to write: thirty books admitted together
 into an empty store may need three times its budget, and only find out halfway (the budget then fails the newest:
 cache/budget.py ``shed``). So each job reserves, as it is admitted, the audio it is expected to write: its
-characters times its model's recent bytes per character (learned from every segment written, cache/scripts.py).
-A job is admitted only if that fits beside the memory used and the audio already reserved, below the budget's full
-mark; the reservation and the check are one atomic step (``reserve``), so a burst of jobs cannot all see the same
-room.
+characters (at speed 1) times its model's recent bytes per character, learned from every segment a worker writes
+(cache/scripts.py WRITE_SEGMENT). A job is admitted only if that fits beside the memory used and the audio already
+reserved, below the budget's full mark; the reservation and the check are one atomic step (``reserve``), so a burst
+of jobs cannot all see the same room.
 
 The reservation is kept on the job's record (``owed_bytes``) and summed under ``keys.STORE_OWED``. Each segment
 written spends its bytes off it, and the job's end (done, failed, canceled) gives back what is left, in the same
 atomic steps as the write and the end. A text stream's later characters reserve theirs as they are planned, at
-the rate the stream was admitted with. What increments keep can drift (an API that died between reserving and
-writing its job): ``recount`` sets the sum from the live jobs' records, and the janitor runs it.
+the rate the stream was admitted with (never refused: TTS_MAX_TEXT_CHARS bounds a stream as it bounds a job).
+What increments keep can drift (an API that died between reserving and writing its job, a release made twice):
+``recount`` corrects a difference from the live jobs' records found twice in a row, and the janitor runs it with
+each account.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
-from typing import Any
 
 import redis
 
@@ -34,42 +36,60 @@ DEFAULT_BYTES_PER_CHAR = 12_000
 LEARNED_FROM_CHARS = 50
 
 # KEYS: the owed total, the bytes per character learned per model.
-# ARGV: the model, the job's characters, the default bytes per character, the characters learned from before the
-#       learned rate counts, the most the job's audio may be (the full mark), the most the total may reach with it.
+# ARGV: the model, the job's characters (at speed 1), the default bytes per character, the characters learned from
+#       before the learned rate counts, the most the job's audio may be (the full mark), the most the total may
+#       reach with it.
 # Estimates the job's audio at its model's learned rate, and reserves it only if the total stays within the most.
-# Returns {verdict, the bytes, the bytes per character (a string), the total}: verdict 1 reserved, 0 no room,
-# -1 too large for the full mark alone. A total below nothing (a release that met a recount) counts as nothing.
+# Before the model has a learned rate, the cautious default may overstate the audio several times: a job is then
+# never refused as too large, and reserves at most the full mark. Returns {verdict, the bytes, the bytes per
+# character (a string: a number reply would be cut to an integer), the total}: verdict 1 reserved, 0 no room, -1 too
+# large for the full mark alone. A total below nothing (a release made twice) counts as nothing, and is set so.
 _RESERVE = """
 local learned = redis.call('HMGET', KEYS[2], ARGV[1] .. ':bytes', ARGV[1] .. ':chars')
 local per_char = tonumber(ARGV[3])
-if (tonumber(learned[2]) or 0) >= tonumber(ARGV[4]) then per_char = tonumber(learned[1]) / tonumber(learned[2]) end
+local known = (tonumber(learned[2]) or 0) >= tonumber(ARGV[4])
+if known then per_char = tonumber(learned[1]) / tonumber(learned[2]) end
 local need = math.ceil(tonumber(ARGV[2]) * per_char)
+local largest = tonumber(ARGV[5])
+if need > largest then
+  if known then return {-1, need, tostring(per_char), 0} end
+  need = largest
+end
 local owed = tonumber(redis.call('GET', KEYS[1]) or '0')
 if owed < 0 then
   redis.call('SET', KEYS[1], 0)
   owed = 0
 end
-if need > tonumber(ARGV[5]) then return {-1, need, tostring(per_char), owed} end
 if owed + need > tonumber(ARGV[6]) then return {0, need, tostring(per_char), owed} end
 return {1, need, tostring(per_char), redis.call('INCRBY', KEYS[1], need)}
 """
 
-# KEYS: the owed total, the live-job index. ARGV: the job key's prefix ("tts:job:{"), its suffix ("}:record").
-# Sets the total to the sum of the live jobs' reservations; returns {the total before, the total now}.
+# KEYS: the owed total, the live-job index, the difference the last recount found and left.
+# ARGV: the job key's prefix ("tts:job:{"), its suffix ("}:record").
+# Compares the total with the sum of the live jobs' reservations. Part of a difference is what submissions in
+# flight have reserved and not yet written into a record, which is right; only a difference found twice in a row
+# (the smaller of the two, of the same sign) is taken off, and the rest kept for the next recount.
+# Returns {the total before, the total now}.
 _RECOUNT = """
-local total = 0
+local sum = 0
 for _, job_id in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
-  total = total + tonumber(redis.call('HGET', ARGV[1] .. job_id .. ARGV[2], 'owed_bytes') or '0')
+  sum = sum + tonumber(redis.call('HGET', ARGV[1] .. job_id .. ARGV[2], 'owed_bytes') or '0')
 end
-local before = tonumber(redis.call('GET', KEYS[1]) or '0')
-redis.call('SET', KEYS[1], total)
-return {before, total}
+local total = tonumber(redis.call('GET', KEYS[1]) or '0')
+local drift = total - sum
+local last = tonumber(redis.call('GET', KEYS[3]) or '0')
+local fix = 0
+if drift > 0 and last > 0 then fix = math.min(drift, last) end
+if drift < 0 and last < 0 then fix = math.max(drift, last) end
+if fix ~= 0 then redis.call('DECRBY', KEYS[1], fix) end
+redis.call('SET', KEYS[3], drift - fix)
+return {total, total - fix}
 """
 
 
 @dataclass(frozen=True)
 class Reserved:
-    """The audio one job reserved: its bytes, and the bytes per character they were estimated at."""
+    """The audio one job reserved: its bytes, and the bytes per character (at speed 1) they were estimated at."""
 
     bytes: int
     per_char: float
@@ -84,7 +104,7 @@ class Verdict(enum.IntEnum):
 
     RESERVED = 1
     NO_ROOM = 0  # the audio, beside what is reserved, would pass the most the total may reach
-    TOO_LARGE = -1  # the audio alone would pass the full mark
+    TOO_LARGE = -1  # the audio alone would pass the full mark, at the model's learned rate
 
 
 @dataclass(frozen=True)
@@ -96,6 +116,11 @@ class Reservation:
     owed: int
 
 
+def chars_at_speed_one(chars: int, speed: float) -> int:
+    """Return how many characters ``chars`` spoken at ``speed`` weigh in audio: at half speed, twice as many."""
+    return math.ceil(chars / speed) if speed > 0 else chars
+
+
 class Reservations:
     """Estimate, reserve and recount the audio admitted jobs will write."""
 
@@ -105,15 +130,9 @@ class Reservations:
         self._reserve = client.register_script(_RESERVE)
         self._recount = client.register_script(_RECOUNT)
 
-    def bytes_per_char(self, model: str) -> float:
-        """Return the bytes per character ``model`` wrote lately, or the default before it wrote enough."""
-        found: Any = self.redis.hmget(keys.BYTES_PER_CHAR, [f"{model}:bytes", f"{model}:chars"])
-        written, chars = (float(as_str(v)) if v is not None else 0.0 for v in found)
-        return written / chars if chars >= LEARNED_FROM_CHARS else float(self.default_bytes_per_char)
-
     def reserve(self, model: str, chars: int, *, largest: int, most: int) -> Reservation:
-        """Estimate the audio of a job of ``chars`` characters on ``model`` and reserve it, in one atomic step, if
-        it is at most ``largest`` bytes and the owed total stays within ``most`` with it."""
+        """Estimate the audio of a job of ``chars`` characters (at speed 1) on ``model`` and reserve it, in one atomic
+        step, if it is at most ``largest`` bytes and the owed total stays within ``most`` with it."""
         verdict, need, per_char, owed = self._reserve(
             keys=[keys.STORE_OWED, keys.BYTES_PER_CHAR],
             args=[model, chars, self.default_bytes_per_char, LEARNED_FROM_CHARS, largest, most],
@@ -130,6 +149,9 @@ class Reservations:
             self.redis.decrby(keys.STORE_OWED, reserved)
 
     def recount(self) -> tuple[int, int]:
-        """Set the owed total to the sum of the live jobs' reservations; return it before and now."""
-        before, now = self._recount(keys=[keys.STORE_OWED, keys.LIVE_JOBS], args=[f"{keys.PREFIX}:job:{{", "}:record"])
+        """Correct the owed total by a difference from the live jobs' reservations found on this recount and the
+        last (a leak, or a release made twice); return the total before and now."""
+        before, now = self._recount(
+            keys=[keys.STORE_OWED, keys.LIVE_JOBS, keys.STORE_OWED_DRIFT], args=[f"{keys.PREFIX}:job:{{", "}:record"]
+        )
         return int(before), int(now)

@@ -153,8 +153,9 @@ FINISH = _lua(
 if redis.call('EXISTS', KEYS[1]) == 0 then return $EndResult_GONE end
 local status = redis.call('HGET', KEYS[1], 'status')
 if status == $DONE or status == $FAILED or status == $CANCELED then return $EndResult_ALREADY_OVER end
-release_owed(KEYS[10])
+-- Its audio first: at Redis's memory limit a script's writes pass once it has written (deleted) something.
 if ARGV[8] == '1' then redis.call('DEL', KEYS[2]) end
+release_owed(KEYS[10])
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'error', ARGV[2], 'finished_at', ARGV[3], 'updated_at', ARGV[3],
            'audio_expires_at', ARGV[6])
 redis.call('XADD', KEYS[4], '*', 'type', 'status', 'status', ARGV[1], 'error', ARGV[2])

@@ -3,7 +3,9 @@ spend it, its end gives back the rest, and a burst of books is admitted only as 
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ from flask import Flask
 
 from api import create_app
 from cache import keys
-from cache.budget import StoreBudget
+from cache.budget import RESERVED_ROOM_AGE_S, StoreBudget
 from cache.jobstore import JobRequest, JobStore
 from cache.reservations import DEFAULT_BYTES_PER_CHAR, LEARNED_FROM_CHARS, Reservations, Verdict
 from client.cli import main
@@ -107,36 +109,91 @@ def test_a_burst_of_reservations_takes_exactly_the_room_there_is(own_redis: redi
     assert reservations.owed() == 5 * DEFAULT_BYTES_PER_CHAR
 
 
+def _per_char(reservations: Reservations, model: str) -> float:
+    """Return the bytes per character a job on ``model`` reserves at (by reserving one character)."""
+    return reservations.reserve(model, 1, largest=10**12, most=10**12).audio.per_char
+
+
 def test_a_models_writes_teach_its_bytes_per_character_from_the_default(
     own_redis: redis.Redis, speech: tuple[bytes, int]
 ) -> None:
     pcm, rate = speech
     store, reservations = JobStore(own_redis, ttl=600), Reservations(own_redis)
-    assert reservations.bytes_per_char("espeak-en") == DEFAULT_BYTES_PER_CHAR
+    assert _per_char(reservations, "espeak-en") == DEFAULT_BYTES_PER_CHAR
     text = "Every byte a job will write is counted first."
     job_id = store.create(REQUEST, [text] * 3)
     store.write_segment(job_id, 0, pcm, sample_rate=rate, meta={}, learn=("espeak-en", len(text)))
-    assert len(text) < LEARNED_FROM_CHARS and reservations.bytes_per_char("espeak-en") == DEFAULT_BYTES_PER_CHAR
+    assert len(text) < LEARNED_FROM_CHARS and _per_char(reservations, "espeak-en") == DEFAULT_BYTES_PER_CHAR
     for i in (1, 2):
         store.write_segment(job_id, i, pcm, sample_rate=rate, meta={}, learn=("espeak-en", len(text)))
     per_segment = own_redis.hstrlen(keys.audio(job_id), "0")
-    assert reservations.bytes_per_char("espeak-en") == pytest.approx(per_segment / len(text), rel=1e-6)
-    assert reservations.bytes_per_char("chattts-tiny") == DEFAULT_BYTES_PER_CHAR, "learned per model"
-    found = reservations.reserve("espeak-en", 1000, largest=10**9, most=10**9)
+    assert _per_char(reservations, "espeak-en") == pytest.approx(per_segment / len(text), rel=1e-6)
+    assert _per_char(reservations, "chattts-tiny") == DEFAULT_BYTES_PER_CHAR, "learned per model"
+    found = reservations.reserve("espeak-en", 1000, largest=10**9, most=10**12)
     assert found.audio.bytes == pytest.approx(1000 * per_segment / len(text), abs=1), "reserved at the learned rate"
-    assert reservations.reserve("espeak-en", 1000, largest=found.audio.bytes - 1, most=10**9).verdict is (
-        Verdict.TOO_LARGE
-    )
+    too_large = reservations.reserve("espeak-en", 1000, largest=found.audio.bytes - 1, most=10**12)
+    assert too_large.verdict is Verdict.TOO_LARGE, "judged at the learned rate"
+    # At the cautious default, a model not heard yet is never too large: it reserves the full mark at most.
+    cold = reservations.reserve("chattts-tiny", 1000, largest=1000 * DEFAULT_BYTES_PER_CHAR // 4, most=10**12)
+    assert cold.verdict is Verdict.RESERVED and cold.audio.bytes == 1000 * DEFAULT_BYTES_PER_CHAR // 4
 
 
-def test_a_recount_sets_the_owed_total_to_what_the_live_jobs_hold(own_redis: redis.Redis) -> None:
+def test_a_recount_corrects_a_difference_from_the_live_jobs_found_twice_and_spares_one_in_flight(
+    own_redis: redis.Redis,
+) -> None:
     store, reservations = JobStore(own_redis, ttl=600), Reservations(own_redis)
-    live = [store.create(REQUEST, ["One."], owed=(owed, 10.0)) for owed in (700, 300)]
-    ended = store.create(REQUEST, ["One."], owed=(5000, 10.0))
-    own_redis.set(keys.STORE_OWED, 123_456)  # drifted: an API died between reserving and writing its job
-    store.cancel(ended)  # gives back its 5000
-    assert reservations.recount() == (123_456 - 5000, 1000)
-    assert reservations.owed() == 1000 and all(own_redis.zscore(keys.LIVE_JOBS, j) for j in live)
+    for owed in (700, 300):  # two admitted jobs, as admission reserves and writes them
+        own_redis.incrby(keys.STORE_OWED, owed)
+        store.create(REQUEST, ["One."], owed=(owed, 10.0))
+    assert reservations.owed() == 1000
+    own_redis.incrby(keys.STORE_OWED, 5000)  # a submission in flight: reserved, its record not yet written
+    assert reservations.recount() == (6000, 6000), "one sight of a difference corrects nothing"
+    own_redis.decrby(keys.STORE_OWED, 5000)  # that submission failed and gave it back
+    own_redis.incrby(keys.STORE_OWED, 2000)  # an API died between reserving and writing its job: a leak
+    assert reservations.recount() == (3000, 1000), "a difference found twice: the smaller of the two taken off"
+    assert reservations.recount() == (1000, 1000)
+
+
+def test_room_for_reserved_audio_is_made_only_from_audio_that_ended_a_minute_ago(
+    own_redis: redis.Redis, speech: tuple[bytes, int]
+) -> None:
+    pcm, rate = speech
+    store = JobStore(own_redis, ttl=600)
+    finished = []
+    for _ in range(30):  # about 3.5 MB of audio, beside Redis's own 1.5
+        job_id = store.create(REQUEST, ["One.", "Two."])
+        for i in (0, 1):
+            store.write_segment(job_id, i, pcm, sample_rate=rate, meta={})
+        finished.append(job_id)
+    used = StoreBudget(own_redis).usage().used
+    budget = StoreBudget(own_redis, budget_bytes=2 * used)  # 50% used
+    own_redis.set(keys.STORE_OWED, int(0.35 * budget.budget_bytes))  # 85% once the live jobs have written theirs
+    assert budget.trim().jobs == 0, "just finished: kept"
+    trimmed = budget.trim(now=time.time() + RESERVED_ROOM_AGE_S + 1)  # the same audio, a minute on
+    assert trimmed.after is not None and trimmed.after.projected_share < 0.7 and 1 <= trimmed.jobs < len(finished)
+    assert [j for j in finished if not own_redis.exists(keys.audio(j))] == finished[: trimmed.jobs], "oldest first"
+    # Written audio past the mark is trimmed at any age, as before.
+    own_redis.set(keys.STORE_OWED, 0)
+    assert StoreBudget(own_redis, budget_bytes=int(budget.usage().used / 0.85)).trim().jobs >= 1
+
+
+def test_a_job_failed_at_the_memory_limit_to_make_room_gives_back_its_reservation(
+    own_redis: redis.Redis, speech: tuple[bytes, int]
+) -> None:
+    pcm, rate = speech
+    store, reservations = JobStore(own_redis, ttl=600), Reservations(own_redis)
+    found = reservations.reserve("espeak-en", 100, largest=10**9, most=10**9)
+    job_id = store.create(REQUEST, ["One.", "Two.", "Three."], owed=(found.audio.bytes, DEFAULT_BYTES_PER_CHAR))
+    store.write_segment(job_id, 0, pcm, sample_rate=rate, meta={})
+    own_redis.config_set("maxmemory", own_redis.info("memory")["used_memory"] + 4 * 2**20)
+    for size in (65536, 16):  # to the very limit: a big value is refused short of it, where small writes pass
+        with pytest.raises(redis.OutOfMemoryError):
+            for n in itertools.count():
+                own_redis.set(f"junk:{size}:{n}", b"x" * size)
+    with pytest.raises(redis.OutOfMemoryError):
+        own_redis.incrby(keys.STORE_OWED, -1)
+    assert store.fail(job_id, "the store is full", drop_audio=True), "its audio removed first, then its end written"
+    assert reservations.owed() == 0 and not own_redis.exists(keys.audio(job_id))
 
 
 @pytest.fixture

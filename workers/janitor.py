@@ -31,8 +31,7 @@ from workers.celery_app import Enqueue
 
 log = logging.getLogger(__name__)
 
-#: A recount of the owed audio that moves the total by this much is logged (smaller moves are submissions that
-#: had reserved and not yet written their job as it counted).
+#: A recount of the owed audio that corrects the total by this much is logged.
 RECOUNT_LOGGED_BYTES = 2**20
 
 
@@ -149,7 +148,10 @@ class Janitor:
             return
         before, now = self.reservations.recount()
         if abs(before - now) >= RECOUNT_LOGGED_BYTES:
-            log.info("the audio live jobs have reserved was counted as %d bytes, and is %d", before, now)
+            log.warning(
+                "the audio live jobs have reserved was counted as %d bytes, %d more than their records hold on two "
+                "recounts in a row: corrected", before, before - now,
+            )  # fmt: skip
 
     def _shed(self, usage: Usage) -> None:
         """Fail the newest live jobs of a store their audio has filled, so that the older finish (cache/budget.py);

@@ -18,6 +18,7 @@ import redis
 
 from cache import keys
 from cache.jobstore import JobRecord, JobStore, SegmentStart, SegmentWrite, StartState, WriteResult
+from cache.reservations import chars_at_speed_one
 from cache.schedule import ScheduleBook
 from cache.sentences import SentenceCache
 from cache.stats import Stats
@@ -248,7 +249,7 @@ class SegmentSynthesizer:
                 try:
                     return self.store.write_segment(
                         job_id, index, made.audio, sample_rate=made.sample_rate, meta=meta, worker=self.worker,
-                        advance=True, learn=(made.spec.name, len(made.text)),
+                        advance=True, learn=(made.spec.name, chars_at_speed_one(len(made.text), made.request.speed)),
                     )  # fmt: skip
                 except redis.OutOfMemoryError as e:
                     refused = e
