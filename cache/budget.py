@@ -1,19 +1,16 @@
-"""The job store's memory budget: how full Redis is, making room, and refusing work when there is none.
+"""The job store's memory budget: how full Redis is, and making room.
 
 The budget is Redis's own ``maxmemory`` (or ``TTS_STORE_BUDGET_MB``). Live jobs are never touched. Past
 ``trim_at`` of it, the oldest finished jobs' audio and the oldest sentence-cache entries (when the cache
 shares this Redis) are removed, oldest first, down to ``trim_at - TRIM_MARGIN``; the jobs' records stay,
-so their audio routes answer 410 Gone saying why. Past ``full_at``, with nothing finished left to remove,
-admission answers 503 (``full``), so that Redis never reaches the limit where it refuses writes.
+so their audio routes answer 410 Gone saying why. Admission refuses (503) a job whose expected audio, beside
+the memory used and what live jobs have reserved, would pass ``full_at`` (cache/reservations.py), and trimming
+counts the reservations as used too, so that Redis never reaches the limit where it refuses writes. Segment
+writes wait past ``write_at``.
 
-Admission also counts the audio admitted jobs will still write: each job reserves its expected audio as it is
-admitted, and is refused (503) when that would not fit beside what is used and reserved (cache/reservations.py);
-trimming counts the reservations as used too. An estimate can fall short (a model whose audio grew, a Redis whose
-other keys grew): then live work fills the store past ``write_at``, every segment write waits for room that nothing
-can make, and no job can finish. ``shed`` ends that: it fails the newest live jobs, their audio removed with them,
-until the store is below ``trim_at`` again, so that the older ones finish (each failed job's record says why).
-Losing the newest is what admission would have chosen, had it known. It is called only when the live jobs' audio is
-what fills the store: failing jobs cannot free memory that records or other keys hold.
+An estimate can fall short (a model whose audio grew, a Redis whose other keys grew): then live work fills the
+store past ``write_at``, every segment write waits for room that nothing can make, and no job can finish.
+Shedding ends that (cache/shedding.py).
 """
 
 from __future__ import annotations
@@ -27,21 +24,10 @@ from typing import Any
 import redis
 
 from cache import keys
-from cache.job_reads import as_str
 from core.errors import SettingsInvalid
 from core.metrics import STORE_TRIMMED, STORE_USED
 from core.settings import Settings
 
-#: The most live jobs one shedding pass fails (a pass reads the used memory again after each).
-SHED_MAX = 64
-#: How many of the newest live jobs' audio is measured to judge whether failing them would make room.
-SHED_SCAN = 2000
-#: What a job failed by ``shed`` says, with the store's usage.
-SHED_REASON = (
-    "the job store's memory ({usage}) filled with the audio of jobs still being made, with no finished audio left "
-    "to remove, so none of them could go on: the newest were failed so that older ones can finish. Submit it again "
-    "later; to make room for more work at once, raise the store's budget (maxmemory; make run: TTS_REDIS_MAXMEMORY)"
-)
 #: Room for the audio live jobs have reserved is made only from audio that ended at least this long ago
 #: (cache/budget.py ``trim``); room for audio written is made from any.
 RESERVED_ROOM_AGE_S = 60.0
@@ -220,38 +206,6 @@ class StoreBudget:
             entries += removed_entries
             usage = self.usage()
         return usage, jobs, entries
-
-    def live_audio_bytes(self, *, newest: int = SHED_SCAN) -> int:
-        """Return the memory the audio of the ``newest`` live jobs holds (one pipelined MEMORY USAGE each)."""
-        pipe = self.redis.pipeline(transaction=False)
-        for raw in self.redis.zrevrange(keys.LIVE_JOBS, 0, newest - 1):
-            pipe.memory_usage(keys.audio(as_str(raw)), samples=0)
-        return sum(int(found or 0) for found in pipe.execute())
-
-    def shed(self, fail: Callable[[str, str, bool], bool], *, at_most: int = SHED_MAX) -> list[str]:
-        """Fail the newest live jobs, one at a time, until the store is below ``trim_at``; return those failed.
-
-        Call it only when live work fills the store past ``write_at`` and a trim found nothing finished to remove.
-        Each job's audio is removed in the same step as its failure, and only while it is live.
-        ``fail(job_id, reason, drop_audio)`` ends a job (``JobStore.fail``); at the limit, where that step's
-        writes are refused, the audio is removed first on its own (a deletion always passes).
-        """
-        shed: list[str] = []
-        for raw in self.redis.zrevrange(keys.LIVE_JOBS, 0, at_most - 1):
-            usage = self.usage()
-            if not usage.budget or usage.share < self.trim_at:
-                break
-            job_id = as_str(raw)
-            reason = SHED_REASON.format(usage=usage.describe())
-            try:
-                failed = fail(job_id, reason, True)
-            except redis.OutOfMemoryError:
-                self.redis.delete(keys.audio(job_id))
-                failed = fail(job_id, reason, True)
-            if failed:
-                shed.append(job_id)
-        STORE_TRIMMED.labels("live_job").inc(len(shed))
-        return shed
 
     def _drop_oldest(self, now: float, count: int, *, ended_by: float) -> tuple[int, int, int]:
         """Remove the oldest ``count`` of finished audio and cache entries together, by age, of those that ended

@@ -2,7 +2,7 @@
 
 The memory used now says nothing of the audio admitted jobs are still to write: thirty books admitted together
 into an empty store may need three times its budget, and only find out halfway (the budget then fails the newest:
-cache/budget.py ``shed``). So each job reserves, as it is admitted, the audio it is expected to write: its
+cache/shedding.py). So each job reserves, as it is admitted, the audio it is expected to write: its
 characters (at speed 1) times its model's recent bytes per character, learned from every segment a worker writes
 (cache/scripts.py WRITE_SEGMENT). A job is admitted only if that fits beside the memory used and the audio already
 reserved, below the budget's full mark; the reservation and the check are one atomic step (``reserve``), so a burst

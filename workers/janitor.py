@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from cache import keys
+from cache import keys, shedding
 from cache.budget import StoreBudget, Usage
 from cache.custody import Custody
 from cache.jobstore import JobStore
@@ -142,8 +142,8 @@ class Janitor:
         return trimmed.jobs
 
     def recount_owed(self) -> None:
-        """Set the audio live jobs owe the store to what their records say (cache/reservations.py): a sum kept by
-        increments drifts when a process dies between two of its steps."""
+        """Correct the audio live jobs have reserved by what their records say, where a difference lasts
+        (cache/reservations.py): a sum kept by increments drifts when a process dies between two of its steps."""
         if self.reservations is None:
             return
         before, now = self.reservations.recount()
@@ -154,7 +154,7 @@ class Janitor:
             )  # fmt: skip
 
     def _shed(self, usage: Usage) -> None:
-        """Fail the newest live jobs of a store their audio has filled, so that the older finish (cache/budget.py);
+        """Fail the newest live jobs of a store their audio has filled, so that the older finish (cache/shedding.py);
         one worker at a time (a lock, unless the store refuses even that), and only if their audio is what fills it."""
         assert self.budget is not None
         try:
@@ -163,7 +163,7 @@ class Janitor:
         except redis.OutOfMemoryError:
             pass  # at the limit: shed without it (each job is failed once; a second worker finds it over)
         needed = (usage.share - self.budget.trim_at) * usage.budget
-        live_audio = self.budget.live_audio_bytes()
+        live_audio = shedding.live_audio_bytes(self.store.redis)
         if live_audio < needed:
             log.error(
                 "job store full (%s), but not with live jobs' audio (%.0f MB of it): failing jobs would not make room. "
@@ -171,7 +171,7 @@ class Janitor:
                 "(TTS_JOB_TTL_S)", usage.describe(), live_audio / 2**20,
             )  # fmt: skip
             return
-        shed = self.budget.shed(lambda job_id, reason, drop: self.store.fail(job_id, reason, drop_audio=drop))
+        shed = shedding.shed(self.budget, lambda job_id, reason, drop: self.store.fail(job_id, reason, drop_audio=drop))
         if shed:
             log.error(
                 "job store full of live work (%s) with no finished audio left to remove, so no job could go on: "
