@@ -16,8 +16,11 @@ from flask.testing import FlaskClient
 
 from api import create_app
 from client.api import TTSClient
+from core.audio import to_pcm16
 from tests.support.http import serving
 from tests.support.servers import ROOT, ApiProcess, RedisServer, WorkerProcess, free_port
+from workers.engines.base import SynthesisRequest
+from workers.engines.espeak import EspeakEngine
 
 IN_CI = os.environ.get("CI") == "true"
 
@@ -25,6 +28,27 @@ IN_CI = os.environ.get("CI") == "true"
 # here, before any registry loads, so that every registry this suite loads knows them: in this process and in
 # the processes it starts, which inherit its environment.
 os.environ["TTS_ENGINE_PLUGINS"] = "tests.support.engines"
+
+
+@pytest.fixture(scope="session")
+def speech() -> tuple[bytes, int]:
+    """Return a few seconds of real speech (eSpeak NG) as 16-bit PCM and its rate."""
+    engine = EspeakEngine(language="en-us", voices={"default": ""})
+    engine.load()
+    text = "The job store keeps every finished segment compactly, and only for as long as it was told to."
+    [wave] = engine.synthesize([SynthesisRequest(text=text, voice="default")])
+    return to_pcm16(wave), engine.sample_rate
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[redis.Redis]:
+    """Return a client of a Redis of this test's own, whose maxmemory and store-wide keys the test may set."""
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        yield redis.Redis.from_url(server.url)
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

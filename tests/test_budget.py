@@ -8,8 +8,6 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,34 +24,11 @@ from core.audio import PackedAudio, to_pcm16
 from core.errors import SettingsInvalid, StoreFull
 from core.metrics import STORE_FULL_WAITS
 from core.settings import Settings, load_settings
-from tests.support.servers import RedisServer, WorkerProcess
-from workers.engines.base import SynthesisRequest
-from workers.engines.espeak import EspeakEngine
+from tests.support.servers import WorkerProcess
 from workers.segment import SegmentSynthesizer
 
 REQUEST = JobRequest(model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav",
                      priority="realtime", seed=None, cache=False)  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def speech() -> tuple[bytes, int]:
-    """Return a few seconds of real speech (eSpeak NG) as 16-bit PCM and its rate."""
-    engine = EspeakEngine(language="en-us", voices={"default": ""})
-    engine.load()
-    text = "The job store keeps every finished segment compactly, and only for as long as it was told to."
-    [wave] = engine.synthesize([SynthesisRequest(text=text, voice="default")])
-    return to_pcm16(wave), engine.sample_rate
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[redis.Redis]:
-    """Return a client of a Redis of this test's own, whose maxmemory the test may set."""
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    try:
-        yield redis.Redis.from_url(server.url)
-    finally:
-        server.stop()
 
 
 def _done_job(store: JobStore, pcm: bytes, rate: int, segments: int = 1) -> str:

@@ -20,36 +20,12 @@ from cache.budget import RESERVED_ROOM_AGE_S, StoreBudget
 from cache.jobstore import JobRequest, JobStore
 from cache.reservations import DEFAULT_BYTES_PER_CHAR, LEARNED_FROM_CHARS, Reservations, Verdict
 from client.cli import main
-from core.audio import to_pcm16
 from tests.support.http import serving
 from tests.support.processes import wait_for
-from tests.support.servers import RedisServer, WorkerProcess
-from workers.engines.base import SynthesisRequest
-from workers.engines.espeak import EspeakEngine
+from tests.support.servers import WorkerProcess
 
 REQUEST = JobRequest(model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav",
                      priority="batch", seed=None, cache=False)  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def speech() -> tuple[bytes, int]:
-    """Return a few seconds of real speech (eSpeak NG) as 16-bit PCM and its rate."""
-    engine = EspeakEngine(language="en-us", voices={"default": ""})
-    engine.load()
-    text = "Every byte a job will write is counted first."
-    [wave] = engine.synthesize([SynthesisRequest(text=text, voice="default")])
-    return to_pcm16(wave), engine.sample_rate
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[redis.Redis]:
-    """Return a client of a Redis of this test's own (the owed total is one key for the whole store)."""
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    try:
-        yield redis.Redis.from_url(server.url)
-    finally:
-        server.stop()
 
 
 def _owed_on_record(client: redis.Redis, job_id: str) -> int:
