@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import wave
+from pathlib import Path
 from typing import Any
 
 #: Output formats by file suffix; ``pcm`` is raw 16-bit little-endian mono.
@@ -79,3 +80,20 @@ def encode(pcm: bytes, sample_rate: int, fmt: str) -> bytes:
     buffer = io.BytesIO()
     sf.write(buffer, samples, sample_rate, format=container, subtype=subtype, **extra)
     return buffer.getvalue()
+
+
+def output_format(path: Path, given: str | None) -> str:
+    """Return the format named by ``--format`` or else by the output file's suffix."""
+    if given:
+        return given
+    fmt = SUFFIX_FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise SystemExit(f"error: cannot tell the format of {path}; use one of {sorted(SUFFIX_FORMATS)} or --format")
+    return fmt
+
+
+def write_audio(path: Path, pcm: bytes, sample_rate: int, fmt: str) -> None:
+    """Encode mono 16-bit PCM as ``fmt`` into ``path``, atomically (a temporary file, then a rename)."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_bytes(encode(pcm, sample_rate, fmt))
+    temporary.replace(path)
