@@ -9,7 +9,7 @@ import time
 from urllib.parse import urlsplit
 
 from bench.loadgen import JobResult
-from client.api import parse_sse
+from client.sse import parse_sse
 
 #: Answers that refuse work on purpose (admission control), to be retried after Retry-After.
 ADMISSION_STATUSES = frozenset({429, 503})

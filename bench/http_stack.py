@@ -19,7 +19,7 @@ import requests
 from bench.report import RESULTS
 from bench.tiny_model import MODEL, TORCH_THREADS, ensure_tiny_model
 from cache.workers import WorkerRegistry
-from client.api import parse_sse
+from client.sse import parse_sse
 from devstack.service import ServiceStack
 from devstack.worker import WorkerProcess
 

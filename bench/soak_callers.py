@@ -9,7 +9,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from client.api import parse_sse
+from client.sse import parse_sse
 from devstack.local import ROOT
 
 SENTENCES = [line.strip() for line in (ROOT / "bench" / "corpus_zh.txt").read_text().splitlines() if line.strip()]

@@ -46,7 +46,7 @@ from bench.threads import in_threads
 from bench.tiny_model import MODEL, TORCH_THREADS
 from cache import keys
 from client import TTSClient
-from client.api import JOIN_S, SENTENCE_ENDS
+from client.text_stream import JOIN_S, SENTENCE_ENDS
 from devstack.local import ROOT
 
 TOKENS_PER_S = 30.0

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-import codecs
-import contextlib
-import json
 import os
 import re
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import requests
 
-from client.deadline import HeadersDueAdapter, Watchdog, shutter
+from client.deadline import HeadersDueAdapter
+from client.errors import TTSClientError, error_from, read_answer
+from client.sse import parse_sse
+from client.text_stream import TextStream
+
+__all__ = ["TTSClient", "TTSClientError", "TextStream", "allowed_wait", "is_open_stream", "parse_sse"]
 
 TERMINAL = frozenset({"done", "failed", "canceled"})
 #: The ``?wait=`` a client asks for at first: the service's default ``TTS_MAX_WAIT_S``. A service set shorter
@@ -33,41 +34,6 @@ SSE_RECONNECTS = 5
 PIECE_ATTEMPTS = 6
 #: The longest pause between two tries of a piece, whatever Retry-After says.
 PIECE_RETRY_MAX_S = 5.0
-#: The most a JSON answer (a job's record, the model list, an error) is read: a larger one is not the service's.
-MAX_ANSWER_BYTES = 1 << 20
-#: The longest a JSON answer's body may take to arrive, however it trickles (the client's ``timeout`` by default).
-ANSWER_WITHIN_S = 30.0
-
-
-class TTSClientError(Exception):
-    """Raised when the service answers with an error, cannot be reached, or a job fails.
-
-    ``details`` holds the error body's other keys (a text piece's 409 says its ``reason``: conflict, after_final,
-    final_before_taken, closed, over, too_far); ``retry_after`` is the Retry-After header's seconds, when the
-    answer had one.
-    """
-
-    def __init__(
-        self,
-        status: int,
-        code: str,
-        message: str,
-        *,
-        details: dict[str, Any] | None = None,
-        retry_after: float | None = None,
-    ) -> None:
-        super().__init__(f"{status} {code}: {message}")
-        self.status = status
-        self.code = code
-        self.message = message
-        self.details = details or {}
-        self.retry_after = retry_after
-
-    @property
-    def reason(self) -> str | None:
-        """The error body's ``reason`` (why a text piece was refused), if it has one."""
-        reason = self.details.get("reason")
-        return None if reason is None else str(reason)
 
 
 def allowed_wait(error: TTSClientError, asked: float) -> float | None:
@@ -84,62 +50,6 @@ def allowed_wait(error: TTSClientError, asked: float) -> float | None:
     if limit is not None and 0 <= float(limit) < asked:
         return float(limit)
     return next(wait for wait in FALLBACK_WAITS_S if wait < asked)
-
-
-def _error_from(response: requests.Response, *, within_s: float = ANSWER_WITHIN_S) -> TTSClientError:
-    try:
-        retry_after: float | None = float(response.headers["Retry-After"])
-    except (KeyError, ValueError):
-        retry_after = None
-    try:
-        body = _answer(response, within_s=within_s)["error"]
-        details = {k: v for k, v in body.items() if k not in ("code", "message")}
-        return TTSClientError(
-            response.status_code,
-            str(body["code"]),
-            str(body.get("message", "")),
-            details=details,
-            retry_after=retry_after,
-        )
-    except (TTSClientError, KeyError, TypeError, AttributeError):
-        return TTSClientError(response.status_code, "http_error", response.reason or "", retry_after=retry_after)
-
-
-def _answer(response: requests.Response, *, within_s: float = ANSWER_WITHIN_S) -> dict[str, Any]:
-    """Read a JSON object answer, at most ``MAX_ANSWER_BYTES`` of it and within ``within_s``; raise TTSClientError
-    (``bad_answer``) for one that is larger, not JSON or not an object: a server that is not the TTS service (or a
-    proxy's page); ``unreachable`` for one that broke off or took longer."""
-    where = f"{response.request.method} {response.url}" if response.request is not None else response.url
-    body = bytearray()
-    # An answer built by hand (a test's stand-in) has its body already and no connection to read it from.
-    shut = shutter(response.raw)
-    try:
-        with Watchdog(within_s, shut) as watchdog:
-            chunks = [response.content] if response.raw is None else response.iter_content(chunk_size=64 * 1024)
-            for chunk in chunks:
-                body += chunk
-                if len(body) > MAX_ANSWER_BYTES:
-                    raise TTSClientError(0, "bad_answer", f"{where}: the answer is over {MAX_ANSWER_BYTES:,} bytes; "
-                                         "is this the TTS service?")  # fmt: skip
-    except (requests.RequestException, OSError, ValueError) as e:
-        # A socket shut under a read is a broken answer to requests, or, over TLS, an OSError or a ValueError.
-        if watchdog.fired:
-            raise TTSClientError(0, "unreachable", f"{where}: the answer took over {within_s:g} s to arrive") from e
-        if not isinstance(e, requests.RequestException):
-            raise
-        raise TTSClientError(0, "unreachable", f"{where}: the answer broke off: {e}") from e
-    finally:
-        if response.raw is not None:  # one built by hand (a test's stand-in) has no connection to give back
-            response.close()
-    try:
-        found = json.loads(body)
-    except ValueError:
-        found = None
-    if not isinstance(found, dict):
-        kind = response.headers.get("Content-Type", "no content type")
-        raise TTSClientError(0, "bad_answer", f"{where}: the answer is not a JSON object ({kind}); "
-                             "is this the TTS service?")  # fmt: skip
-    return found
 
 
 def is_open_stream(job: dict[str, Any]) -> bool:
@@ -210,12 +120,12 @@ class TTSClient:
                 self._url(path),
                 headers=self._headers(headers),
                 timeout=(self.timeout, self.timeout + read_s),
-                **{"stream": True, **kwargs},  # bodies are read as they are used: JSON ones bounded (_answer)
+                **{"stream": True, **kwargs},  # bodies are read as they are used: JSON ones bounded (read_answer)
             )
         except requests.RequestException as e:
             raise TTSClientError(0, "unreachable", f"{method} {self._url(path)} failed: {e}") from e
         if response.status_code >= 400:
-            raise _error_from(response, within_s=self.timeout)  # it reads (and closes) the answer
+            raise error_from(response, within_s=self.timeout)  # it reads (and closes) the answer
         return response
 
     def _long_poll(
@@ -237,7 +147,7 @@ class TTSClient:
 
     def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         """Send a request and return its JSON object answer, read within the client's timeout."""
-        return _answer(self._request(method, path, **kwargs), within_s=self.timeout)
+        return read_answer(self._request(method, path, **kwargs), within_s=self.timeout)
 
     def submit(self, text: str, **options: Any) -> dict[str, Any]:
         """Submit ``text`` as a job (options: model, voice, speed, mode, format, priority, seed, cache)."""
@@ -425,188 +335,3 @@ class TTSClient:
                 raise TTSClientError(0, "unreachable", f"download of job {job_id} broke off: {e}") from e
         partial.replace(target)
         return target
-
-
-#: ``TextStream.write`` joins tokens for at most this long into one piece (a sentence end goes at once).
-JOIN_S = 0.1
-#: Marks after which ``write`` sends at once: a sentence (or a line) may be complete, and is spoken soonest.
-SENTENCE_ENDS = frozenset("。！？；…」』）】”’.!?;\n")
-
-
-class TextStream:
-    """A job whose text is sent piece by piece (an LLM's tokens as they come); made by ``TTSClient.open_stream``.
-
-    ``send`` numbers the pieces itself (0, 1, 2, …) and retries a busy or unreachable service with the same seq;
-    ``finish`` sends the final piece. Sentences are spoken as soon as they are complete, so ``segments`` can be
-    iterated (in another thread) while pieces are still being sent; it ends once the final piece is spoken.
-    Used as a context manager, the stream is finished on leaving the block. ``send`` may be called from several
-    threads: pieces go one at a time, in the order the calls got in.
-
-    ``write`` is for a token at a time: it joins what arrives within ``join_s`` into one piece, and sends at once
-    a sentence mark and the space after one, so nothing speakable waits and an LLM's 30 tokens a second cost a few
-    requests a second instead of 30.
-    """
-
-    def __init__(self, client: TTSClient, job: dict[str, Any]) -> None:
-        self.client = client
-        #: The job view the service answered when the stream was opened.
-        self.job = job
-        self.job_id: str = str(job["id"])
-        stream = job.get("text_stream") or {}
-        #: The seq the next piece gets.
-        self.next_seq: int = int(stream.get("next_seq", 0))
-        #: Segments planned so far, as of the last answer (final once the stream is closed).
-        self.segments_total: int = int(job.get("segments_total", 0))
-        #: Whether the service said, in its last answer, that the stream takes more pieces.
-        self.open: bool = bool(stream.get("open", True))
-        self.finished = False
-        self._lock = threading.Lock()
-        self.join_s = JOIN_S
-        self._joined = ""  # written, not sent yet
-        self._last_written = ""
-        self._join_lock = threading.Lock()
-        self._timer: threading.Timer | None = None
-        self._late_error: TTSClientError | None = None  # a timed send's failure, raised by the next call
-
-    def write(self, text: str) -> None:
-        """Queue ``text`` (a token, say) for the next piece: sent at once if it ends a sentence, else within
-        ``join_s`` together with whatever else is written meanwhile. Raise what a timed send failed with."""
-        self._raise_late_error()
-        if not text:
-            return
-        with self._join_lock:
-            # At once: a sentence mark, or the space after one (which completes "3." or "Dr." as a sentence).
-            at_once = text[-1] in SENTENCE_ENDS or (text[0].isspace() and self._last_written in SENTENCE_ENDS)
-            self._joined += text
-            self._last_written = text[-1]
-            if not at_once:
-                if self._timer is None:
-                    self._timer = threading.Timer(self.join_s, self._send_joined_in_time)
-                    self._timer.daemon = True
-                    self._timer.start()
-                return
-        self.flush()
-
-    def flush(self) -> None:
-        """Send what ``write`` has joined so far, now."""
-        with self._join_lock:
-            text = self._take_joined()
-            if text:  # under the join lock, so that pieces keep the order their text was written in
-                self.send(text)
-
-    def _take_joined(self) -> str:
-        """Stop the timed send and return what ``write`` joined (under the join lock)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        text, self._joined = self._joined, ""
-        return text
-
-    def _send_joined_in_time(self) -> None:
-        try:
-            self.flush()
-        except TTSClientError as e:
-            self._late_error = e
-
-    def _raise_late_error(self) -> None:
-        error, self._late_error = self._late_error, None
-        if error is not None:
-            raise error
-
-    def send(self, text: str, *, final: bool = False) -> dict[str, Any]:
-        """Send ``text`` as the next piece (the final one if ``final``) and return the service's answer.
-
-        Raise ``TTSClientError`` when the service refuses it (409 with a ``reason`` when the stream is closed or
-        over, 413 when the stream's text would be too long) or stays unreachable or busy; the piece may then have
-        arrived or not, and the same ``send`` may be tried again: it keeps its seq, and is spoken at most once.
-        """
-        if not text and not final:
-            raise ValueError("only the final piece may be empty")
-        with self._lock:
-            if self.finished:
-                raise TTSClientError(
-                    409, "conflict", "the stream's final piece was sent already", details={"reason": "after_final"}
-                )
-            answer = self.client.send_text(self.job_id, self.next_seq, text, final=final)
-            self.next_seq += 1
-            self.finished = final
-            self.segments_total = int(answer.get("segments_total", self.segments_total))
-            self.open = bool((answer.get("text_stream") or {}).get("open", not final))
-            return answer
-
-    def finish(self, text: str = "") -> dict[str, Any]:
-        """Send the final piece (``text``, or nothing), after what ``write`` still holds: the job ends once
-        everything sent is spoken."""
-        self._raise_late_error()
-        self.flush()
-        return self.send(text, final=True)
-
-    def close(self) -> None:
-        """Finish the stream unless its final piece was sent already."""
-        if not self.finished:
-            self.finish()
-
-    def segments(self, *, start: int = 0) -> Iterator[tuple[int, bytes, float]]:
-        """Yield (index, audio, duration) for each segment as it is made, until the stream ends and all are made."""
-        return self.client.segments(self.job_id, start=start)
-
-    def wait(self, *, poll_s: float = 0.5) -> dict[str, Any]:
-        """Wait until the job is done (the stream finished and every segment made) and return it."""
-        return self.client.wait(self.job_id, poll_s=poll_s)
-
-    def cancel(self) -> dict[str, Any]:
-        """Cancel the job: no more pieces are taken and segments not yet made are skipped."""
-        self.finished = True
-        with self._join_lock:
-            self._take_joined()  # dropped: nothing more is spoken
-        return self.client.cancel(self.job_id)
-
-    def __enter__(self) -> TextStream:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
-        if exc_type is None:
-            self.close()
-            return
-        with contextlib.suppress(TTSClientError):  # what was sent is still spoken; the error that left is the one
-            self.close()
-
-
-def parse_sse(chunks: Iterable[bytes]) -> Iterator[dict[str, Any]]:
-    """Yield the events ({"event", "id", "data"}) of a server-sent stream cut into chunks anywhere (WHATWG rules)."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    pending = ""
-    event: str | None = None
-    event_id: str | None = None
-    data: list[str] = []
-    for chunk in chunks:
-        text = pending + decoder.decode(chunk)
-        # A CR at the end may be half of a CRLF whose LF is in the next chunk.
-        held = "\r" if text.endswith("\r") else ""
-        *lines, pending = text[: len(text) - len(held)].replace("\r\n", "\n").replace("\r", "\n").split("\n")
-        pending += held
-        for line in lines:
-            if not line:
-                if data:
-                    joined = "\n".join(data)
-                    try:
-                        payload: Any = json.loads(joined)
-                    except ValueError:
-                        payload = joined
-                    yield {"event": event or "message", "id": event_id, "data": payload}
-                event, event_id, data = None, None, []
-                continue
-            if line.startswith(":"):
-                continue  # a comment: the service's keep-alive
-            name, _, value = line.partition(":")
-            value = value.removeprefix(" ")
-            if name == "event":
-                event = value
-            elif name == "data":
-                data.append(value)
-            elif name == "id" and "\0" not in value:
-                event_id = value
-
-
-#: The parser's earlier, private name.
-_parse_sse = parse_sse

@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from client.api import TTSClient, TTSClientError
+from client.api import TTSClient
 from client.audio import check_supported, output_format, write_audio
+from client.errors import TTSClientError
 from client.progress import ProgressBar
 
 STATE_NAME = "job.json"

@@ -11,9 +11,10 @@ from typing import Any, BinaryIO
 
 import requests
 
-from client.api import TTSClient, TTSClientError
+from client.api import TTSClient
 from client.audio import SUFFIX_FORMATS, AudioSupportMissing, check_supported, output_format
 from client.book import STATE_NAME, make_book
+from client.errors import TTSClientError
 from client.piped import read_pieces, say_stream
 from client.progress import ProgressBar
 

@@ -14,8 +14,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
-from client.api import TextStream, TTSClient, TTSClientError
+from client.api import TTSClient
 from client.audio import check_supported, encode, write_audio
+from client.errors import TTSClientError
+from client.text_stream import TextStream
 
 #: The most ``say --stdin`` reads at once: what a pipe holds then, so a token is taken as soon as it is written
 #: (and sent within ``TextStream.join_s``, a sentence end at once).

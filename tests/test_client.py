@@ -16,8 +16,8 @@ import requests
 import soundfile as sf
 
 from client import TTSClient, TTSClientError
-from client.api import _parse_sse
 from client.cli import main
+from client.sse import _parse_sse
 
 CHAPTER = (
     "The old lighthouse stood alone on the cliff. Every night its beam swept across the dark water, "
