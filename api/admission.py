@@ -67,6 +67,7 @@ class Admission:
         self.lateness_s = settings.admission_lateness_s
         self.first_audio_s = settings.admission_first_audio_s
         self.retry_margin_s = settings.admission_retry_margin_s
+        self.batch_share = settings.store_batch_share
         self.refusals = refusals
 
     def pace(self, *, workers_alive: int) -> tuple[float, float]:
@@ -169,36 +170,41 @@ class Admission:
                 **({KEPT_FOR_RETRIES: kept_s} if estimate <= self.first_audio_s else {}),
             )
 
-    def reserve_audio(self, model: str, chars: int) -> Reserved:
+    def reserve_audio(self, model: str, chars: int, lane: str = "realtime") -> Reserved:
         """Reserve the audio a job of ``chars`` characters on ``model`` will write; return what was reserved.
 
         Every job, even one whose audio is all cached, writes its audio into the job store. Raise StoreFull (503,
         Retry-After) when that audio, with the memory used and the audio live jobs have reserved, would pass the
-        budget's full mark, and StoreTooSmall (413) when it would pass it with nothing else in the store.
+        budget's full mark, and StoreTooSmall (413) when it would pass it with nothing else in the store. A batch
+        job's mark is ``TTS_STORE_BATCH_SHARE`` of the full mark, so that realtime jobs always find room.
         """
         if self.budget is None or self.reservations is None:
             return NOTHING
         usage = self.budget.recent()
         if not usage.budget:
             return NOTHING
-        limit = int(usage.budget * self.budget.full_at)
+        share = self.batch_share if lane == "batch" else 1.0
+        limit = int(usage.budget * self.budget.full_at * share)
         found = self.reservations.reserve(model, chars, largest=limit, most=limit - usage.used)
         estimate = found.audio
         mb = f"about {estimate.bytes / 2**20:.1f} MB at {estimate.per_char:,.0f} bytes per character"
+        lane_note = f" for the batch lane: TTS_STORE_BATCH_SHARE={share:g}" if share < 1 else ""
         if found.verdict is Verdict.TOO_LARGE:
             ADMISSION_REJECTIONS.labels("store_too_small").inc()
             raise StoreTooSmall(
                 f"this job's audio ({mb}, what {model} wrote lately) would not fit in the job store's memory budget "
-                f"({limit / 2**20:.0f} MB, its full mark) even alone: split the text into several jobs, or raise "
-                "the budget (maxmemory; make run: TTS_REDIS_MAXMEMORY)",
+                f"({limit / 2**20:.0f} MB, its full mark{lane_note}) even alone: split the text into several jobs, or "
+                "raise the budget (maxmemory; make run: TTS_REDIS_MAXMEMORY)",
                 estimated_audio_bytes=estimate.bytes,
                 budget_bytes=limit,
             )
         if found.verdict is Verdict.NO_ROOM:
             ADMISSION_REJECTIONS.labels("store_full").inc()
+            self.reservations.want_room(limit - estimate.bytes)  # older finished audio makes way for it
             raise StoreFull(
                 f"not accepting this job: its audio ({mb}) would not fit in the job store's memory budget "
-                f"({Usage(usage.used, usage.budget, found.owed).describe()}, full at {self.budget.full_at:.0%}); "
+                f"({Usage(usage.used, usage.budget, found.owed).describe()}, full for this lane at "
+                f"{self.budget.full_at * share:.0%}); "
                 "retry when live jobs finish, or submit a shorter text",
                 retry_after=10,
                 estimated_audio_bytes=estimate.bytes,

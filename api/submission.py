@@ -74,7 +74,7 @@ class Submitter:
     ``admit(lane, deadlines to make, characters of the first segment if it is to make, asker)`` raises
     ServiceUnavailable when the job cannot be made in time, and otherwise returns the estimated seconds until its
     first segment starts; ``asker`` (caller, body digest) lets it tell a retry from a newcomer.
-    ``reserve_audio(model, characters)`` reserves the audio the job will write in the job store, raising StoreFull
+    ``reserve_audio(model, characters, lane)`` reserves the audio the job will write in the job store, raising StoreFull
     when there is no room for it, and ``release_audio(bytes)`` gives back a reservation no job was written for
     (cache/reservations.py).
     """
@@ -87,7 +87,7 @@ class Submitter:
     book: ScheduleBook
     policy: SchedulingPolicy
     admit: Callable[[str, Sequence[float], int, Asker], float] | None = None
-    reserve_audio: Callable[[str, int], Reserved] | None = None
+    reserve_audio: Callable[[str, int, str], Reserved] | None = None
     release_audio: Callable[[int], None] | None = None
     text_streams: TextStreams | None = None
 
@@ -191,7 +191,7 @@ class Submitter:
         reserved = NOTHING
         if self.reserve_audio is not None:  # last: a job refused for anything else reserves nothing
             chars = chars_at_speed_one(sum(len(t) for t in planned.texts), planned.request.speed)
-            reserved = self.reserve_audio(planned.spec.name, chars)
+            reserved = self.reserve_audio(planned.spec.name, chars, planned.request.priority)
         return Admitted(deadlines, pace, wait, reserved)
 
     def persist(

@@ -28,9 +28,10 @@ from core.errors import SettingsInvalid
 from core.metrics import STORE_TRIMMED, STORE_USED
 from core.settings import Settings
 
-#: Room for the audio live jobs have reserved is made only from audio that ended at least this long ago
-#: (cache/budget.py ``trim``); room for audio written is made from any.
-RESERVED_ROOM_AGE_S = 60.0
+#: Room for the audio live jobs have reserved, or for a job refused lately, is made only from audio that ended at
+#: least this long ago (``trim``): a caller told its job is done has that long to fetch the rest (a streaming
+#: caller has most of it by then). Room for audio written is made from any.
+RESERVED_ROOM_AGE_S = 15.0
 #: Trimming goes this far below the trim mark, so that it runs in bursts rather than on every write.
 TRIM_MARGIN = 0.1
 #: Entries removed in the first round trip of a trim, then the used memory is read again; each further
@@ -66,6 +67,8 @@ class Usage:
     used: int
     budget: int
     owed: int = 0
+    #: The most used and reserved memory together may be for a job refused lately to fit (None: none waits).
+    wanted: int | None = None
 
     @property
     def share(self) -> float:
@@ -129,9 +132,11 @@ class StoreBudget:
         pipe = self.redis.pipeline(transaction=False)
         pipe.info("memory")
         pipe.get(keys.STORE_OWED)
-        info, owed = pipe.execute()
+        pipe.get(keys.STORE_WANTED)
+        info, owed, wanted = pipe.execute()
         used = int(info.get("used_memory", 0)) - int(info.get("mem_not_counted_for_evict", 0))
-        found = Usage(max(0, used), self.budget_bytes or int(info.get("maxmemory", 0)), max(0, int(owed or 0)))
+        budget = self.budget_bytes or int(info.get("maxmemory", 0))
+        found = Usage(max(0, used), budget, max(0, int(owed or 0)), None if wanted is None else max(0, int(wanted)))
         STORE_USED.set(found.share)
         with self._lock:
             self._last = (self._clock(), found)
@@ -164,40 +169,43 @@ class StoreBudget:
         """Forget index entries whose TTL removed them; past ``trim_at``, remove the oldest finished audio and
         cache entries until below ``trim_at - TRIM_MARGIN``. Return what was removed.
 
-        Judged twice: on the memory used, removing entries of any age; then on the projected share, where the audio
-        live jobs have reserved counts as used, so that admission, which counts it too, finds room for new work.
-        That second pass removes only what ended ``RESERVED_ROOM_AGE_S`` ago or more: a reservation is an estimate
-        (cautious until a model has written some audio), and audio a caller has just been told is ready is not
-        taken for audio that is not written yet."""
+        Judged twice. First on the memory used, removing entries of any age. Then on what will be used once live
+        jobs have written what they reserved, so that admission, which counts it too, finds room for new work: down
+        below ``trim_at - TRIM_MARGIN`` once past ``trim_at``, and as far as a job refused lately needs to fit
+        (``Usage.wanted``, which admission records). That second pass removes only what ended
+        ``RESERVED_ROOM_AGE_S`` ago or more: a reservation is an estimate (cautious until a model has written some
+        audio), and audio a caller has just been told is ready is not traded for audio not yet written."""
         now = time.time() if now is None else now
         pipe = self.redis.pipeline(transaction=False)
         pipe.zremrangebyscore(keys.AUDIO_KEPT, "-inf", now - self.audio_ttl_s)
         pipe.zremrangebyscore(keys.CACHE_KEPT, "-inf", now - self.cache_ttl_s)
         pipe.execute()
         before = usage = self.usage()
+        low = max(0.0, self.trim_at - TRIM_MARGIN)
         jobs = entries = 0
-        passes: list[tuple[Callable[[Usage], float], float]] = [
-            (lambda u: u.share, now),
-            (lambda u: u.projected_share, now - RESERVED_ROOM_AGE_S),
-        ]
-        for share, ended_by in passes:
-            if usage.budget and share(usage) >= self.trim_at:
-                usage, removed_jobs, removed_entries = self._trim_down(usage, share, ended_by, now)
-                jobs += removed_jobs
-                entries += removed_entries
+        if usage.budget and usage.share >= self.trim_at:
+            usage, jobs, entries = self._trim_down(usage, lambda u: u.share, low, ended_by=now, now=now)
+        target = low if usage.projected_share >= self.trim_at else 1.0
+        if usage.wanted is not None and usage.budget:
+            target = min(target, usage.wanted / usage.budget)
+        if usage.budget and usage.projected_share > target:
+            ended_by = now - RESERVED_ROOM_AGE_S
+            usage, more_jobs, more_entries = self._trim_down(
+                usage, lambda u: u.projected_share, target, ended_by=ended_by, now=now
+            )
+            jobs, entries = jobs + more_jobs, entries + more_entries
         STORE_TRIMMED.labels("job_audio").inc(jobs)
         STORE_TRIMMED.labels("cache_entry").inc(entries)
         return Trimmed(jobs, entries, before, usage)
 
     def _trim_down(
-        self, usage: Usage, share: Callable[[Usage], float], ended_by: float, now: float
+        self, usage: Usage, share: Callable[[Usage], float], low: float, *, ended_by: float, now: float
     ) -> tuple[Usage, int, int]:
-        """Remove the oldest entries that ended by ``ended_by`` until ``share`` is below ``trim_at - TRIM_MARGIN``
-        or none is left; return the usage then, and how many jobs' audio and cache entries went."""
+        """Remove the oldest entries that ended by ``ended_by`` until ``share`` is at most ``low`` or none is left;
+        return the usage then, and how many jobs' audio and cache entries went."""
         jobs = entries = 0
-        low = max(0.0, self.trim_at - TRIM_MARGIN)
         batch = TRIM_BATCH
-        while share(usage) >= low:
+        while share(usage) > low:
             removed_jobs, removed_entries, listed = self._drop_oldest(now, batch, ended_by=ended_by)
             batch = min(TRIM_BATCH_MAX, 2 * batch)
             if not listed:

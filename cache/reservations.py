@@ -34,6 +34,17 @@ from cache.job_reads import as_str
 DEFAULT_BYTES_PER_CHAR = 12_000
 #: Learned bytes per character count only from this many characters on (fewer say little).
 LEARNED_FROM_CHARS = 50
+#: How long the room a refused job wanted is remembered (``want_room``): its retry after Retry-After (10 s) and
+#: the janitor's passes meanwhile (every 2 s) fall within it.
+WANTED_FOR_S = 30
+
+# KEYS: the room wanted. ARGV: the most used and reserved memory may be for a refused job to fit, its TTL.
+# Keeps the smallest mark asked for within the TTL (the room the largest waiting job needs); a larger one does not
+# renew it, so a mark nobody asks for again lapses.
+_WANT_ROOM = """
+local mark = redis.call('GET', KEYS[1])
+if not mark or tonumber(ARGV[1]) < tonumber(mark) then redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]) end
+"""
 
 # KEYS: the owed total, the bytes per character learned per model.
 # ARGV: the model, the job's characters (at speed 1), the default bytes per character, the characters learned from
@@ -129,6 +140,7 @@ class Reservations:
         self.default_bytes_per_char = default_bytes_per_char
         self._reserve = client.register_script(_RESERVE)
         self._recount = client.register_script(_RECOUNT)
+        self._want_room = client.register_script(_WANT_ROOM)
 
     def reserve(self, model: str, chars: int, *, largest: int, most: int) -> Reservation:
         """Estimate the audio of a job of ``chars`` characters (at speed 1) on ``model`` and reserve it, in one atomic
@@ -138,6 +150,11 @@ class Reservations:
             args=[model, chars, self.default_bytes_per_char, LEARNED_FROM_CHARS, largest, most],
         )
         return Reservation(Verdict(int(verdict)), Reserved(int(need), float(as_str(per_char))), int(owed))
+
+    def want_room(self, mark: int) -> None:
+        """Say that a job was refused for want of room, and would fit were used and reserved memory at most ``mark``
+        bytes: the janitor's trim makes that room from finished audio (cache/budget.py)."""
+        self._want_room(keys=[keys.STORE_WANTED], args=[max(0, mark), WANTED_FOR_S])
 
     def owed(self) -> int:
         """Return the audio live jobs have reserved and not yet written, in bytes."""

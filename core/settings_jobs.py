@@ -93,7 +93,15 @@ class JobSettings(BaseSettings):
         0.9,
         gt=0,
         lt=1,
-        description="Past this share of the budget (live jobs alone fill it), new jobs get 503 with Retry-After.",
+        description="A new job whose expected audio, beside the memory used and what live jobs have reserved, would "
+        "pass this share of the budget gets 503 with Retry-After.",
+    )
+    store_batch_share: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="Batch-lane jobs may reserve audio only up to this share of the full mark, so that realtime jobs "
+        "always find room in the store however many books wait; 1 lets them fill it.",
     )
     segment_max_attempts: int = Field(
         3,

@@ -18,7 +18,7 @@ from api import create_app
 from cache import keys
 from cache.budget import RESERVED_ROOM_AGE_S, StoreBudget
 from cache.jobstore import JobRequest, JobStore
-from cache.reservations import DEFAULT_BYTES_PER_CHAR, LEARNED_FROM_CHARS, Reservations, Verdict
+from cache.reservations import DEFAULT_BYTES_PER_CHAR, LEARNED_FROM_CHARS, WANTED_FOR_S, Reservations, Verdict
 from client.cli import main
 from tests.support.http import serving
 from tests.support.processes import wait_for
@@ -130,7 +130,7 @@ def test_a_recount_corrects_a_difference_from_the_live_jobs_found_twice_and_spar
     assert reservations.recount() == (1000, 1000)
 
 
-def test_room_for_reserved_audio_is_made_only_from_audio_that_ended_a_minute_ago(
+def test_room_for_reserved_audio_is_made_only_from_audio_that_ended_a_while_ago(
     own_redis: redis.Redis, speech: tuple[bytes, int]
 ) -> None:
     pcm, rate = speech
@@ -145,7 +145,7 @@ def test_room_for_reserved_audio_is_made_only_from_audio_that_ended_a_minute_ago
     budget = StoreBudget(own_redis, budget_bytes=2 * used)  # 50% used
     own_redis.set(keys.STORE_OWED, int(0.35 * budget.budget_bytes))  # 85% once the live jobs have written theirs
     assert budget.trim().jobs == 0, "just finished: kept"
-    trimmed = budget.trim(now=time.time() + RESERVED_ROOM_AGE_S + 1)  # the same audio, a minute on
+    trimmed = budget.trim(now=time.time() + RESERVED_ROOM_AGE_S + 1)  # the same audio, a while on
     assert trimmed.after is not None and trimmed.after.projected_share < 0.7 and 1 <= trimmed.jobs < len(finished)
     assert [j for j in finished if not own_redis.exists(keys.audio(j))] == finished[: trimmed.jobs], "oldest first"
     # Written audio past the mark is trimmed at any age, as before.
@@ -283,3 +283,57 @@ def test_tts_book_waits_out_a_full_store_and_is_admitted_once_room_is_given_back
     assert "not admitted yet (store_full: not accepting this job: its audio" in said, said
     assert "trying again in 10 s" in said
     assert codes == [0] and out.exists()
+
+
+def test_books_may_reserve_only_their_lanes_share_so_a_realtime_job_still_finds_room(
+    budget_app: Any, redis_client: redis.Redis, espeak_rate: Any
+) -> None:
+    espeak_rate(2000)
+    store, reservations = JobStore(redis_client, ttl=600), Reservations(redis_client)
+    usage = StoreBudget(redis_client).usage()
+    budget_mb = int((usage.used + reservations.owed()) / 2**20 / 0.72) + 8
+    app = budget_app(budget_mb)
+    # Books already hold the batch lane's share (0.8 of the 90% mark) but for 100 KB.
+    room = int(budget_mb * 2**20 * 0.9 * 0.8) - usage.used - reservations.owed()
+    held = reservations.reserve("espeak-en", (room - 100_000) // 2000, largest=10**12, most=10**12)
+    blocker = store.create(REQUEST, ["Holding the batch lane's room."], owed=(held.audio.bytes, 2000.0))
+    text = "A chapter of about two hundred characters, which would need some four hundred kilobytes of audio. " * 2
+    admitted: list[str] = []
+    try:
+        book = app.test_client().post("/v1/jobs", json={"text": text, "model": "espeak-en", "priority": "batch"})
+        assert book.status_code == 503 and book.get_json()["error"]["code"] == "store_full", book.get_json()
+        assert "full for this lane at 72%" in book.get_json()["error"]["message"]
+        assert 0 < int(redis_client.get(keys.STORE_WANTED) or 0) < budget_mb * 2**20 * 0.72, "room asked for it"
+        voice = app.test_client().post("/v1/jobs", json={"text": text, "model": "espeak-en", "priority": "realtime"})
+        assert voice.status_code == 202, voice.get_json()
+        admitted.append(voice.get_json()["id"])
+    finally:
+        store.cancel(blocker)
+        redis_client.delete(keys.STORE_WANTED)
+        for job_id in admitted:
+            app.test_client().delete(f"/v1/jobs/{job_id}")
+
+
+def test_a_job_refused_for_want_of_room_gets_it_from_older_finished_audio_once(
+    own_redis: redis.Redis, speech: tuple[bytes, int]
+) -> None:
+    pcm, rate = speech
+    store, reservations = JobStore(own_redis, ttl=600), Reservations(own_redis)
+    finished = []
+    for _ in range(30):
+        job_id = store.create(REQUEST, ["One.", "Two."])
+        for i in (0, 1):
+            store.write_segment(job_id, i, pcm, sample_rate=rate, meta={})
+        finished.append(job_id)
+    budget = StoreBudget(own_redis, budget_bytes=4 * StoreBudget(own_redis).usage().used)  # 25%: nothing to trim
+    a_while_on = time.time() + RESERVED_ROOM_AGE_S + 1
+    assert budget.trim(now=a_while_on).jobs == 0
+    # A book was refused: it would fit were the store 1 MB emptier (a batch job's mark lies below the trim mark).
+    mark = budget.usage().used - 2**20
+    reservations.want_room(mark)
+    reservations.want_room(mark + 2**20)  # a smaller job refused too: the larger room is kept
+    assert budget.trim().jobs == 0, "the audio just finished is kept"
+    trimmed = budget.trim(now=a_while_on)
+    assert trimmed.after is not None and trimmed.after.used <= mark and 1 <= trimmed.jobs < len(finished)
+    assert budget.trim(now=a_while_on).jobs == 0, "made once: the next pass removes nothing more"
+    assert 0 < own_redis.ttl(keys.STORE_WANTED) <= WANTED_FOR_S

@@ -124,8 +124,8 @@ class Janitor:
         trimmed = self.budget.trim(now)
         if trimmed.jobs or trimmed.cache_entries:
             log.warning(
-                "job store over %.0f%% of its memory budget (%s): removed the audio of the %d oldest finished "
-                "jobs and %d cache entries (now %s)",
+                "job store past %.0f%% of its memory budget, or short of room for a job refused lately (%s): "
+                "removed the audio of the %d oldest finished jobs and %d cache entries (now %s)",
                 self.budget.trim_at * 100, trimmed.before.describe() if trimmed.before else "?", trimmed.jobs,
                 trimmed.cache_entries, trimmed.after.describe() if trimmed.after else "?",
                 extra={"jobs": trimmed.jobs, "cache_entries": trimmed.cache_entries},
