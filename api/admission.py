@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Sequence
+
+import redis
 
 from cache.breaker import CircuitBreaker
 from cache.budget import StoreBudget, Usage
@@ -200,7 +203,9 @@ class Admission:
             )
         if found.verdict is Verdict.NO_ROOM:
             ADMISSION_REJECTIONS.labels("store_full").inc()
-            self.reservations.want_room(limit - estimate.bytes)  # older finished audio makes way for it
+            if found.learned:  # older finished audio makes way for it (an estimate at the default says little)
+                with contextlib.suppress(redis.RedisError):  # at the memory limit: the 503 is still the answer
+                    self.reservations.want_room(limit - estimate.bytes, estimate.bytes)
             raise StoreFull(
                 f"not accepting this job: its audio ({mb}) would not fit in the job store's memory budget "
                 f"({Usage(usage.used, usage.budget, found.owed).describe()}, full for this lane at "

@@ -32,6 +32,8 @@ from core.settings import Settings
 #: least this long ago (``trim``): a caller told its job is done has that long to fetch the rest (a streaming
 #: caller has most of it by then). Room for audio written is made from any.
 RESERVED_ROOM_AGE_S = 15.0
+#: How many finished jobs' audio (and cache entries) are measured to judge whether a refused job's room can be made.
+REMOVABLE_SCAN = 5000
 #: Trimming goes this far below the trim mark, so that it runs in bursts rather than on every write.
 TRIM_MARGIN = 0.1
 #: Entries removed in the first round trip of a trim, then the used memory is read again; each further
@@ -132,7 +134,7 @@ class StoreBudget:
         pipe = self.redis.pipeline(transaction=False)
         pipe.info("memory")
         pipe.get(keys.STORE_OWED)
-        pipe.get(keys.STORE_WANTED)
+        pipe.hget(keys.STORE_WANTED, "mark")
         info, owed, wanted = pipe.execute()
         used = int(info.get("used_memory", 0)) - int(info.get("mem_not_counted_for_evict", 0))
         budget = self.budget_bytes or int(info.get("maxmemory", 0))
@@ -167,7 +169,7 @@ class StoreBudget:
 
     def trim(self, now: float | None = None) -> Trimmed:
         """Forget index entries whose TTL removed them; past ``trim_at``, remove the oldest finished audio and
-        cache entries until below ``trim_at - TRIM_MARGIN``. Return what was removed.
+        cache entries down to ``trim_at - TRIM_MARGIN``. Return what was removed.
 
         Judged twice. First on the memory used, removing entries of any age. Then on what will be used once live
         jobs have written what they reserved, so that admission, which counts it too, finds room for new work: down
@@ -185,11 +187,13 @@ class StoreBudget:
         jobs = entries = 0
         if usage.budget and usage.share >= self.trim_at:
             usage, jobs, entries = self._trim_down(usage, lambda u: u.share, low, ended_by=now, now=now)
+        ended_by = now - RESERVED_ROOM_AGE_S
         target = low if usage.projected_share >= self.trim_at else 1.0
-        if usage.wanted is not None and usage.budget:
-            target = min(target, usage.wanted / usage.budget)
+        wanted = usage.wanted if usage.wanted is not None and usage.budget else None
+        # Only a mark the finished audio can reach: below it, removing all of it would admit nothing.
+        if wanted is not None and wanted / usage.budget < target and self._reaches(usage, wanted, ended_by):
+            target = wanted / usage.budget
         if usage.budget and usage.projected_share > target:
-            ended_by = now - RESERVED_ROOM_AGE_S
             usage, more_jobs, more_entries = self._trim_down(
                 usage, lambda u: u.projected_share, target, ended_by=ended_by, now=now
             )
@@ -214,6 +218,22 @@ class StoreBudget:
             entries += removed_entries
             usage = self.usage()
         return usage, jobs, entries
+
+    def _reaches(self, usage: Usage, mark: int, ended_by: float) -> bool:
+        """Say whether removing the finished audio and cache entries that ended by ``ended_by`` would bring used and
+        reserved memory to ``mark``."""
+        return usage.used + usage.owed - self._removable(ended_by) <= mark
+
+    def _removable(self, ended_by: float) -> int:
+        """Return the memory that finished audio and cache entries which ended by ``ended_by`` hold (of the oldest
+        ``REMOVABLE_SCAN`` of each; one pipelined MEMORY USAGE each)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for member, _ in self._oldest(keys.AUDIO_KEPT, REMOVABLE_SCAN, ended_by):
+            pipe.memory_usage(keys.audio(member), samples=0)
+        if self.trim_cache:
+            for member, _ in self._oldest(keys.CACHE_KEPT, REMOVABLE_SCAN, ended_by):
+                pipe.memory_usage(member, samples=0)
+        return sum(int(found or 0) for found in pipe.execute())
 
     def _drop_oldest(self, now: float, count: int, *, ended_by: float) -> tuple[int, int, int]:
         """Remove the oldest ``count`` of finished audio and cache entries together, by age, of those that ended

@@ -68,6 +68,8 @@ def test_a_job_that_finishes_or_fails_leaves_nothing_owed_even_when_its_audio_ou
 
 def test_a_burst_of_reservations_takes_exactly_the_room_there_is(own_redis: redis.Redis) -> None:
     reservations = Reservations(own_redis)
+    rate = {"espeak-en:bytes": DEFAULT_BYTES_PER_CHAR * 100, "espeak-en:chars": 100}  # learned: estimates are whole
+    own_redis.hset(keys.BYTES_PER_CHAR, mapping=rate)
     outcomes: list[bool] = []
     lock = threading.Lock()
 
@@ -109,9 +111,16 @@ def test_a_models_writes_teach_its_bytes_per_character_from_the_default(
     assert found.audio.bytes == pytest.approx(1000 * per_segment / len(text), abs=1), "reserved at the learned rate"
     too_large = reservations.reserve("espeak-en", 1000, largest=found.audio.bytes - 1, most=10**12)
     assert too_large.verdict is Verdict.TOO_LARGE, "judged at the learned rate"
-    # At the cautious default, a model not heard yet is never too large: it reserves the full mark at most.
+    # At the cautious default, a model not heard yet is never too large: it reserves the full mark at most, and
+    # what room there is, so that it is not refused for ever where its estimate would never fit.
     cold = reservations.reserve("chattts-tiny", 1000, largest=1000 * DEFAULT_BYTES_PER_CHAR // 4, most=10**12)
     assert cold.verdict is Verdict.RESERVED and cold.audio.bytes == 1000 * DEFAULT_BYTES_PER_CHAR // 4
+    assert not cold.learned and found.learned
+    owed = reservations.owed()
+    squeezed = reservations.reserve("chattts-tiny", 1000, largest=10**12, most=owed + 5000)
+    assert squeezed.verdict is Verdict.RESERVED and squeezed.audio.bytes == 5000
+    none_left = reservations.reserve("chattts-tiny", 1000, largest=10**12, most=owed + 5000)
+    assert none_left.verdict is Verdict.NO_ROOM, "no room at all: refused"
 
 
 def test_a_recount_corrects_a_difference_from_the_live_jobs_found_twice_and_spares_one_in_flight(
@@ -303,7 +312,7 @@ def test_books_may_reserve_only_their_lanes_share_so_a_realtime_job_still_finds_
         book = app.test_client().post("/v1/jobs", json={"text": text, "model": "espeak-en", "priority": "batch"})
         assert book.status_code == 503 and book.get_json()["error"]["code"] == "store_full", book.get_json()
         assert "full for this lane at 72%" in book.get_json()["error"]["message"]
-        assert 0 < int(redis_client.get(keys.STORE_WANTED) or 0) < budget_mb * 2**20 * 0.72, "room asked for it"
+        assert 0 < int(redis_client.hget(keys.STORE_WANTED, "mark") or 0) < budget_mb * 2**20 * 0.72, "room asked"
         voice = app.test_client().post("/v1/jobs", json={"text": text, "model": "espeak-en", "priority": "realtime"})
         assert voice.status_code == 202, voice.get_json()
         admitted.append(voice.get_json()["id"])
@@ -330,10 +339,30 @@ def test_a_job_refused_for_want_of_room_gets_it_from_older_finished_audio_once(
     assert budget.trim(now=a_while_on).jobs == 0
     # A book was refused: it would fit were the store 1 MB emptier (a batch job's mark lies below the trim mark).
     mark = budget.usage().used - 2**20
-    reservations.want_room(mark)
-    reservations.want_room(mark + 2**20)  # a smaller job refused too: the larger room is kept
+    reservations.want_room(mark, 2**20)
+    reservations.want_room(mark + 2**20, 2**19)  # a smaller job refused too: the larger room is kept
     assert budget.trim().jobs == 0, "the audio just finished is kept"
     trimmed = budget.trim(now=a_while_on)
     assert trimmed.after is not None and trimmed.after.used <= mark and 1 <= trimmed.jobs < len(finished)
     assert budget.trim(now=a_while_on).jobs == 0, "made once: the next pass removes nothing more"
     assert 0 < own_redis.ttl(keys.STORE_WANTED) <= WANTED_FOR_S
+
+
+def test_a_room_mark_no_removal_can_reach_removes_nothing_and_one_met_is_cleared_as_its_job_gets_in(
+    own_redis: redis.Redis, speech: tuple[bytes, int]
+) -> None:
+    pcm, rate = speech
+    store, reservations = JobStore(own_redis, ttl=600), Reservations(own_redis)
+    for _ in range(10):
+        job_id = store.create(REQUEST, ["One."])
+        store.write_segment(job_id, 0, pcm, sample_rate=rate, meta={})
+    budget = StoreBudget(own_redis, budget_bytes=4 * StoreBudget(own_redis).usage().used)
+    own_redis.set(keys.STORE_OWED, budget.budget_bytes // 2)  # live books' reservations: no removal frees them
+    reservations.want_room(budget.budget_bytes // 4, 2**20)  # a mark below them
+    assert budget.trim(now=time.time() + RESERVED_ROOM_AGE_S + 1).jobs == 0, "in vain: nothing removed"
+    # Once a job as large as the one that asked gets in, the mark goes: the room was for it.
+    own_redis.set(keys.STORE_OWED, 0)
+    assert reservations.reserve("espeak-en", 10, largest=10**9, most=10**9).audio.bytes < 2**20
+    assert own_redis.exists(keys.STORE_WANTED), "a smaller job leaves it"
+    assert reservations.reserve("espeak-en", 100, largest=10**9, most=10**9).audio.bytes >= 2**20
+    assert not own_redis.exists(keys.STORE_WANTED)
