@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
 from kombu import Connection, Exchange, Queue
 
 from tests.support.servers import RedisServer
@@ -83,4 +85,46 @@ def test_a_delivery_a_full_redis_refuses_to_record_is_a_connection_error_not_an_
             assert redis.ConnectionError in connection.connection_errors, "which Celery's consumer reconnects on"
             channel.qos.restore_visible()  # as a (re)connecting consumer does: under a lock a full Redis refuses
     finally:
+        server.stop()
+
+
+def test_a_channel_records_and_acks_deliveries_through_one_client_per_pool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = _redis(tmp_path)
+    broker.install()
+    tasks = Queue("t", Exchange("t"), "t")
+    built: list[int] = []
+    init = redis.Redis.__init__
+
+    def counted(self: redis.Redis, *args: Any, **kwargs: Any) -> None:
+        built.append(1)
+        init(self, *args, **kwargs)
+
+    connection = Connection(server.url)
+    try:
+        producer = connection.Producer()
+        for n in range(5):
+            producer.publish({"n": n}, exchange=tasks.exchange, routing_key="t", declare=[tasks])
+        acked: list[int] = []
+
+        def ack(body: dict[str, int], message: Any) -> None:
+            message.ack()
+            acked.append(body["n"])
+
+        consumer = connection.Consumer(tasks, callbacks=[ack], accept=["json"])
+        consumer.qos(prefetch_count=10)
+        consumer.consume()
+        channel = connection.default_channel
+        channel._create_client()  # the first one, before counting
+        monkeypatch.setattr(redis.Redis, "__init__", counted)
+        while len(acked) < 5:
+            connection.drain_events(timeout=5)
+        assert sorted(acked) == list(range(5)) and not built, f"{len(built)} clients built for 5 records and acks"
+        assert not channel._create_client().hlen(channel.unacked_key), "every ack landed"
+        first = channel._create_client()
+        channel._disconnect_pools()  # as a reconnect does: a new pool, and a client of its own
+        assert channel._create_client() is not first and channel._create_client().ping()
+    finally:
+        connection.close()
         server.stop()

@@ -35,6 +35,7 @@ _connparams = kombu_redis.Channel._connparams
 _close = kombu_redis.Channel.close
 _append = kombu_redis.QoS.append
 _restore_visible = kombu_redis.QoS.restore_visible
+_create_client = kombu_redis.Channel._create_client
 #: What a Redis at its maxmemory answers a write (or a MULTI holding one) with.
 _REFUSED_FULL = (redis.OutOfMemoryError, redis.exceptions.ExecAbortError)
 
@@ -76,10 +77,25 @@ def _restore_visible_unless_full(self: Any, *args: Any, **kwargs: Any) -> None:
         log.warning("the broker's Redis is at its memory limit: unacknowledged deliveries are restored later")
 
 
+def _one_client_per_pool(self: Any, asynchronous: bool = False) -> Any:
+    # kombu builds a new redis-py client for every ack and every delivery's record (Channel.conn_or_acquire), and a
+    # client's construction copies its ~250 response callbacks: a tenth of a busy worker's own CPU (py-spy at 50
+    # callers). A client over a pool is thread-safe, so the channel keeps one per pool; a reconnect's new pool gets
+    # its own. The asynchronous (BRPOP) client is kombu's own cached one already.
+    if asynchronous:
+        return _create_client(self, asynchronous=True)  # type: ignore[no-untyped-call]
+    pool = self.pool
+    client = self.__dict__.get("_tts_client")
+    if client is None or client.connection_pool is not pool:
+        client = self.__dict__["_tts_client"] = _create_client(self)  # type: ignore[no-untyped-call]
+    return client
+
+
 def install() -> None:
     """Make kombu's Redis channels close fully after a connection loss, and fail with connection errors after
-    (a delivery Redis refused to record at its memory limit included)."""
+    (a delivery Redis refused to record at its memory limit included); let a channel keep one client per pool."""
     kombu_redis.Channel._connparams = _connparams_of_a_live_connection  # type: ignore[method-assign]
     kombu_redis.Channel.close = _close_even_if_the_brpop_reply_is_lost  # type: ignore[method-assign]
     kombu_redis.QoS.append = _append_or_reconnect  # type: ignore[method-assign]
     kombu_redis.QoS.restore_visible = _restore_visible_unless_full  # type: ignore[method-assign]
+    kombu_redis.Channel._create_client = _one_client_per_pool  # type: ignore[method-assign]
