@@ -188,7 +188,7 @@ class Admission:
             return NOTHING
         share = self.batch_share if lane == "batch" else 1.0
         limit = int(usage.budget * self.budget.full_at * share)
-        found = self.reservations.reserve(model, chars, largest=limit, most=limit - usage.used)
+        found = self.reservations.reserve(model, chars, largest=limit, most=limit - usage.used, lane=lane)
         estimate = found.audio
         mb = f"about {estimate.bytes / 2**20:.1f} MB at {estimate.per_char:,.0f} bytes per character"
         lane_note = f" for the batch lane: TTS_STORE_BATCH_SHARE={share:g}" if share < 1 else ""
@@ -205,7 +205,7 @@ class Admission:
             ADMISSION_REJECTIONS.labels("store_full").inc()
             if found.learned:  # older finished audio makes way for it (an estimate at the default says little)
                 with contextlib.suppress(redis.RedisError):  # at the memory limit: the 503 is still the answer
-                    self.reservations.want_room(limit - estimate.bytes, estimate.bytes)
+                    self.reservations.want_room(limit - estimate.bytes, estimate.bytes, lane)
             raise StoreFull(
                 f"not accepting this job: its audio ({mb}) would not fit in the job store's memory budget "
                 f"({Usage(usage.used, usage.budget, found.owed).describe()}, full for this lane at "

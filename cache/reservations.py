@@ -39,29 +39,30 @@ LEARNED_FROM_CHARS = 50
 WANTED_FOR_S = 30
 
 # KEYS: the room wanted. ARGV: the most used and reserved memory may be for a refused job to fit, that job's
-#       audio, the TTL.
-# Keeps the smallest mark asked for within the TTL (the room the largest waiting job needs), with that job's audio;
-# a larger mark does not renew it, so a mark nobody asks for again lapses. RESERVE clears it once a job as large
-# gets in.
+#       audio, its lane, the TTL.
+# Keeps the smallest mark asked for within the TTL (the room the largest waiting job needs), with that job's audio
+# and lane; a larger mark does not renew it, so a mark nobody asks for again lapses. RESERVE holds that room for it
+# against smaller jobs of its lane, and clears the mark once a job as large gets in.
 _WANT_ROOM = """
 local mark = redis.call('HGET', KEYS[1], 'mark')
 if not mark or tonumber(ARGV[1]) < tonumber(mark) then
-  redis.call('HSET', KEYS[1], 'mark', ARGV[1], 'need', ARGV[2])
-  redis.call('EXPIRE', KEYS[1], ARGV[3])
+  redis.call('HSET', KEYS[1], 'mark', ARGV[1], 'need', ARGV[2], 'lane', ARGV[3])
+  redis.call('EXPIRE', KEYS[1], ARGV[4])
 end
 """
 
 # KEYS: the owed total, the bytes per character learned per model, the room wanted.
 # ARGV: the model, the job's characters (at speed 1), the default bytes per character, the characters learned from
 #       before the learned rate counts, the most the job's audio may be (the full mark), the most the total may
-#       reach with it.
+#       reach with it, the job's lane.
 # Estimates the job's audio at its model's learned rate, and reserves it only if the total stays within the most.
 # Before the model has a learned rate, the cautious default may overstate the audio several times: a job is then
 # never refused as too large, and reserves what room there is up to its estimate and the full mark (refused only
-# when there is none). Returns {verdict, the bytes, the bytes per character (a string: a number reply would be cut to an
-# integer), the total, 1 if the rate was learned}: verdict 1 reserved, 0 no room, -1 too large for the full mark
-# alone. A total below nothing (a release made twice) counts as nothing, and is set so. A job as large as the one
-# that left the room wanted clears it as it gets in.
+# when there is none). While a larger job of the same lane waits for room (WANT_ROOM), a job leaves that much of
+# the room to it; a job as large clears the mark as it gets in. Returns {verdict, the bytes, the bytes per
+# character (a string: a number reply would be cut to an integer), the total, 1 if the rate was learned}: verdict
+# 1 reserved, 0 no room, -1 too large for the full mark alone. A total below nothing (a release made twice) counts
+# as nothing, and is set so.
 _RESERVE = """
 local learned = redis.call('HMGET', KEYS[2], ARGV[1] .. ':bytes', ARGV[1] .. ':chars')
 local per_char = tonumber(ARGV[3])
@@ -78,10 +79,12 @@ if owed < 0 then
   redis.call('SET', KEYS[1], 0)
   owed = 0
 end
+local wanted = redis.call('HMGET', KEYS[3], 'need', 'lane')
+local wanted_need = tonumber(wanted[1] or '-1')
 local room = tonumber(ARGV[6]) - owed
+if wanted_need > need and wanted[2] == ARGV[7] then room = room - wanted_need end
 if not known then need = math.max(0, math.min(need, tonumber(ARGV[5]), room)) end
 if need > room or room <= 0 then return {0, need, tostring(per_char), owed, flag} end
-local wanted_need = tonumber(redis.call('HGET', KEYS[3], 'need') or '-1')
 if wanted_need >= 0 and need >= wanted_need then redis.call('DEL', KEYS[3]) end
 return {1, need, tostring(per_char), redis.call('INCRBY', KEYS[1], need), flag}
 """
@@ -155,21 +158,22 @@ class Reservations:
         self._recount = client.register_script(_RECOUNT)
         self._want_room = client.register_script(_WANT_ROOM)
 
-    def reserve(self, model: str, chars: int, *, largest: int, most: int) -> Reservation:
+    def reserve(self, model: str, chars: int, *, largest: int, most: int, lane: str = "realtime") -> Reservation:
         """Estimate the audio of a job of ``chars`` characters (at speed 1) on ``model`` and reserve it, in one atomic
-        step, if it is at most ``largest`` bytes and the owed total stays within ``most`` with it."""
+        step, if it is at most ``largest`` bytes and the owed total stays within ``most`` with it (less the room a
+        larger job of its ``lane`` waits for)."""
         verdict, need, per_char, owed, learned = self._reserve(
             keys=[keys.STORE_OWED, keys.BYTES_PER_CHAR, keys.STORE_WANTED],
-            args=[model, chars, self.default_bytes_per_char, LEARNED_FROM_CHARS, largest, most],
+            args=[model, chars, self.default_bytes_per_char, LEARNED_FROM_CHARS, largest, most, lane],
         )
         audio = Reserved(int(need), float(as_str(per_char)))
         return Reservation(Verdict(int(verdict)), audio, int(owed), bool(int(learned)))
 
-    def want_room(self, mark: int, need: int) -> None:
-        """Say that a job of ``need`` bytes of audio was refused for want of room, and would fit were used and
-        reserved memory at most ``mark`` bytes: the janitor's trim makes that room from finished audio, where it
-        can (cache/budget.py)."""
-        self._want_room(keys=[keys.STORE_WANTED], args=[max(0, mark), need, WANTED_FOR_S])
+    def want_room(self, mark: int, need: int, lane: str = "realtime") -> None:
+        """Say that a job of ``need`` bytes of audio on ``lane`` was refused for want of room, and would fit were used
+        and reserved memory at most ``mark`` bytes: the janitor's trim makes that room from finished audio, where it
+        can (cache/budget.py), and smaller jobs of its lane leave it to it (``reserve``)."""
+        self._want_room(keys=[keys.STORE_WANTED], args=[max(0, mark), need, lane, WANTED_FOR_S])
 
     def owed(self) -> int:
         """Return the audio live jobs have reserved and not yet written, in bytes."""

@@ -366,3 +366,23 @@ def test_a_room_mark_no_removal_can_reach_removes_nothing_and_one_met_is_cleared
     assert own_redis.exists(keys.STORE_WANTED), "a smaller job leaves it"
     assert reservations.reserve("espeak-en", 100, largest=10**9, most=10**9).audio.bytes >= 2**20
     assert not own_redis.exists(keys.STORE_WANTED)
+
+
+def test_the_room_a_large_refused_book_waits_for_is_held_against_smaller_books_not_realtime_jobs(
+    own_redis: redis.Redis,
+) -> None:
+    reservations = Reservations(own_redis)
+    own_redis.hset(keys.BYTES_PER_CHAR, mapping={"espeak-en:bytes": 1000 * 100, "espeak-en:chars": 100})  # 1 KB a char
+    most = 10_000_000
+    own_redis.set(keys.STORE_OWED, 4_000_000)
+    big = reservations.reserve("espeak-en", 7000, largest=10**9, most=most, lane="batch")  # 7 MB: 1 MB short
+    assert big.verdict is Verdict.NO_ROOM
+    reservations.want_room(most - big.audio.bytes, big.audio.bytes, "batch")
+    small = reservations.reserve("espeak-en", 3000, largest=10**9, most=most, lane="batch")  # 3 MB would fit ...
+    assert small.verdict is Verdict.NO_ROOM, "... but the room is the waiting book's"
+    voice = reservations.reserve("espeak-en", 100, largest=10**9, most=most, lane="realtime")
+    assert voice.verdict is Verdict.RESERVED, "another lane's job is not held back"
+    own_redis.decrby(keys.STORE_OWED, 2_000_000)  # live books finished: room for the big one
+    assert reservations.reserve("espeak-en", 7000, largest=10**9, most=most, lane="batch").verdict is Verdict.RESERVED
+    assert not own_redis.exists(keys.STORE_WANTED), "its room taken, the mark goes"
+    assert reservations.reserve("espeak-en", 500, largest=10**9, most=most, lane="batch").verdict is Verdict.RESERVED
