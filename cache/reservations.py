@@ -22,6 +22,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
+from string import Template
 
 import redis
 
@@ -34,6 +35,9 @@ from cache.job_reads import as_str
 DEFAULT_BYTES_PER_CHAR = 12_000
 #: Learned bytes per character count only from this many characters on (fewer say little).
 LEARNED_FROM_CHARS = 50
+#: A job leaves the room a refused job of its lane waits for only when that one is more than this many times as
+#: large: small jobs then cannot starve a large one, and jobs of about one size are not held back for each other.
+HELD_FOR_LARGER = 2
 #: How long the room a refused job wanted is remembered (``want_room``): its retry after Retry-After (10 s) and
 #: the janitor's passes meanwhile (every 2 s) fall within it.
 WANTED_FOR_S = 30
@@ -58,12 +62,13 @@ end
 # Estimates the job's audio at its model's learned rate, and reserves it only if the total stays within the most.
 # Before the model has a learned rate, the cautious default may overstate the audio several times: a job is then
 # never refused as too large, and reserves what room there is up to its estimate and the full mark (refused only
-# when there is none). While a larger job of the same lane waits for room (WANT_ROOM), a job leaves that much of
-# the room to it; a job as large clears the mark as it gets in. Returns {verdict, the bytes, the bytes per
-# character (a string: a number reply would be cut to an integer), the total, 1 if the rate was learned}: verdict
-# 1 reserved, 0 no room, -1 too large for the full mark alone. A total below nothing (a release made twice) counts
-# as nothing, and is set so.
-_RESERVE = """
+# when there is none). While a job of the same lane more than HELD_FOR_LARGER times as large waits for room
+# (WANT_ROOM), a job leaves that much of the room to it, so that a stream of small jobs cannot starve it (jobs of
+# about its size take turns as they come); a job as large clears the mark as it gets in. Returns {verdict, the
+# bytes, the bytes per character (a string: a number reply would be cut to an integer), the total, 1 if the rate
+# was learned}: verdict 1 reserved, 0 no room, -1 too large for the full mark alone. A total below nothing (a
+# release made twice) counts as nothing, and is set so.
+_RESERVE = Template("""
 local learned = redis.call('HMGET', KEYS[2], ARGV[1] .. ':bytes', ARGV[1] .. ':chars')
 local per_char = tonumber(ARGV[3])
 local known = (tonumber(learned[2]) or 0) >= tonumber(ARGV[4])
@@ -82,12 +87,12 @@ end
 local wanted = redis.call('HMGET', KEYS[3], 'need', 'lane')
 local wanted_need = tonumber(wanted[1] or '-1')
 local room = tonumber(ARGV[6]) - owed
-if wanted_need > need and wanted[2] == ARGV[7] then room = room - wanted_need end
+if wanted_need > $HELD_FOR_LARGER * need and wanted[2] == ARGV[7] then room = room - wanted_need end
 if not known then need = math.max(0, math.min(need, tonumber(ARGV[5]), room)) end
 if need > room or room <= 0 then return {0, need, tostring(per_char), owed, flag} end
 if wanted_need >= 0 and need >= wanted_need then redis.call('DEL', KEYS[3]) end
 return {1, need, tostring(per_char), redis.call('INCRBY', KEYS[1], need), flag}
-"""
+""").substitute(HELD_FOR_LARGER=HELD_FOR_LARGER)
 
 # KEYS: the owed total, the live-job index, the difference the last recount found and left.
 # ARGV: the job key's prefix ("tts:job:{"), its suffix ("}:record").

@@ -368,7 +368,7 @@ def test_a_room_mark_no_removal_can_reach_removes_nothing_and_one_met_is_cleared
     assert not own_redis.exists(keys.STORE_WANTED)
 
 
-def test_the_room_a_large_refused_book_waits_for_is_held_against_smaller_books_not_realtime_jobs(
+def test_the_room_a_large_refused_book_waits_for_is_held_against_much_smaller_books_not_realtime_jobs(
     own_redis: redis.Redis,
 ) -> None:
     reservations = Reservations(own_redis)
@@ -386,3 +386,8 @@ def test_the_room_a_large_refused_book_waits_for_is_held_against_smaller_books_n
     assert reservations.reserve("espeak-en", 7000, largest=10**9, most=most, lane="batch").verdict is Verdict.RESERVED
     assert not own_redis.exists(keys.STORE_WANTED), "its room taken, the mark goes"
     assert reservations.reserve("espeak-en", 500, largest=10**9, most=most, lane="batch").verdict is Verdict.RESERVED
+    # A job of about the waiting one's size is not held back for it: they take turns as they come.
+    own_redis.set(keys.STORE_OWED, 0)
+    reservations.want_room(most - 6_000_000, 6_000_000, "batch")
+    assert reservations.reserve("espeak-en", 4000, largest=10**9, most=most, lane="batch").verdict is Verdict.RESERVED
+    assert reservations.reserve("espeak-en", 2000, largest=10**9, most=most, lane="batch").verdict is Verdict.NO_ROOM
