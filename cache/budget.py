@@ -189,9 +189,16 @@ class StoreBudget:
             usage, jobs, entries = self._trim_down(usage, lambda u: u.share, low, ended_by=now, now=now)
         ended_by = now - RESERVED_ROOM_AGE_S
         target = low if usage.projected_share >= self.trim_at else 1.0
-        wanted = usage.wanted if usage.wanted is not None and usage.budget else None
-        # Only a mark the finished audio can reach: below it, removing all of it would admit nothing.
-        if wanted is not None and wanted / usage.budget < target and self._reaches(usage, wanted, ended_by):
+        wanted = usage.wanted
+        # A refused job's mark, when not met yet and finished audio can reach it (below it, removing all of it would
+        # admit nothing; the scan of what removal frees runs only then).
+        if (
+            wanted is not None
+            and usage.budget
+            and usage.used + usage.owed > wanted
+            and wanted / usage.budget < target
+            and self._reaches(usage, wanted, ended_by)
+        ):
             target = wanted / usage.budget
         if usage.budget and usage.projected_share > target:
             usage, more_jobs, more_entries = self._trim_down(

@@ -124,15 +124,16 @@ OUTBOX = f"{PREFIX}:outbox"
 #: The audio live jobs may still write, in bytes (an integer): the sum of their records' ``owed_bytes``, which
 #: admission adds to the memory used when it judges whether a new job's audio fits (cache/reservations.py).
 STORE_OWED = f"{PREFIX}:budget:owed"
-#: The most used and reserved memory together may be for a job refused lately for want of room to fit (bytes, with
-#: a TTL of ``cache.reservations.WANTED_FOR_S``): the janitor's trim makes that room from older finished audio.
+#: The room the largest job refused lately for want of it needs (a hash with a TTL of
+#: ``cache.reservations.WANTED_FOR_S``: ``mark``, the most used and reserved memory may be for it to fit; ``need``,
+#: its audio; ``lane``): the janitor's trim makes that room from older finished audio.
 STORE_WANTED = f"{PREFIX}:budget:wanted"
 #: The difference between that total and the live jobs' records that the last recount found and left.
 STORE_OWED_DRIFT = f"{PREFIX}:budget:owed:drift"
 #: Recent audio bytes and characters per model (a hash: "<model>:bytes", "<model>:chars", decaying sums), from
 #: which a new job's audio is estimated.
 BYTES_PER_CHAR = f"{PREFIX}:budget:bytes_per_char"
-#: Held by the one worker failing live jobs to make room in a full store at a time (cache/budget.py).
+#: Held by the one worker failing live jobs to make room in a full store at a time (cache/shedding.py).
 SHED_LOCK = f"{PREFIX}:budget:shed:lock"
 #: Held by the one worker sweeping the outbox and dead workers at a time.
 JANITOR_LOCK = f"{PREFIX}:janitor:lock"

@@ -45,13 +45,7 @@ local function spend_owed(total_key, bytes)
     redis.call('DECRBY', total_key, spent)
   end
 end
-local function release_owed(total_key)
-  local owed = tonumber(redis.call('HGET', KEYS[1], 'owed_bytes') or '0')
-  if owed > 0 then
-    redis.call('DECRBY', total_key, owed)
-    redis.call('HSET', KEYS[1], 'owed_bytes', 0)
-  end
-end
+local function release_owed(total_key) spend_owed(total_key, math.huge) end
 """
 
 # What makes a job done, shared by the scripts whose KEYS start with the job's own (keys.all_job_keys), then
