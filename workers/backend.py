@@ -15,9 +15,16 @@ class SynthesisBackend(Protocol):
     """Anything that turns a segment request into a waveform for a model."""
 
     def synthesize(
-        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: Due | None = None, early: Early = False
+        self,
+        spec: ModelSpec,
+        request: SynthesisRequest,
+        *,
+        deadline: Due | None = None,
+        early: Early = False,
+        order: tuple[str, int] | None = None,
     ) -> tuple[Waveform, int]:
-        """Return the waveform and its sample rate; ``deadline``, ``early``: when it is needed (see Batcher)."""
+        """Return the waveform and its sample rate; ``deadline``, ``early``: when it is needed, ``order``: its job
+        and index (see Batcher)."""
         ...
 
     def loaded_models(self) -> list[str]:
@@ -38,10 +45,16 @@ class PooledBackend:
         self.timeout_s = timeout_s
 
     def synthesize(
-        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: Due | None = None, early: Early = False
+        self,
+        spec: ModelSpec,
+        request: SynthesisRequest,
+        *,
+        deadline: Due | None = None,
+        early: Early = False,
+        order: tuple[str, int] | None = None,
     ) -> tuple[Waveform, int]:
         """Wait for this segment's share of a batched engine call; give up after one hung call ahead plus its own."""
-        future = self.batcher.submit(spec, request, deadline=deadline, early=early)
+        future = self.batcher.submit(spec, request, deadline=deadline, early=early, order=order)
         try:
             return future.result(timeout=2 * self.timeout_s)
         except TimeoutError:
