@@ -135,6 +135,8 @@ STORE_OWED_DRIFT = f"{PREFIX}:budget:owed:drift"
 BYTES_PER_CHAR = f"{PREFIX}:budget:bytes_per_char"
 #: Held by the one worker failing live jobs to make room in a full store at a time (cache/shedding.py).
 SHED_LOCK = f"{PREFIX}:budget:shed:lock"
+#: Held by the one worker trimming finished audio at a time (cache/budget.py), while it trims.
+TRIM_LOCK = f"{PREFIX}:budget:trim:lock"
 #: Held by the one worker sweeping the outbox and dead workers at a time.
 JANITOR_LOCK = f"{PREFIX}:janitor:lock"
 

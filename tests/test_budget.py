@@ -317,6 +317,23 @@ def test_a_janitor_trims_finished_audio_even_when_redis_refuses_every_write(
     own_redis.set("one-more", b"x" * 2**20)  # writes work again
 
 
+def test_one_janitor_trims_at_a_time_so_that_two_workers_do_not_remove_twice_what_is_needed(
+    own_redis: redis.Redis, speech: tuple[bytes, int]
+) -> None:
+    pcm, rate = speech
+    store = JobStore(own_redis, ttl=600)
+    finished = [_done_job(store, pcm, rate, segments=4) for _ in range(6)]
+    used = StoreBudget(own_redis).usage().used
+    budget = StoreBudget(own_redis, budget_bytes=int(used / 0.97), trim_at=0.95)
+    janitor = _janitor(own_redis, store, budget)
+    trimming = own_redis.lock(keys.TRIM_LOCK, timeout=10)
+    assert trimming.acquire(blocking=False), "another worker's janitor is trimming"
+    assert janitor.keep_budget(time.time()) == 0 and all(own_redis.exists(keys.audio(j)) for j in finished)
+    trimming.release()
+    assert janitor.keep_budget(time.time()) >= 1, "once it is done, the next pass trims"
+    assert not own_redis.exists(keys.TRIM_LOCK), "and gives the lock back when it is done"
+
+
 def _janitor(client: redis.Redis, store: JobStore, budget: StoreBudget) -> Any:
     from cache.custody import BrokerKeys, Custody
     from cache.schedule import ScheduleBook

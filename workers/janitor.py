@@ -11,6 +11,7 @@ written once (WRITE_SEGMENT), and its taker skips it if it exists.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -99,8 +100,9 @@ class Janitor:
                 self._reachable_since = now  # a pause stalled every heartbeat, ours too: let them beat again
             self._last_pass = now
             counts = dict.fromkeys(("dead", "handed_over", "lost", "published"), 0)
-            # First, and without the lock: at Redis's memory limit the lock's SET and every custody write are
-            # refused, while trimming (deletions only) still runs, and is what lets them run again.
+            # First, outside the janitor's lock: at Redis's memory limit that lock's SET and every custody write are
+            # refused, while trimming (deletions only; one worker at a time while the store takes its own lock)
+            # still runs, and is what lets them run again.
             counts["trimmed"] = self.keep_budget(now)
             counts["stale"] = self.release_own_stale(now)
             if self.store.redis.set(keys.JANITOR_LOCK, self.worker, nx=True, px=int(self.interval_s * 1000)):
@@ -121,7 +123,19 @@ class Janitor:
         """Keep the store inside its memory budget (cache/budget.py); return how many jobs' audio it removed."""
         if self.budget is None:
             return 0
-        trimmed = self.budget.trim(now)
+        lock = self.store.redis.lock(keys.TRIM_LOCK, timeout=max(1.0, 2 * self.interval_s))
+        try:
+            held = bool(lock.acquire(blocking=False))
+            if not held:
+                return 0  # another worker's janitor trims now: two would remove up to twice what is needed
+        except redis.OutOfMemoryError:
+            held = False  # at the limit the lock's SET is refused: trim without it (deletions let writes run again)
+        try:
+            trimmed = self.budget.trim(now)
+        finally:
+            if held:
+                with contextlib.suppress(redis.exceptions.LockError, redis.OutOfMemoryError):
+                    lock.release()  # lapsed meanwhile (a long trim), or refused at the limit: it lapses
         if trimmed.jobs or trimmed.cache_entries:
             log.warning(
                 "job store past %.0f%% of its memory budget, or short of room for a job refused lately (%s): "
