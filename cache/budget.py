@@ -25,7 +25,7 @@ import redis
 
 from cache import keys
 from core.errors import SettingsInvalid
-from core.metrics import STORE_TRIMMED, STORE_USED
+from core.metrics import STORE_RESERVED, STORE_TRIMMED, STORE_USED
 from core.settings import Settings
 
 #: Room for the audio live jobs have reserved, or for a job refused lately, is made only from audio that ended at
@@ -140,6 +140,7 @@ class StoreBudget:
         budget = self.budget_bytes or int(info.get("maxmemory", 0))
         found = Usage(max(0, used), budget, max(0, int(owed or 0)), None if wanted is None else max(0, int(wanted)))
         STORE_USED.set(found.share)
+        STORE_RESERVED.set(found.owed / budget if budget else 0.0)
         with self._lock:
             self._last = (self._clock(), found)
         return found

@@ -82,6 +82,12 @@ STORE_TRIMMED = Counter(
 STORE_USED = Gauge(
     "tts_store_used_ratio", "The job store's used memory as a share of its budget.", multiprocess_mode="mostrecent"
 )
+STORE_RESERVED = Gauge(
+    "tts_store_reserved_ratio",
+    "The audio admitted jobs have reserved and not yet written (cache/reservations.py), as a share of the job "
+    "store's budget: admission counts it as used.",
+    multiprocess_mode="mostrecent",
+)
 MODEL_LOADS = Counter("tts_model_loads_total", "Model host processes started.", ["model"])
 MODEL_LOAD_FAILURES = Counter(
     "tts_model_load_failures_total", "Model loads that failed (each fails its segment's attempt).", ["model"]

@@ -49,6 +49,16 @@ def test_a_job_reserves_its_audio_its_writes_spend_it_and_its_end_gives_back_the
     assert reservations.owed() == 0 and _owed_on_record(own_redis, job_id) == 0, "the rest given back at its end"
 
 
+def test_the_reserved_audio_is_exported_as_a_share_of_the_budget_beside_the_memory_used(own_redis: redis.Redis) -> None:
+    from core.metrics import STORE_RESERVED, STORE_USED
+
+    reservations, budget = Reservations(own_redis), StoreBudget(own_redis, budget_bytes=100 * DEFAULT_BYTES_PER_CHAR)
+    reservations.reserve("espeak-en", 25, largest=10**9, most=10**9)
+    usage = budget.usage()
+    assert STORE_RESERVED._value.get() == pytest.approx(0.25) == usage.owed / usage.budget
+    assert STORE_USED._value.get() == pytest.approx(usage.share)
+
+
 def test_a_job_that_finishes_or_fails_leaves_nothing_owed_even_when_its_audio_outgrew_the_estimate(
     own_redis: redis.Redis, speech: tuple[bytes, int]
 ) -> None:
