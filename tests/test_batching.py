@@ -125,35 +125,6 @@ def test_a_jobs_later_segment_goes_ahead_of_first_segments_only_once_its_listene
     assert not planner.can_slow([second]), "and a call making it takes no joiners"
 
 
-def _segment(job: str, index: int, text: str, due: float, *, early: bool = True) -> Pending:
-    return Pending(SPEC, SynthesisRequest(text=text), due, early=early, order=(job, index))
-
-
-def test_a_jobs_later_segment_is_not_company_in_a_batch_that_leaves_its_earlier_segment_waiting() -> None:
-    planner = BatchPlanner(max_batch=8, max_ratio=1.5, timing=BatchTiming(horizon_s=30), clock=lambda: 100.0)
-    head = _segment("other", 3, "x" * 40, 101.0)  # another stream's urgent segment
-    earlier = _segment("a", 1, "x" * 8, 102.0)  # too short to pad beside the head
-    later = _segment("a", 2, "x" * 41, 104.0)  # as long as the head: good company, but it would jump ahead
-    unrelated = _segment("b", 5, "x" * 39, 105.0)
-    group, _ = planner.plan([later, earlier, head, unrelated])
-    assert group == [head, unrelated], "job a's second segment waits for its first"
-    alone, _ = planner.plan([later, earlier])
-    assert alone[0] is earlier, "and the earlier one is made first"
-
-
-def test_a_jobs_earlier_segment_is_as_urgent_as_its_most_urgent_later_one() -> None:
-    # A call lasts 2 s, so a long segment of a playing stream is ordered earlier than a short one due before it.
-    planner = BatchPlanner(max_batch=2, max_ratio=1.5, timing=BatchTiming(lead=2.0), clock=lambda: 100.0)
-    planner.ran([_pending("x" * 10, 0.0)], elapsed=2.0)
-    short_first = _segment("a", 1, "x" * 10, 110.0)  # ordered 4 s early: 106
-    long_second = _segment("a", 2, "x" * 60, 112.0)  # ordered 24 s early: 88
-    others = _segment("b", 1, "x" * 10, 100.0)  # ordered at 96
-    assert planner.plan([others, long_second, short_first])[0][0] is short_first, (
-        "the second's urgency is the first's: it cannot be heard before the first"
-    )
-    assert [p.request.text for p in planner.joinable([long_second, short_first])] == ["x" * 10, "x" * 60]
-
-
 class RecordingEngine:
     """Stand-in engine call that records batch sizes and returns len(text) samples per item."""
 

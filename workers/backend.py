@@ -15,16 +15,9 @@ class SynthesisBackend(Protocol):
     """Anything that turns a segment request into a waveform for a model."""
 
     def synthesize(
-        self,
-        spec: ModelSpec,
-        request: SynthesisRequest,
-        *,
-        deadline: Due | None = None,
-        early: Early = False,
-        order: tuple[str, int] | None = None,
+        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: Due | None = None, early: Early = False
     ) -> tuple[Waveform, int]:
-        """Return the waveform and its sample rate; ``deadline``, ``early``: when it is needed, ``order``: its job
-        and index (see Batcher)."""
+        """Return the waveform and its sample rate; ``deadline``, ``early``: when it is needed (see Batcher)."""
         ...
 
     def loaded_models(self) -> list[str]:
@@ -45,16 +38,10 @@ class PooledBackend:
         self.timeout_s = timeout_s
 
     def synthesize(
-        self,
-        spec: ModelSpec,
-        request: SynthesisRequest,
-        *,
-        deadline: Due | None = None,
-        early: Early = False,
-        order: tuple[str, int] | None = None,
+        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: Due | None = None, early: Early = False
     ) -> tuple[Waveform, int]:
         """Wait for this segment's share of a batched engine call; give up after one hung call ahead plus its own."""
-        future = self.batcher.submit(spec, request, deadline=deadline, early=early, order=order)
+        future = self.batcher.submit(spec, request, deadline=deadline, early=early)
         try:
             return future.result(timeout=2 * self.timeout_s)
         except TimeoutError:

@@ -150,21 +150,14 @@ class Batcher:
         self.joined = 0
 
     def submit(
-        self,
-        spec: ModelSpec,
-        request: SynthesisRequest,
-        *,
-        deadline: Due | None = None,
-        early: Early = False,
-        order: tuple[str, int] | None = None,
+        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: Due | None = None, early: Early = False
     ) -> Future[tuple[Waveform, int]]:
         """Queue one segment due at ``deadline`` (epoch seconds; none: now); resolve to its waveform and rate.
 
         ``early`` (or a function saying so now): the segment continues a stream already playing, so it should be
         written before its deadline, not start at it: it is ordered ``lead`` engine calls earlier.
-        ``order``: its job and index; a job's segments waiting together are made in order.
         """
-        pending = Pending(spec, request, self._clock() if deadline is None else deadline, early, order)
+        pending = Pending(spec, request, self._clock() if deadline is None else deadline, early)
         self._queue_for(spec.name).put(pending)
         return pending.future
 

@@ -36,17 +36,10 @@ class Pending:
     #: Start it ``lead`` engine calls early: it continues a stream whose listener is playing, and a late one makes
     #: that listener stall. A job's later segment before its first has arrived stalls no one yet: it is not early.
     early: Early = False
-    #: Its job and index, when it is a job's segment: a job's segments are made in order (see BatchPlanner).
-    order: tuple[str, int] | None = None
     future: Future[tuple[Waveform, int]] = field(default_factory=Future)
     submitted: float = field(default_factory=time.monotonic)
     #: When its waveform was handed over (time.perf_counter), 0 until then.
     made: float = 0.0
-
-
-def _rank(pending: Pending, due: dict[int, float]) -> tuple[float, int, float]:
-    """Order segments by urgency; a job's earlier segment first among equals (it inherits a later one's)."""
-    return due[id(pending)], pending.order[1] if pending.order else 0, pending.submitted
 
 
 def compatible(a: int, b: int, *, max_ratio: float, slack: int = 8) -> bool:
@@ -62,9 +55,6 @@ class BatchPlanner:
     similar length (``max_ratio``) due soonest after it, up to ``max_batch`` and at most ``horizon_s`` later
     (``urgent_horizon_s`` when the head must start now).
     Segments whose batch failed run alone next time, so one poison input cannot fail its neighbours again.
-    A job's segments are made in order: an earlier segment is as urgent as any later one of its job waiting
-    beside it, and a later one never joins a batch that leaves an earlier one waiting (its listener would hear
-    nothing of it before the earlier one anyway, and the earlier one would be made later for it).
     """
 
     def __init__(
@@ -82,7 +72,7 @@ class BatchPlanner:
     def plan(self, items: list[Pending]) -> tuple[list[Pending], float]:
         """Return the next batch and its most urgent deadline (sorting ``items`` by deadline)."""
         due = self._urgency(items)
-        items.sort(key=lambda p: _rank(p, due))
+        items.sort(key=lambda p: (due[id(p)], p.submitted))
         head = items[0]
         with self._lock:
             suspect = {id(p) for p in items if p.request in self._suspects}
@@ -92,18 +82,13 @@ class BatchPlanner:
         low = high = len(head.request.text)  # the group's shortest and longest texts
         group = [head]
         horizon = head_due + self._horizon(head, head_due, waiting=len(items))
-        left: set[str] = set()  # jobs with a segment left waiting: their later segments wait too
         for p in items[1:]:
             if len(group) >= self.max_batch or due[id(p)] > horizon:
                 break
             length = len(p.request.text)
-            job = p.order[0] if p.order else None
-            fits = id(p) not in suspect and compatible(min(low, length), max(high, length), max_ratio=self.max_ratio)
-            if fits and job not in left:
+            if id(p) not in suspect and compatible(min(low, length), max(high, length), max_ratio=self.max_ratio):
                 group.append(p)
                 low, high = min(low, length), max(high, length)
-            elif job is not None:
-                left.add(job)
         return group, head_due
 
     def joinable(self, items: list[Pending]) -> list[Pending]:
@@ -122,7 +107,7 @@ class BatchPlanner:
             urgent = [p for p in items if due[id(p)] <= start_by and p.request not in self._suspects]
         if len(urgent) > self.max_batch:
             return []
-        return sorted(urgent, key=lambda p: _rank(p, due))
+        return sorted(urgent, key=lambda p: (due[id(p)], p.submitted))
 
     def can_slow(self, rows: list[Pending]) -> bool:
         """Say whether a running call's unfinished ``rows`` can afford joiners, which slow every step of it: none
@@ -167,13 +152,7 @@ class BatchPlanner:
             # a call lasts about as long as its longest text, so a long segment's call is counted longer.
             return timing.lead * call_s * max(1.0, len(p.request.text) / call_chars)
 
-        urgency = {id(p): d - lead(p, d) for p, d in ((p, self.due(p)) for p in items)}
-        # A job's earlier segment is as urgent as its most urgent later one: it must be made first.
-        soonest: dict[str, float] = {}
-        for p in sorted((p for p in items if p.order), key=lambda p: p.order or ("", 0), reverse=True):
-            job = p.order[0] if p.order else ""
-            soonest[job] = urgency[id(p)] = min(urgency[id(p)], soonest.get(job, urgency[id(p)]))
-        return urgency
+        return {id(p): d - lead(p, d) for p, d in ((p, self.due(p)) for p in items)}
 
     @staticmethod
     def early(pending: Pending) -> bool:

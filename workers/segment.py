@@ -215,7 +215,6 @@ class SegmentSynthesizer:
             # A later segment is early (ordered before its deadline) only once its listener plays: until the job's
             # first segment has arrived, none of its later ones can stall anyone, and none goes before it.
             early=plan.started if index > 0 else False,
-            order=(job_id, index),
         )
         synth_s = time.perf_counter() - started
         return MadeSegment(
