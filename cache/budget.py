@@ -10,7 +10,7 @@ writes wait past ``write_at``.
 
 An estimate can fall short (a model whose audio grew, a Redis whose other keys grew): then live work fills the
 store past ``write_at``, every segment write waits for room that nothing can make, and no job can finish.
-Shedding ends that (cache/shedding.py).
+Shedding ends that (cache/shedding.py). What may be removed, and removing it, is cache/finished.py.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import redis
 
 from cache import keys
+from cache.finished import FinishedEntries
 from core.errors import SettingsInvalid
 from core.metrics import STORE_RESERVED, STORE_TRIMMED, STORE_USED
 from core.settings import Settings
@@ -32,33 +32,12 @@ from core.settings import Settings
 #: least this long ago (``trim``): a caller told its job is done has that long to fetch the rest (a streaming
 #: caller has most of it by then). Room for audio written is made from any.
 RESERVED_ROOM_AGE_S = 15.0
-#: How many finished jobs' audio (and cache entries) are measured to judge whether a refused job's room can be made.
-REMOVABLE_SCAN = 5000
 #: Trimming goes this far below the trim mark, so that it runs in bursts rather than on every write.
 TRIM_MARGIN = 0.1
 #: Entries removed in the first round trip of a trim, then the used memory is read again; each further
 #: round removes twice as many, up to TRIM_BATCH_MAX.
 TRIM_BATCH = 4
 TRIM_BATCH_MAX = 512
-
-# KEYS: the kept-audio index. ARGV: key prefix, now, then job ids. Removes each job's audio, with what only
-# serves it (its texts, timings, events, attempts, claims), notes on its record (if the record is still there)
-# when and why, and drops it from the index; returns how many jobs still had audio. The note may fail on a store
-# past its limit (pcall): the audio is removed all the same.
-_DROP_AUDIO = """
-local removed = 0
-for i = 3, #ARGV do
-  local base = ARGV[1] .. ARGV[i] .. '}:'
-  removed = removed + redis.call('DEL', base .. 'audio')
-  redis.call('DEL', base .. 'segmeta', base .. 'events', base .. 'texts', base .. 'attempts', base .. 'claims',
-             base .. 'pending')
-  if redis.call('EXISTS', base .. 'record') == 1 then
-    redis.pcall('HSET', base .. 'record', 'audio_removed_at', ARGV[2], 'audio_removed_for', 'memory')
-  end
-  redis.call('ZREM', KEYS[1], ARGV[i])
-end
-return removed
-"""
 
 
 @dataclass(frozen=True)
@@ -122,10 +101,10 @@ class StoreBudget:
         self.full_at = full_at
         self.audio_ttl_s = audio_ttl_s
         self.cache_ttl_s = cache_ttl_s
-        self.trim_cache = trim_cache  # the sentence cache lives on this Redis (keys.CACHE_KEPT lists it)
         self.read_every_s = read_every_s
         self._clock = clock
-        self._drop_audio = client.register_script(_DROP_AUDIO)
+        # What may be removed: the sentence cache's entries too while it lives on this Redis.
+        self.finished = FinishedEntries(client, trim_cache=trim_cache)
         self._lock = threading.Lock()
         self._last: tuple[float, Usage] | None = None
 
@@ -218,7 +197,7 @@ class StoreBudget:
         jobs = entries = 0
         batch = TRIM_BATCH
         while share(usage) > low:
-            removed_jobs, removed_entries, listed = self._drop_oldest(now, batch, ended_by=ended_by)
+            removed_jobs, removed_entries, listed = self.finished.drop_oldest(now, batch, ended_by=ended_by)
             batch = min(TRIM_BATCH_MAX, 2 * batch)
             if not listed:
                 break  # nothing finished is left: live work fills the budget (admission refuses past full_at)
@@ -230,44 +209,7 @@ class StoreBudget:
     def _reaches(self, usage: Usage, mark: int, ended_by: float) -> bool:
         """Say whether removing the finished audio and cache entries that ended by ``ended_by`` would bring used and
         reserved memory to ``mark``."""
-        return usage.used + usage.owed - self._removable(ended_by) <= mark
-
-    def _removable(self, ended_by: float) -> int:
-        """Return the memory that finished audio and cache entries which ended by ``ended_by`` hold (of the oldest
-        ``REMOVABLE_SCAN`` of each; one pipelined MEMORY USAGE each)."""
-        pipe = self.redis.pipeline(transaction=False)
-        for member, _ in self._oldest(keys.AUDIO_KEPT, REMOVABLE_SCAN, ended_by):
-            pipe.memory_usage(keys.audio(member), samples=0)
-        if self.trim_cache:
-            for member, _ in self._oldest(keys.CACHE_KEPT, REMOVABLE_SCAN, ended_by):
-                pipe.memory_usage(member, samples=0)
-        return sum(int(found or 0) for found in pipe.execute())
-
-    def _drop_oldest(self, now: float, count: int, *, ended_by: float) -> tuple[int, int, int]:
-        """Remove the oldest ``count`` of finished audio and cache entries together, by age, of those that ended
-        (or were stored) by ``ended_by``; return how many jobs' audio and cache entries were removed, and how many
-        entries the indexes listed."""
-        oldest = [(score, "job", member) for member, score in self._oldest(keys.AUDIO_KEPT, count, ended_by)]
-        if self.trim_cache:
-            oldest += [(score, "cache", member) for member, score in self._oldest(keys.CACHE_KEPT, count, ended_by)]
-        oldest = sorted(oldest)[:count]
-        jobs = [member for _, kind, member in oldest if kind == "job"]
-        cached = [member for _, kind, member in oldest if kind == "cache"]
-        removed_jobs = removed_entries = 0
-        if jobs:
-            removed_jobs = int(
-                self._drop_audio(keys=[keys.AUDIO_KEPT], args=[f"{keys.PREFIX}:job:{{", f"{now:.3f}", *jobs])
-            )
-        if cached:
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.delete(*cached)
-            pipe.zrem(keys.CACHE_KEPT, *cached)
-            removed_entries = int(pipe.execute()[0])
-        return removed_jobs, removed_entries, len(oldest)
-
-    def _oldest(self, index: str, count: int, ended_by: float) -> list[tuple[str, float]]:
-        reply: Any = self.redis.zrangebyscore(index, "-inf", ended_by, start=0, num=count, withscores=True)
-        return [(member.decode(), float(score)) for member, score in reply]
+        return usage.used + usage.owed - self.finished.removable(ended_by) <= mark
 
     def wait_for_room(self, timeout_s: float, *, poll_s: float = 0.5) -> bool:
         """Block until the store is below its mark for segment writes again (``write_at``), up to ``timeout_s``.
