@@ -20,6 +20,7 @@ from cache.budget import RESERVED_ROOM_AGE_S, StoreBudget
 from cache.jobstore import JobRequest, JobStore
 from cache.reservations import DEFAULT_BYTES_PER_CHAR, LEARNED_FROM_CHARS, WANTED_FOR_S, Reservations, Verdict
 from client.cli import main
+from core.metrics import STORE_RESERVED, STORE_USED
 from tests.support.http import serving
 from tests.support.processes import wait_for
 from tests.support.servers import WorkerProcess
@@ -50,8 +51,6 @@ def test_a_job_reserves_its_audio_its_writes_spend_it_and_its_end_gives_back_the
 
 
 def test_the_reserved_audio_is_exported_as_a_share_of_the_budget_beside_the_memory_used(own_redis: redis.Redis) -> None:
-    from core.metrics import STORE_RESERVED, STORE_USED
-
     reservations, budget = Reservations(own_redis), StoreBudget(own_redis, budget_bytes=100 * DEFAULT_BYTES_PER_CHAR)
     reservations.reserve("espeak-en", 25, largest=10**9, most=10**9)
     usage = budget.usage()

@@ -101,8 +101,8 @@ class Janitor:
             self._last_pass = now
             counts = dict.fromkeys(("dead", "handed_over", "lost", "published"), 0)
             # First, outside the janitor's lock: at Redis's memory limit that lock's SET and every custody write are
-            # refused, while trimming (deletions only; one worker at a time while the store takes its own lock)
-            # still runs, and is what lets them run again.
+            # refused, while trimming (deletions only; one worker at a time under a lock of its own, each worker
+            # when the store refuses that one too) still runs, and is what lets them run again.
             counts["trimmed"] = self.keep_budget(now)
             counts["stale"] = self.release_own_stale(now)
             if self.store.redis.set(keys.JANITOR_LOCK, self.worker, nx=True, px=int(self.interval_s * 1000)):
