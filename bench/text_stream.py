@@ -17,7 +17,8 @@ A segment is ready to be planned at the piece after which the job's ``segments_t
 runs from just before that piece was sent to the moment its bytes were in hand. The reference is a whole job's
 first audio for the same sentence, at the same concurrency, in the window just before (this shared machine's
 speed drifts by a third within minutes; bench/pace_probe.py). A listener starts at the stream's first audio and
-plays each segment for its duration; a stall is a gap over 100 ms while the segment's text was already sent.
+plays each segment for its duration; a stall is a gap over 100 ms while the segment's text had been complete for at
+least a whole job's p95 first audio (time enough to make it); gaps whose text came later are counted apart.
 Callers start spread over the first ``RAMP_S`` seconds of each level.
 """
 
@@ -82,8 +83,12 @@ class StreamRun:
     def latencies(self) -> list[float]:
         return [self.arrived_at[i] - self.planned_at[i] for i in sorted(self.arrived_at) if i in self.planned_at]
 
-    def stalls(self) -> tuple[int, float]:
-        """Return the listener's stalls the service caused (their text was there), and their seconds."""
+    def stalls(self, lead_s: float = 0.0) -> tuple[int, float]:
+        """Return the listener's gaps over STALL_S whose segment's text was complete at least ``lead_s`` before the
+        listener needed it, and their seconds.
+
+        With ``lead_s`` a whole job's p95 first audio, these are the stalls the service owes: its text came in time
+        to be made. A gap whose text came later than that is the writer's pace, not the service's."""
         order = sorted(self.arrived_at)
         if not order:
             return 0, 0.0
@@ -91,7 +96,7 @@ class StreamRun:
         for previous, index in itertools.pairwise(order):
             clock += self.durations.get(previous, 0.0)
             arrived = self.arrived_at[index]
-            if arrived > clock + STALL_S and self.planned_at.get(index, clock) <= clock:
+            if arrived > clock + STALL_S and self.planned_at.get(index, clock) + lead_s <= clock:
                 count += 1
                 total += arrived - clock
             clock = max(clock, arrived)
@@ -347,10 +352,12 @@ def table(rows: list[dict[str, Any]], started: float) -> str:
         "first segment ÷ whole job, p50 / p95 | "
         "final → last audio p50 (s) | last segment's synthesis p50 (s) | final → last audio beyond that segment's "
         "synthesis, per stream p50 / p95 (s) | of which waiting behind an earlier segment, p50 / p95 (s) | "
-        "and its own delivery, p50 / p95 (s) | next segment made first (of pairs) | stalls (text there, gap > 100 "
-        "ms) | failed | CPU, % of one core: "
-        "model hosts / API / load generator | machine pace before the window, whole jobs / these streams |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "and its own delivery, p50 / p95 (s) | final → last audio beyond the longest synthesis still under way at "
+        "the final piece, p50 / p95 (s) | next segment made first (of pairs) | stalls: gap > 100 ms, text there a "
+        "whole job's p95 first audio before needed | gaps > 100 ms whose text came later than that | failed | "
+        "CPU, % of one core: model hosts / API / load generator | machine pace before the window, whole jobs / "
+        "these streams |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
 
@@ -362,7 +369,9 @@ def table(rows: list[dict[str, Any]], started: float) -> str:
                  f"{_fmt(row['ratio_p50'])}× / {_fmt(row['ratio'])}×",
                  _fmt(row["final_p50"]), _fmt(row["synth_last_p50"]), pair("beyond_p50", "beyond_p95"),
                  pair("behind_p50", "behind_p95"), pair("delivery_p50", "delivery_p95"),
-                 f"{row.get('made_out_of_order', 0)} of {row.get('made_pairs', 0)}", row["stalls"], row["failed"],
+                 pair("beyond_any_p50", "beyond_any_p95"),
+                 f"{row.get('made_out_of_order', 0)} of {row.get('made_pairs', 0)}", row["stalls"],
+                 row["late_text_gaps"], row["failed"],
                  _cpu(row.get("cpu", {})), _paces(row.get("pace"))]  # fmt: skip
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines += [
@@ -370,7 +379,11 @@ def table(rows: list[dict[str, Any]], started: float) -> str:
         "Targets: end of a sentence's text → its first audio ≤ 1.2× a whole job's first audio for the same sentence "
         "(p50 and p95); the last audio at most one segment's synthesis after the final piece (per stream: its "
         "synthesis is the time from its submission to the batcher to its waveform, which includes any wait the "
-        "deadline scheduler gives it while its listener still has audio to play); no stalls at 10 streams. Later "
+        "deadline scheduler gives it while its listener still has audio to play; the last audio waits for every "
+        "segment still being made at the final piece, so the slowest of those is the one segment the target "
+        "allows); no stalls at 10 streams, given a pace the engine keeps up with (a stall counts when its text "
+        "was complete a whole job's p95 first audio before its listener needed it; gaps whose text came later are "
+        "counted beside them). Later "
         "segments of a stream are due only when its listener reaches them, so the deadline scheduler makes them "
         "later on purpose: the first segment is the one a listener waits for.",
         "",
@@ -402,6 +415,15 @@ def summarize(callers: int, runs: list[StreamRun], whole: list[float]) -> dict[s
             ready = max(r.made_at[i], r.arrived_at.get(i - 1, r.made_at[i]))
             behind.append(ready - r.made_at[i])
             delivery.append(r.arrived_at[i] - ready)
+    # ... and beyond the longest synthesis among the segments still being made when the final piece came (the last
+    # audio waits for each of them: "one segment's synthesis" is the slowest of those, not always the last one).
+    beyond_any = [
+        r.arrived_at[max(r.arrived_at)]
+        - r.final_at
+        - max((r.synth_s.get(i, 0.0) for i, at in r.made_at.items() if at > r.final_at), default=0.0)
+        for r in runs
+        if r.arrived_at
+    ]
     pairs = [(r, i) for r in runs for i in r.made_at if i + 1 in r.made_at]
     out_of_order = sum(1 for r, i in pairs if r.made_at[i + 1] < r.made_at[i])
     first_p95, whole_p95 = percentile(firsts, 95), percentile(whole, 95)
@@ -422,13 +444,17 @@ def summarize(callers: int, runs: list[StreamRun], whole: list[float]) -> dict[s
         "synth_last_p50": median(synth_last) if synth_last else None,
         "beyond_p50": percentile(beyond, 50),
         "beyond_p95": percentile(beyond, 95),
+        "beyond_any_p50": percentile(beyond_any, 50),
+        "beyond_any_p95": percentile(beyond_any, 95),
         "behind_p50": percentile(behind, 50),
         "behind_p95": percentile(behind, 95),
         "delivery_p50": percentile(delivery, 50),
         "delivery_p95": percentile(delivery, 95),
         "made_out_of_order": out_of_order,
         "made_pairs": len(pairs),
-        "stalls": sum(r.stalls()[0] for r in runs),
+        # A stall is the service's when its text was complete a whole job's p95 first audio before it was needed.
+        "stalls": sum(r.stalls(whole_p95 or 0.0)[0] for r in runs),
+        "late_text_gaps": sum(r.stalls()[0] - r.stalls(whole_p95 or 0.0)[0] for r in runs),
         "failed": sum(r.status != "done" for r in runs),
     }
 

@@ -54,10 +54,12 @@ def test_the_last_segments_time_after_it_was_made_is_split_into_waiting_behind_a
 ):
     # Segment 1 was made at 2.75 but segment 0, a longer one in a longer call, only reached the caller at 2.9:
     # audio comes in order, so 1 waited 0.15 s behind it, then took 0.1 s itself.
-    run = StreamRun(planned_at={0: 0.0}, arrived_at={0: 2.9, 1: 3.0}, final_at=2.0, synth_s={1: 0.5})
+    # Segment 0 took 0.9 s to make and was still being made at the final piece: the last audio, 1.0 s after the
+    # final piece, is 0.1 s beyond that slowest synthesis the last audio had to wait for.
+    run = StreamRun(planned_at={0: 0.0}, arrived_at={0: 2.9, 1: 3.0}, final_at=2.0, synth_s={0: 0.9, 1: 0.5})
     run.made_at = {0: 2.8, 1: 2.75}
     row = summarize(1, [run], [0.5])
-    assert row["beyond_p50"] == pytest.approx(0.5)
+    assert row["beyond_p50"] == pytest.approx(0.5) and row["beyond_any_p50"] == pytest.approx(0.1)
     assert row["behind_p50"] == pytest.approx(0.15) and row["delivery_p50"] == pytest.approx(0.1)
     assert (row["made_out_of_order"], row["made_pairs"]) == (1, 1)
     line = next(
@@ -65,7 +67,7 @@ def test_the_last_segments_time_after_it_was_made_is_split_into_waiting_behind_a
         for n in table([{"transport": "WebSocket", **row, "cpu": {}}], started=0.0).split("\n")
         if n.startswith("| 1 |")
     )
-    assert "| 0.50 / 0.50 | 0.15 / 0.15 | 0.10 / 0.10 | 1 of 1 |" in line
+    assert "| 0.50 / 0.50 | 0.15 / 0.15 | 0.10 / 0.10 | 0.10 / 0.10 | 1 of 1 |" in line
 
 
 def test_a_last_segment_made_after_the_one_before_arrived_waits_behind_nothing() -> None:
@@ -73,3 +75,21 @@ def test_a_last_segment_made_after_the_one_before_arrived_waits_behind_nothing()
     run.made_at = {0: 0.9, 1: 2.75}
     row = summarize(1, [run], [0.5])
     assert row["behind_p50"] == 0.0 and row["delivery_p50"] == pytest.approx(0.25) and row["made_out_of_order"] == 0
+
+
+def test_a_last_audio_with_nothing_left_to_make_at_the_final_piece_is_measured_beyond_no_synthesis() -> None:
+    run = StreamRun(planned_at={0: 0.0}, arrived_at={0: 1.0, 1: 2.1}, final_at=2.0, synth_s={0: 0.4, 1: 0.5})
+    run.made_at = {0: 0.9, 1: 1.95}
+    assert summarize(1, [run], [0.5])["beyond_any_p50"] == pytest.approx(0.1)
+
+
+def test_a_gap_counts_as_a_stall_only_when_its_text_came_a_whole_jobs_p95_first_audio_before_it_was_needed() -> None:
+    # Segment 0 plays 1.0 s from 1.0, so segment 1 is needed at 2.0 and arrives at 2.5 (a gap of 0.5 s). Its text was
+    # complete at 1.7 in one stream (0.3 s before it was needed, less than the 0.5 s a whole job takes: the writer's
+    # pace) and at 1.2 in the other (0.8 s before: the service's stall).
+    late = StreamRun(planned_at={0: 0.0, 1: 1.7}, arrived_at={0: 1.0, 1: 2.5}, durations={0: 1.0})
+    early = StreamRun(planned_at={0: 0.0, 1: 1.2}, arrived_at={0: 1.0, 1: 2.5}, durations={0: 1.0})
+    assert late.stalls() == (1, pytest.approx(0.5)) and late.stalls(0.5) == (0, 0.0)
+    assert early.stalls(0.5) == (1, pytest.approx(0.5))
+    row = summarize(10, [late, early], [0.5] * 20)
+    assert (row["stalls"], row["late_text_gaps"]) == (1, 1)
