@@ -178,8 +178,9 @@ class Admission:
 
         Every job, even one whose audio is all cached, writes its audio into the job store. Raise StoreFull (503,
         Retry-After) when that audio, with the memory used and the audio live jobs have reserved, would pass the
-        budget's full mark, and StoreTooSmall (413) when it would pass it with nothing else in the store. A batch
-        job's mark is ``TTS_STORE_BATCH_SHARE`` of the full mark, so that realtime jobs always find room.
+        budget's full mark, and StoreTooSmall (413) when it would pass it with no other job's audio in the store
+        (beside what the store keeps for good, judged when no job is live: records, queues). A batch job's mark is
+        ``TTS_STORE_BATCH_SHARE`` of the full mark, so that realtime jobs always find room.
         """
         if self.budget is None or self.reservations is None:
             return NOTHING
@@ -192,12 +193,17 @@ class Admission:
         estimate = found.audio
         mb = f"about {estimate.bytes / 2**20:.1f} MB at {estimate.per_char:,.0f} bytes per character"
         lane_note = f" for the batch lane: TTS_STORE_BATCH_SHARE={share:g}" if share < 1 else ""
-        if found.verdict is Verdict.TOO_LARGE:
+        kept = None
+        if found.verdict is Verdict.NO_ROOM and found.learned:  # with nothing live, can it ever fit?
+            with contextlib.suppress(redis.RedisError):
+                kept = self.budget.kept_for_good()
+        if found.verdict is Verdict.TOO_LARGE or (kept is not None and kept + estimate.bytes > limit):
             ADMISSION_REJECTIONS.labels("store_too_small").inc()
+            beside = "" if kept is None else f" beside what it keeps for good ({kept / 2**20:.1f} MB: records, queues)"
             raise StoreTooSmall(
                 f"this job's audio ({mb}, what {model} wrote lately) would not fit in the job store's memory budget "
-                f"({limit / 2**20:.0f} MB, its full mark{lane_note}) even alone: split the text into several jobs, or "
-                "raise the budget (maxmemory; make run: TTS_REDIS_MAXMEMORY)",
+                f"({limit / 2**20:.0f} MB, its full mark{lane_note}){beside} even with no other job running: split "
+                "the text into several jobs, or raise the budget (maxmemory; make run: TTS_REDIS_MAXMEMORY)",
                 estimated_audio_bytes=estimate.bytes,
                 budget_bytes=limit,
             )

@@ -211,6 +211,15 @@ class StoreBudget:
         reserved memory to ``mark``."""
         return usage.used + usage.owed - self.finished.removable(ended_by) <= mark
 
+    def kept_for_good(self) -> int | None:
+        """Return the memory used that no trim can free and no job's end will: job records, queues, Redis's own
+        (what a new job's audio must always fit beside); None while a job is live, whose end may free room, or
+        when there is too much finished audio to measure."""
+        if self.redis.zcard(keys.LIVE_JOBS):
+            return None
+        removable = self.finished.all_removable()
+        return None if removable is None else max(0, self.usage().used - removable)
+
     def wait_for_room(self, timeout_s: float, *, poll_s: float = 0.5) -> bool:
         """Block until the store is below its mark for segment writes again (``write_at``), up to ``timeout_s``.
 

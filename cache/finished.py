@@ -55,6 +55,17 @@ class FinishedEntries:
                 pipe.memory_usage(member, samples=0)
         return sum(int(found or 0) for found in pipe.execute())
 
+    def all_removable(self) -> int | None:
+        """Return the memory every finished audio and cache entry holds, or None when there are more than
+        ``REMOVABLE_SCAN`` of either (too many to measure on a request's path)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zcard(keys.AUDIO_KEPT)
+        pipe.zcard(keys.CACHE_KEPT)
+        audio, cached = pipe.execute()
+        if max(int(audio), int(cached) if self.trim_cache else 0) > REMOVABLE_SCAN:
+            return None
+        return self.removable(float("inf"))
+
     def drop_oldest(self, now: float, count: int, *, ended_by: float) -> tuple[int, int, int]:
         """Remove the oldest ``count`` of finished audio and cache entries together, by age, of those that ended
         (or were stored) by ``ended_by``; return how many jobs' audio and cache entries were removed, and how many

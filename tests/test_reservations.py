@@ -15,12 +15,21 @@ import redis
 from flask import Flask
 
 from api import create_app
+from api.admission import Admission
 from cache import keys
+from cache.breaker import CircuitBreaker
 from cache.budget import RESERVED_ROOM_AGE_S, StoreBudget
+from cache.finished import REMOVABLE_SCAN
 from cache.jobstore import JobRequest, JobStore
 from cache.reservations import DEFAULT_BYTES_PER_CHAR, LEARNED_FROM_CHARS, WANTED_FOR_S, Reservations, Verdict
+from cache.schedule import ScheduleBook
+from cache.stats import Stats
+from cache.workers import WorkerRegistry
 from client.cli import main
+from core.errors import StoreFull, StoreTooSmall
 from core.metrics import STORE_RESERVED, STORE_USED
+from core.policy import scheduling_policy
+from core.settings import load_settings
 from tests.support.http import serving
 from tests.support.processes import wait_for
 from tests.support.servers import WorkerProcess
@@ -271,6 +280,46 @@ def test_a_job_whose_audio_could_never_fit_is_refused_413_saying_what_to_do(
     error = answer.get_json()["error"]
     assert answer.status_code == 413 and error["code"] == "store_too_small", error
     assert "split the text" in error["message"] and "TTS_REDIS_MAXMEMORY" in error["message"]
+
+
+def _store_admission(client: redis.Redis, budget: StoreBudget) -> Admission:
+    settings = load_settings()
+    stats = Stats(client)
+    breaker = CircuitBreaker(client, stats, failure_rate=0.5, min_failures=3, cooldown_s=1.0)
+    book = ScheduleBook(client, default_seconds_per_char=0.1)
+    return Admission(stats=stats, breaker=breaker, workers=WorkerRegistry(client, ttl_s=30), book=book,
+                     settings=settings, policy=scheduling_policy(settings), budget=budget,
+                     reservations=Reservations(client))  # fmt: skip
+
+
+def test_a_job_that_would_fit_only_where_the_store_keeps_records_for_good_is_refused_413_not_503_forever(
+    own_redis: redis.Redis,
+) -> None:
+    # The store's state is set directly: espeak-en's learned rate (10 KB a character), 3 MB the store keeps for good
+    # (as records and queues are), then the same 3 MB as finished audio a trim removes, then a job still live.
+    own_redis.hset(keys.BYTES_PER_CHAR, mapping={"espeak-en:bytes": 10_000_000, "espeak-en:chars": 1000})
+    own_redis.set("tts:test:records", b"r" * 3_000_000)
+    used = StoreBudget(own_redis).usage().used
+    budget = StoreBudget(own_redis, budget_bytes=int((used + 1_000_000) / 0.9), read_every_s=0)
+    admission = _store_admission(own_redis, budget)
+    chars = 200  # 2 MB of audio: below the full mark alone (4 MB and more), not beside the 3 MB kept
+    with pytest.raises(StoreTooSmall) as refused:
+        admission.reserve_audio("espeak-en", chars)
+    assert refused.value.status == 413 and "keeps for good" in refused.value.message, refused.value.message
+    assert "split the text" in refused.value.message and Reservations(own_redis).owed() == 0
+    own_redis.delete("tts:test:records")
+    own_redis.hset(keys.audio("finished"), "0", b"a" * 3_000_000)
+    own_redis.zadd(keys.AUDIO_KEPT, {"finished": time.time()})
+    with pytest.raises(StoreFull) as later:
+        admission.reserve_audio("espeak-en", chars)
+    assert later.value.retry_after == 10, "finished audio makes way for it: retry"
+    own_redis.zadd(keys.AUDIO_KEPT, {f"gone-{n}": 0 for n in range(REMOVABLE_SCAN)})  # too many to measure
+    with pytest.raises(StoreFull):
+        admission.reserve_audio("espeak-en", chars)
+    own_redis.delete(keys.AUDIO_KEPT)
+    own_redis.zadd(keys.LIVE_JOBS, {"live": time.time()})
+    with pytest.raises(StoreFull):
+        admission.reserve_audio("espeak-en", chars)  # the live job's end may free room
 
 
 def test_tts_book_waits_out_a_full_store_and_is_admitted_once_room_is_given_back(
