@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,44 +11,21 @@ from typing import Any
 import requests
 
 from client.deadline import HeadersDueAdapter
+from client.download import save_answer
 from client.errors import TTSClientError, error_from, read_answer
-from client.sse import parse_sse
+from client.sse import parse_sse, reconnecting
 from client.text_stream import TextStream
+from client.waits import LONG_POLL_S, MIN_POLL_S, allowed_wait
 
 __all__ = ["TTSClient", "TTSClientError", "TextStream", "allowed_wait", "is_open_stream", "parse_sse"]
 
 TERMINAL = frozenset({"done", "failed", "canceled"})
-#: The ``?wait=`` a client asks for at first: the service's default ``TTS_MAX_WAIT_S``. A service set shorter
-#: refuses it (422), and the client then asks for what that service allows (``allowed_wait``).
-LONG_POLL_S = 30.0
-#: The waits tried in turn after a refusal that does not say the service's limit.
-FALLBACK_WAITS_S = (5.0, 1.0, 0.0)
-#: The shortest time between two polls of a segment, however short the service's long-poll.
-MIN_POLL_S = 0.5
-#: How the service's 422 states its limit ("wait: must be between 0 and 5 seconds").
-_WAIT_LIMIT = re.compile(r"between 0 and (\d+(?:\.\d+)?) seconds")
-#: How many times ``events`` reconnects in a row without receiving anything new.
-SSE_RECONNECTS = 5
+#: The events after which a job's event stream ends.
+ENDING_EVENTS = TERMINAL | {"expired"}
 #: How many times a text piece is sent in all when the service is briefly busy (503) or cannot be reached.
 PIECE_ATTEMPTS = 6
 #: The longest pause between two tries of a piece, whatever Retry-After says.
 PIECE_RETRY_MAX_S = 5.0
-
-
-def allowed_wait(error: TTSClientError, asked: float) -> float | None:
-    """Return the ``?wait=`` to ask for after ``error`` refused a wait of ``asked`` seconds, or None when
-    ``error`` is no refusal of the wait: the limit the service states, else the next of ``FALLBACK_WAITS_S``."""
-    if error.status != 422 or error.details.get("field") != "wait" or asked <= 0:
-        return None
-    # The service states its limit as ``max`` (and, before it did, only in the message): read it defensively, and
-    # step down when it cannot be read.
-    limit = error.details.get("max")
-    if not isinstance(limit, int | float) or isinstance(limit, bool):
-        stated = _WAIT_LIMIT.search(error.message)
-        limit = float(stated.group(1)) if stated is not None else None
-    if limit is not None and 0 <= float(limit) < asked:
-        return float(limit)
-    return next(wait for wait in FALLBACK_WAITS_S if wait < asked)
 
 
 def is_open_stream(job: dict[str, Any]) -> bool:
@@ -267,30 +243,11 @@ class TTSClient:
 
     def events(self, job_id: str, *, last_event_id: str | int | None = None) -> Iterator[dict[str, Any]]:
         """Yield the job's server-sent events ({"event", "id", "data"}), reconnecting after drops, until it ends."""
-        failures = 0
-        while True:
-            headers = {"Accept": "text/event-stream"}
-            if last_event_id is not None:
-                headers["Last-Event-ID"] = str(last_event_id)
-            received = False
-            try:
-                with self._request(
-                    "GET", f"/v1/jobs/{job_id}/events", headers=headers, stream=True, read_s=60.0
-                ) as response:
-                    for event in parse_sse(response.iter_content(chunk_size=None)):
-                        received = True
-                        if event["id"] is not None:
-                            last_event_id = event["id"]
-                        yield event
-                        if event["event"] in TERMINAL or event["event"] == "expired":
-                            return
-            except (TTSClientError, requests.RequestException) as e:
-                if isinstance(e, TTSClientError) and e.status != 0:
-                    raise
-            failures = 0 if received else failures + 1
-            if failures > SSE_RECONNECTS:
-                raise TTSClientError(0, "stream_lost", f"the event stream of job {job_id} kept dropping")
-            time.sleep(min(0.2 * failures, 2.0))
+
+        def connect(headers: dict[str, str]) -> requests.Response:
+            return self._request("GET", f"/v1/jobs/{job_id}/events", headers=headers, stream=True, read_s=60.0)
+
+        yield from reconnecting(connect, f"job {job_id}", last_event_id=last_event_id, ends=ENDING_EVENTS)
 
     def download(
         self,
@@ -318,20 +275,6 @@ class TTSClient:
             self.wait(job_id)
             response = self._request("GET", f"/v1/jobs/{job_id}/audio", headers=headers, stream=True)
         with response:
-            appending = response.status_code == 206 and response.headers.get("Content-Range", "").startswith(
-                f"bytes {offset}-"
-            )
-            done = offset if appending else 0
-            length = response.headers.get("Content-Length")
-            total = done + int(length) if length is not None and "Content-Encoding" not in response.headers else None
-            try:
-                with partial.open("ab" if appending else "wb") as out:
-                    for chunk in response.iter_content(chunk_size=64 * 1024):
-                        out.write(chunk)
-                        done += len(chunk)
-                        if on_progress is not None:
-                            on_progress(done, total)
-            except requests.RequestException as e:
-                raise TTSClientError(0, "unreachable", f"download of job {job_id} broke off: {e}") from e
+            save_answer(response, partial, offset=offset, on_progress=on_progress, what=f"download of job {job_id}")
         partial.replace(target)
         return target
