@@ -107,6 +107,7 @@ class StoreBudget:
         self.finished = FinishedEntries(client, trim_cache=trim_cache)
         self._lock = threading.Lock()
         self._last: tuple[float, Usage] | None = None
+        self._kept: tuple[float, int | None] | None = None
 
     def usage(self) -> Usage:
         """Read the used memory (as Redis counts it against maxmemory), the budget and the audio reserved, now."""
@@ -214,11 +215,19 @@ class StoreBudget:
     def kept_for_good(self) -> int | None:
         """Return the memory used that no trim can free and no job's end will: job records, queues, Redis's own
         (what a new job's audio must always fit beside); None while a job is live, whose end may free room, or
-        when there is too much finished audio to measure."""
-        if self.redis.zcard(keys.LIVE_JOBS):
-            return None
-        removable = self.finished.all_removable()
-        return None if removable is None else max(0, self.usage().used - removable)
+        when there is too much finished audio to measure. Measured at most once per ``read_every_s`` a process: a
+        burst of refusals does not scan the finished audio once each."""
+        with self._lock:
+            last = self._kept
+        if last is not None and self._clock() - last[0] < self.read_every_s:
+            return last[1]
+        found = None
+        if not self.redis.zcard(keys.LIVE_JOBS):
+            removable = self.finished.all_removable()
+            found = None if removable is None else max(0, self.usage().used - removable)
+        with self._lock:
+            self._kept = (self._clock(), found)
+        return found
 
     def wait_for_room(self, timeout_s: float, *, poll_s: float = 0.5) -> bool:
         """Block until the store is below its mark for segment writes again (``write_at``), up to ``timeout_s``.

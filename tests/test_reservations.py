@@ -320,6 +320,11 @@ def test_a_job_that_would_fit_only_where_the_store_keeps_records_for_good_is_ref
     own_redis.zadd(keys.LIVE_JOBS, {"live": time.time()})
     with pytest.raises(StoreFull):
         admission.reserve_audio("espeak-en", chars)  # the live job's end may free room
+    once = StoreBudget(own_redis, budget_bytes=budget.budget_bytes, read_every_s=60)
+    assert once.kept_for_good() is None
+    own_redis.delete(keys.LIVE_JOBS)
+    assert once.kept_for_good() is None, "measured once per read_every_s, not at every refusal of a burst"
+    assert budget.kept_for_good() is not None
 
 
 def test_tts_book_waits_out_a_full_store_and_is_admitted_once_room_is_given_back(
