@@ -427,6 +427,9 @@ def summarize(callers: int, runs: list[StreamRun], whole: list[float]) -> dict[s
     pairs = [(r, i) for r in runs for i in r.made_at if i + 1 in r.made_at]
     out_of_order = sum(1 for r, i in pairs if r.made_at[i + 1] < r.made_at[i])
     first_p95, whole_p95 = percentile(firsts, 95), percentile(whole, 95)
+    # A stall is the service's when its text was complete a whole job's p95 first audio before it was needed.
+    stalls = sum(r.stalls(whole_p95 or 0.0)[0] for r in runs)
+    gaps = sum(r.stalls()[0] for r in runs)
     first_p50, whole_p50 = percentile(firsts, 50), percentile(whole, 50)
     return {
         "callers": callers,
@@ -452,9 +455,8 @@ def summarize(callers: int, runs: list[StreamRun], whole: list[float]) -> dict[s
         "delivery_p95": percentile(delivery, 95),
         "made_out_of_order": out_of_order,
         "made_pairs": len(pairs),
-        # A stall is the service's when its text was complete a whole job's p95 first audio before it was needed.
-        "stalls": sum(r.stalls(whole_p95 or 0.0)[0] for r in runs),
-        "late_text_gaps": sum(r.stalls()[0] - r.stalls(whole_p95 or 0.0)[0] for r in runs),
+        "stalls": stalls,
+        "late_text_gaps": gaps - stalls,
         "failed": sum(r.status != "done" for r in runs),
     }
 

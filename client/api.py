@@ -228,7 +228,7 @@ class TTSClient:
                         audio, duration, _ = self.segment(job_id, index)
                         following = index + 1
                         yield index, audio, duration
-                elif event["event"] in TERMINAL or event["event"] == "expired":
+                elif event["event"] in ENDING_EVENTS:
                     if event["event"] != "done":
                         raise TTSClientError(409, "job_failed", f"job {event['event']}: {event['data']}")
                     return

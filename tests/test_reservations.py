@@ -16,14 +16,13 @@ from flask import Flask
 
 from api import create_app
 from api.admission import Admission
+from api.services import _admission as build_admission
 from cache import keys
-from cache.breaker import CircuitBreaker
 from cache.budget import RESERVED_ROOM_AGE_S, StoreBudget
 from cache.finished import REMOVABLE_SCAN
 from cache.jobstore import JobRequest, JobStore
 from cache.reservations import DEFAULT_BYTES_PER_CHAR, LEARNED_FROM_CHARS, WANTED_FOR_S, Reservations, Verdict
 from cache.schedule import ScheduleBook
-from cache.stats import Stats
 from cache.workers import WorkerRegistry
 from client.cli import main
 from core.errors import StoreFull, StoreTooSmall
@@ -283,13 +282,11 @@ def test_a_job_whose_audio_could_never_fit_is_refused_413_saying_what_to_do(
 
 
 def _store_admission(client: redis.Redis, budget: StoreBudget) -> Admission:
+    """Return the admission check the API builds (api/services.py), on ``client`` with ``budget``."""
     settings = load_settings()
-    stats = Stats(client)
-    breaker = CircuitBreaker(client, stats, failure_rate=0.5, min_failures=3, cooldown_s=1.0)
     book = ScheduleBook(client, default_seconds_per_char=0.1)
-    return Admission(stats=stats, breaker=breaker, workers=WorkerRegistry(client, ttl_s=30), book=book,
-                     settings=settings, policy=scheduling_policy(settings), budget=budget,
-                     reservations=Reservations(client))  # fmt: skip
+    return build_admission(client, settings, workers=WorkerRegistry(client, ttl_s=30), book=book, budget=budget,
+                           policy=scheduling_policy(settings))  # fmt: skip
 
 
 def test_a_job_that_would_fit_only_where_the_store_keeps_records_for_good_is_refused_413_not_503_forever(
