@@ -151,3 +151,19 @@ def test_prompt_tokens_in_the_penalty_window_are_ignored_even_when_their_ids_are
     assert torch.equal(with_text[0], with_other[0]) and torch.allclose(with_text[1], with_other[1])
     alone = sampler.distribution(own, logits.clone(), steps=3)
     assert torch.equal(with_text[0], alone[0]) and torch.allclose(with_text[1], alone[1]), "only its own count"
+
+
+def test_the_penalty_counts_only_each_rows_own_tokens_when_rows_are_at_different_steps() -> None:
+    generator = torch.Generator().manual_seed(6)
+    logits = torch.randn(ROWS, VOCAB, generator=generator) * 4
+    window = torch.randint(0, VOCAB, (ROWS, PENALTY_WINDOW), generator=generator)
+    window[:, -4:] = logits.argmax(dim=1, keepdim=True)  # repeats, where the penalty bites hardest
+    window[:, 3] = window[:, -1]  # a repeat that some rows count and others do not
+    steps = torch.tensor([0, 1, 4, 5, 9, 13, 16, 16])
+    sampler = _sampler(repetition_penalty=1.2)
+    candidates, probs = sampler.distribution(window, logits.clone(), steps)
+    for row, step in enumerate(steps.tolist()):
+        own = window[row : row + 1, PENALTY_WINDOW - step :]
+        expected = _upstream(own, logits[row : row + 1].clone(), top_p=0.7, top_k=20, penalty=1.2)
+        dense = torch.zeros(1, VOCAB).scatter_(1, candidates[row : row + 1], probs[row : row + 1])
+        assert torch.allclose(dense, expected, atol=1e-6), (row, (dense - expected).abs().max())
