@@ -9,6 +9,8 @@ from typing import Any
 ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("completed jobs/s", "jobs_per_s", "{:.2f}", True),
     ("characters/s", "chars_per_s", "{:.1f}", True),
+    ("mean characters a job (of those finished in the window)", "mean_chars_done", "{:.1f}", False),
+    ("jobs/s at the corpus's mean length (characters/s ÷ its mean per text)", "jobs_per_s_at_mix", "{:.2f}", True),
     ("p50 submit→done (s)", "latency_p50", "{:.2f}", False),
     ("p90 submit→done (s)", "latency_p90", "{:.2f}", False),
     ("p99 submit→done (s)", "latency_p99", "{:.2f}", False),
@@ -73,6 +75,7 @@ def level_table(levels: list[dict[str, Any]]) -> str:
                 "engine_busy",
                 "queue_wait_mean_s",
                 "machine_pace",
+                "mean_chars_done",
             )
             cells.append("" if plain else _ratio(after.get(key), before.get(key)))
         lines.append("| " + " | ".join(cells) + " |")

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from bench.headline_engine import combine_engines
-from bench.headline_report import engine_table
+from bench.headline_levels import mix_view
+from bench.headline_report import engine_table, level_table
 
 
 def _engine(rates: dict[int, float]) -> dict[str, Any]:
@@ -37,3 +38,21 @@ def test_the_efficiency_line_splits_into_the_hosts_cpu_share_and_their_audio_per
     assert "30.0 of 40.0 s/s = 0.75" in table
     # 30 s/s from 1.5 cores against 20 s/s per core: exactly the limit's audio per CPU second.
     assert "got 150% of a core of the 200%" in table and "made 1.00× the limit's audio per CPU second" in table
+
+
+def test_jobs_per_second_at_the_corpus_mix_does_not_reward_a_side_that_drew_short_texts() -> None:
+    texts = [("a" * 20, 20), ("b" * 60, 60)]  # a mean of 40 characters a text
+    short: dict[str, Any] = {
+        "jobs_per_s": 2.0,
+        "chars_per_s": 50.0,
+        "errors": {},
+        "admissions": 0,
+    }  # its finished jobs were 25 characters long on average
+    long: dict[str, Any] = {"jobs_per_s": 1.0, "chars_per_s": 55.0, "errors": {}, "admissions": 0}
+    short.update(mix_view(short, texts))
+    long.update(mix_view(long, texts))
+    assert short["mean_chars_done"] == 25.0 and long["mean_chars_done"] == 55.0
+    assert short["jobs_per_s_at_mix"] == 1.25 and long["jobs_per_s_at_mix"] == 1.375
+    table = level_table([{"callers": 50, "after": long, "before": short}])
+    row = next(line for line in table.splitlines() if line.startswith("| jobs/s at the corpus's mean length"))
+    assert row.endswith("| 1.38 | 1.25 | 1.10× |"), row
