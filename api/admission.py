@@ -222,6 +222,15 @@ class Admission:
             )
         return estimate
 
+    def store_full(self) -> bool:
+        """Return whether the memory used and the audio live jobs have reserved reach the budget's full mark (as read
+        at most ``read_every_s`` ago). A text stream's later piece then adds no text (cache/text_streams.py): its
+        audio could not be reserved, and a stream grown into a full store would have the budget fail other jobs."""
+        if self.budget is None:
+            return False
+        usage = self.budget.recent()
+        return bool(usage.budget) and usage.used + usage.owed >= usage.budget * self.budget.full_at
+
     def release_audio(self, reserved: int) -> None:
         """Give back a reservation no job was written for (its submission failed after ``reserve_audio``)."""
         if self.reservations is not None:

@@ -96,7 +96,8 @@ def append_text(job_id: str) -> dict[str, Any]:
     if not piece.text and not piece.final:
         raise ValidationFailed("text", "must not be empty (only the final piece may be)")
     # The piece's own script checks the owner: one round trip for most pieces, which come many a second.
-    answer = svc.text_streams.take(job_id, seq=piece.seq, text=piece.text, final=piece.final, owner=g.owner)
+    answer = svc.text_streams.take(job_id, seq=piece.seq, text=piece.text, final=piece.final, owner=g.owner,
+                                   store_full=svc.admission.store_full())  # fmt: skip
     refuse_piece(answer, job_id)
     record = svc.store.get(job_id) if not answer.open else None  # closed: say why (the common case reads less)
     stream = TextStreamView(open=answer.open, next_seq=answer.next_seq,

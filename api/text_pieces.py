@@ -5,7 +5,11 @@ from __future__ import annotations
 from api.views import job_not_found
 from cache.records import PieceResult
 from cache.text_streams import MAX_AHEAD, PieceAnswer
-from core.errors import Conflict, PayloadTooLarge
+from core.errors import Conflict, PayloadTooLarge, StoreFull
+from core.metrics import ADMISSION_REJECTIONS
+
+#: What a piece refused for want of room in the job store is told to wait: as long as a job refused for it.
+NO_ROOM_RETRY_S = 10
 
 
 def refuse_piece(answer: PieceAnswer, job_id: str) -> None:
@@ -15,6 +19,15 @@ def refuse_piece(answer: PieceAnswer, job_id: str) -> None:
         return
     if result is PieceResult.GONE:
         raise job_not_found(job_id)
+    if result is PieceResult.NO_ROOM:
+        ADMISSION_REJECTIONS.labels("store_full").inc()
+        raise StoreFull(
+            f"piece {seq} was not taken: the job store is full (its memory budget, with the audio live jobs have "
+            "reserved), and this text's audio could not be reserved; send the same piece (the same seq) again after "
+            "Retry-After, or end the stream with an empty final piece",
+            retry_after=NO_ROOM_RETRY_S,
+            seq=seq,
+        )
     if result is PieceResult.TOO_LONG:
         raise PayloadTooLarge(
             f"the stream would carry {detail:,} characters, more than one job may (TTS_MAX_TEXT_CHARS); "

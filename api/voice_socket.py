@@ -9,7 +9,9 @@ segment in order ``{"type": "segment", "index", "duration_s", "bytes"}`` followe
 segment's audio in the job's format), and at the end ``{"type": "done"}`` (or ``failed``/``canceled``). A bad
 message (not a string ``text``, not a boolean ``final``, a lone surrogate escape) gets ``{"type": "error", "error":
 {...}}``, the same error body as HTTP, and the connection closes. However the connection ends (the client hangs up,
-an error, the server), a job whose end was not sent is canceled: nobody will hear the rest.
+an error, the server), a job whose end was not sent is canceled: nobody will hear the rest. While the job store is
+full, a piece waits for room, and no further message is read meanwhile (the client's sends back up), for up to
+``TTS_STREAM_WRITE_TIMEOUT_S``; then its ``store_full`` error ends the stream.
 
 Flask-Sock (on simple-websocket) runs the route under gunicorn's gevent worker: the connection is a greenlet
 that reads, and its follower is a second one that waits on the process's one ``XREAD`` loop like an event
@@ -23,6 +25,7 @@ import json
 import logging
 import socket
 import threading
+import time
 from typing import Any
 
 import redis
@@ -33,12 +36,15 @@ from simple_websocket import ConnectionClosed, Server
 
 from api.contract import ErrorBody, ErrorDetail, JobBody
 from api.errors import retry_after_of
+from api.holds import Hold
 from api.jobs import cancel
 from api.services import Services, services
 from api.streaming import Ended, Idle, follow
 from api.text_pieces import refuse_piece
 from api.timeouts import within
 from api.validation import contract_error
+from cache.records import PieceResult
+from cache.text_streams import PieceAnswer
 from core.audio import encode
 from core.errors import BadRequest, NotFound, ServiceError, ServiceUnavailable, ValidationFailed
 
@@ -55,6 +61,8 @@ MAX_MESSAGE_BYTES = 1 << 20
 #: After the final piece, how often the connection looks whether its follower has sent the job's end (a client that
 #: hangs up is noticed at once).
 FOLLOW_CHECK_S = 0.5
+#: While the job store is full, how often a piece that waits for room tries again.
+ROOM_CHECK_S = 0.5
 
 
 class _WholeWrites:
@@ -247,7 +255,7 @@ def voice_socket(ws: Server) -> None:
                 if raw is None:
                     break  # idle: the stream ends by itself (TTS_TEXT_STREAM_IDLE_S), and the follower says so
                 text, final = _piece(_message(raw), max_chars=svc.settings.max_text_chars)
-                answer = svc.text_streams.take(job_id, seq=seq, text=text, final=final)
+                answer = _take_when_room(svc, job_id, seq=seq, text=text, final=final, hold=hold)
                 refuse_piece(answer, job_id)
                 if answer.segments_total > planned:  # the piece completed a sentence: say how many there are
                     planned = answer.segments_total
@@ -271,6 +279,23 @@ def voice_socket(ws: Server) -> None:
     finally:
         if not out.finish() and job_id is not None:  # the connection ends before the job's end: nobody will listen
             _cancel(job_id)
+
+
+def _take_when_room(svc: Services, job_id: str, *, seq: int, text: str, final: bool, hold: Hold) -> PieceAnswer:
+    """Take a piece; while the job store has no room for its text, try again every ``ROOM_CHECK_S`` for up to the
+    stream's write timeout (the same time a client that takes nothing is given), keeping the stream's slot."""
+    waited_from = None
+    while True:
+        answer = svc.text_streams.take(job_id, seq=seq, text=text, final=final, store_full=svc.admission.store_full())
+        if answer.result is not PieceResult.NO_ROOM:
+            return answer
+        if waited_from is None:
+            waited_from = time.monotonic()
+            log.info("text stream %s: piece %d waits for room in the job store, which is full", job_id, seq)
+        elif time.monotonic() - waited_from >= svc.settings.stream_write_timeout_s:
+            return answer  # refused: its StoreFull ends the stream
+        hold.keep()
+        time.sleep(ROOM_CHECK_S)
 
 
 def _cancel(job_id: str) -> None:

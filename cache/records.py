@@ -165,6 +165,7 @@ class PieceResult(enum.IntEnum):
     TOO_LONG = 7  # the stream would carry more characters than one job may
     TOO_FAR = 8  # the seq is too far ahead of the next one expected
     NOT_A_STREAM = 9
+    NO_ROOM = 10  # text the job store has no room to reserve audio for now: not kept, so the same piece may come again
     GONE = 0
 
 

@@ -11,7 +11,8 @@ of jobs cannot all see the same room.
 The reservation is kept on the job's record (``owed_bytes``) and summed under ``keys.STORE_OWED``. Each segment
 written spends its bytes off it, and the job's end (done, failed, canceled) gives back what is left, in the same
 atomic steps as the write and the end. A text stream's later characters reserve theirs as they are planned, at
-the rate the stream was admitted with (never refused: TTS_MAX_TEXT_CHARS bounds a stream as it bounds a job).
+the rate the stream was admitted with (TTS_MAX_TEXT_CHARS bounds a stream as it bounds a job); while the store is
+at its full mark, a piece that adds text is not taken (api/admission.py ``store_full``, cache/text_streams.py).
 What increments keep can drift (an API that died between reserving and writing its job, a release made twice):
 ``recount`` corrects a difference from the live jobs' records found twice in a row, and the janitor runs it with
 each account.

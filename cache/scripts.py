@@ -279,7 +279,8 @@ return out
 
 # KEYS: record, the stream's pieces, the open-stream index. ARGV: seq, text, '1' if final, the text's length in
 # characters, the most characters a stream may carry, the pieces' TTL, now, how far past the next expected seq a
-# piece may be, the job id, and optionally the caller that must own the job (another's job is GONE to it).
+# piece may be, the job id, '1' if the job store is full (text that adds audio is then NO_ROOM, and not kept), and
+# optionally the caller that must own the job (another's job is GONE to it).
 # Takes one piece of a text stream, checking its seq: the same seq with the same text again is a retry
 # (answered as before, spoken once); with other text, a conflict; past the final piece, or after the stream
 # closed, refused; so is a final piece below a piece already taken ahead of it (the caller said the text goes on
@@ -292,7 +293,7 @@ return out
 # planner (under the stream's lock) is the only one that takes text off its front (APPEND_SEGMENTS).
 TAKE_PIECE = _lua("""
 if redis.call('EXISTS', KEYS[1]) == 0 then return {$PieceResult_GONE, 0} end
-if ARGV[10] and (redis.call('HGET', KEYS[1], 'owner') or '') ~= ARGV[10] then return {$PieceResult_GONE, 0} end
+if ARGV[11] and (redis.call('HGET', KEYS[1], 'owner') or '') ~= ARGV[11] then return {$PieceResult_GONE, 0} end
 local open = redis.call('HGET', KEYS[1], 'text_open')
 if not open then return {$PieceResult_NOT_A_STREAM, 0} end
 local seq = tonumber(ARGV[1])
@@ -318,6 +319,9 @@ local next_seq = tonumber(redis.call('HGET', KEYS[1], 'text_next_seq') or '0')
 if seq > next_seq + tonumber(ARGV[8]) then return {$PieceResult_TOO_FAR, next_seq} end
 local top = tonumber(redis.call('HGET', KEYS[1], 'text_top_seq') or '-1')
 if ARGV[3] == '1' and seq < top then return {$PieceResult_CONFLICT, seq, top} end
+-- A full job store takes no more text (its audio could not be reserved), but a retry, a final mark and an empty final
+-- piece add none: the stream can always be ended. The piece is not kept, so it is taken when it comes again.
+if ARGV[10] == '1' and not marking and tonumber(ARGV[4]) > 0 then return {$PieceResult_NO_ROOM, seq} end
 if marking then
   redis.call('HSET', KEYS[1], 'text_last_at', ARGV[7])
 else

@@ -78,11 +78,15 @@ class TextStreams:
         cut = ready_cut(text, final=False, max_chars=self.planner.caps.first_segment_max_chars)
         return self.planner.plan(text[:cut], language, planned_chars=0, segments=0), text[cut:]
 
-    def take(self, job_id: str, *, seq: int, text: str, final: bool, owner: str | None = None) -> PieceAnswer:
+    def take(
+        self, job_id: str, *, seq: int, text: str, final: bool, owner: str | None = None, store_full: bool = False
+    ) -> PieceAnswer:
         """Take one piece; plan and enqueue what it made speakable. Raise TextOverLimit (413) when the stream's
         text, once normalised, would be more than one job may carry (the job fails with the reason).
 
-        With ``owner``, a job some other caller owns is GONE to this one (404), checked in the same script.
+        With ``owner``, a job some other caller owns is GONE to this one (404), checked in the same script. With
+        ``store_full``, a piece that adds text is NO_ROOM and not kept (a retry, a final mark or an empty final
+        piece is still taken): its audio, reserved as it is planned, would have no room in the job store.
 
         Most pieces only join the tail (one script); the stream's lock and the planner run only when the tail
         holds a safe cut, or the final piece.
@@ -91,7 +95,8 @@ class TextStreams:
         reply = self._take(
             keys=[keys.job(job_id), keys.text_pieces(job_id), keys.TEXT_STREAMS],
             args=[seq, text, "1" if final else "0", len(text), caps.max_text_chars, self.pieces_ttl_s,
-                  f"{time.time():.6f}", MAX_AHEAD, job_id, *(() if owner is None else (owner,))],
+                  f"{time.time():.6f}", MAX_AHEAD, job_id, "1" if store_full else "0",
+                  *(() if owner is None else (owner,))],
         )  # fmt: skip
         result = PieceResult(int(reply[0]))
         if result is not PieceResult.TAKEN:

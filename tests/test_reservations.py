@@ -4,6 +4,7 @@ spend it, its end gives back the rest, and a burst of books is admitted only as 
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -12,7 +13,9 @@ from typing import Any
 
 import pytest
 import redis
+import requests
 from flask import Flask
+from simple_websocket import Client
 
 from api import create_app
 from api.admission import Admission
@@ -29,9 +32,11 @@ from core.errors import StoreFull, StoreTooSmall
 from core.metrics import STORE_RESERVED, STORE_USED
 from core.policy import scheduling_policy
 from core.settings import load_settings
+from devstack.api import ApiProcess
 from tests.support.http import serving
 from tests.support.processes import wait_for
 from tests.support.servers import WorkerProcess
+from tests.test_voice_socket import _close, _connect, _receive_until_end
 
 REQUEST = JobRequest(model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav",
                      priority="batch", seed=None, cache=False)  # fmt: skip
@@ -451,3 +456,109 @@ def test_the_room_a_large_refused_book_waits_for_is_held_against_much_smaller_bo
     reservations.want_room(most - 6_000_000, 6_000_000, "batch")
     assert reservations.reserve("espeak-en", 4000, largest=10**9, most=most, lane="batch").verdict is Verdict.RESERVED
     assert reservations.reserve("espeak-en", 2000, largest=10**9, most=most, lane="batch").verdict is Verdict.NO_ROOM
+
+
+def _fill_the_store(client: redis.Redis, budget_mb: int) -> str:
+    """Reserve all the room left below the full mark (90% of ``budget_mb``), and half the budget more (other tests'
+    jobs ending meanwhile give theirs back), for a job of its own; return its id (canceling it gives it back)."""
+    store, reservations = JobStore(client, ttl=600), Reservations(client)
+    room = int(budget_mb * 2**20 * 0.9) - StoreBudget(client).usage().used - reservations.owed()
+    held = reservations.reserve("espeak-en", (room + budget_mb * 2**19) // 2000, largest=10**12, most=10**12)
+    assert held.verdict is Verdict.RESERVED
+    # An open text stream with no segment yet: nothing for the session's worker to make and finish (which would
+    # give the reservation back while the test still needs the store full).
+    return store.create(REQUEST, [], fields={"text_open": "1"}, owed=(held.audio.bytes, 2000.0))
+
+
+def _budget_mb_with_room(client: redis.Redis, room_mb: int) -> int:
+    """Return a budget whose full mark (90%) leaves ``room_mb`` beside what is used and reserved now."""
+    return int((StoreBudget(client).usage().used + Reservations(client).owed()) / 2**20 / 0.9) + room_mb
+
+
+def test_a_text_streams_piece_is_refused_503_while_the_store_is_full_and_taken_when_sent_again_after(
+    budget_app: Any, redis_client: redis.Redis, espeak_rate: Any
+) -> None:
+    espeak_rate(2000)
+    budget_mb = _budget_mb_with_room(redis_client, 8)
+    app = budget_app(budget_mb)
+    client = app.test_client()
+    body = {"model": "espeak-en", "text": "Hello there. ", "text_stream": True, "cache": False}
+    job_id, other = (client.post("/v1/jobs", json=body).json["id"] for _ in range(2))
+    first = {"seq": 0, "text": "A first sentence, taken while there is room. "}
+    assert client.post(f"/v1/jobs/{job_id}/text", json=first).status_code == 200
+    blocker = _fill_the_store(redis_client, budget_mb)
+    try:
+        app.extensions["tts"].admission.budget.usage()  # read the store now, not up to a second later
+        again = client.post(f"/v1/jobs/{job_id}/text", json=first)
+        assert again.status_code == 200 and again.json["duplicate"] is True, "a retry adds no text: answered as before"
+        piece = {"seq": 1, "text": "A second sentence comes when there is room. "}
+        refused = client.post(f"/v1/jobs/{job_id}/text", json=piece)
+        assert refused.status_code == 503 and refused.headers["Retry-After"] == "10", refused.json
+        error = refused.json["error"]
+        assert error["code"] == "store_full" and error["seq"] == 1 and "the same seq" in error["message"]
+        record = JobStore(redis_client, ttl=600).get(job_id)
+        assert record is not None and record.text_next_seq == 1, "the refused piece was not kept"
+        ended = client.post(f"/v1/jobs/{other}/text", json={"seq": 0, "text": "", "final": True})
+        assert ended.status_code == 200, "an empty final piece adds no text: a stream can always be ended"
+    finally:
+        JobStore(redis_client, ttl=600).cancel(blocker)
+    app.extensions["tts"].admission.budget.usage()
+    taken = client.post(f"/v1/jobs/{job_id}/text", json={**piece, "final": True})
+    assert taken.status_code == 200 and taken.json["duplicate"] is False, taken.json
+    assert taken.json["text_stream"]["next_seq"] == 2
+
+
+def _probe_until_refused(url: str, job_id: str) -> None:
+    """Send pieces to an open text stream until one is refused for want of room: the API has read the store full
+    (it reads it at most once a second)."""
+    seqs = itertools.count()
+
+    def refused() -> bool:
+        answer = requests.post(f"{url}/v1/jobs/{job_id}/text", json={"seq": next(seqs), "text": "Probe. "}, timeout=10)
+        return answer.status_code == 503 and answer.json()["error"]["code"] == "store_full"
+
+    wait_for(refused, 10, "a piece refused by the full store")
+
+
+def test_a_voice_sockets_piece_waits_while_the_store_is_full_and_is_taken_once_there_is_room(
+    settings_env: dict[str, str], worker: WorkerProcess, redis_client: redis.Redis, espeak_rate: Any, tmp_path: Path
+) -> None:
+    espeak_rate(2000)
+    budget_mb = _budget_mb_with_room(redis_client, 8)
+    # TTS_STREAM_WRITE_TIMEOUT_S is 8 s here instead of 30, so that the piece that never finds room is refused
+    # within the test; one API process, so that one read of the store serves every request.
+    env = {**settings_env, "TTS_STORE_BUDGET_MB": str(budget_mb), "TTS_STREAM_WRITE_TIMEOUT_S": "8"}
+    api = ApiProcess(env, tmp_path / "api.log", processes=1)
+    api.start()
+    sockets: list[Client] = []
+    try:
+        opened = []
+        for _ in range(2):
+            ws = _connect(api)
+            sockets.append(ws)
+            ws.send(json.dumps({"model": "espeak-en", "cache": False}))
+            opened.append(json.loads(ws.receive(timeout=30))["id"])
+        probe = requests.post(f"{api.url}/v1/jobs", json={"model": "espeak-en", "text": "Probe. ", "text_stream": True,
+                                                          "cache": False}, timeout=10).json()["id"]  # fmt: skip
+        blocker = _fill_the_store(redis_client, budget_mb)
+        try:
+            _probe_until_refused(api.url, probe)
+            never, waits = sockets
+            never.send(json.dumps({"text": "This sentence never finds room."}))
+            events, _ = _receive_until_end(never, timeout=30)
+            assert events[-1]["type"] == "error" and events[-1]["error"]["code"] == "store_full", events
+            wait_for(lambda: redis_client.hget(keys.job(opened[0]), "status") == b"canceled", 10,
+                     "the refused stream's job canceled")  # fmt: skip
+            waits.send(json.dumps({"text": "This sentence waits for room, and is spoken."}))
+            logged = f"text stream {opened[1]}: piece 0 waits for room in the job store"
+            wait_for(lambda: logged in api.log_tail(200), 10, "the piece waiting for room")
+            assert int(redis_client.hget(keys.job(opened[1]), "text_next_seq") or 0) == 0, "not taken while full"
+        finally:
+            JobStore(redis_client, ttl=600).cancel(blocker)
+        planned = json.loads(waits.receive(timeout=10) or "{}")
+        assert planned.get("type") == "planned" and planned["seq"] == 0 and planned["segments_total"] >= 1, planned
+        requests.delete(f"{api.url}/v1/jobs/{probe}", timeout=10)
+    finally:
+        for ws in sockets:
+            _close(ws)
+        api.stop()

@@ -20,10 +20,11 @@ let current = null;
 window.ttsPlayback = { fetched: [], played: [], log: [], events: [], ended: false, jobId: null, error: null };
 
 class ApiError extends Error {
-  constructor(status, code, message) {
+  constructor(status, code, message, retryAfter = null) {
     super(message);
     this.status = status;
     this.code = code;
+    this.retryAfter = retryAfter; // seconds, from a 503's or 429's Retry-After header
   }
 }
 
@@ -57,7 +58,8 @@ function authHeaders(headers = {}) {
 async function errorOf(response, fallback) {
   const body = await response.json().catch(() => null);
   const message = body?.error?.message ?? fallback ?? response.statusText;
-  return new ApiError(response.status, body?.error?.code ?? "http_error", message);
+  const retryAfter = Number.parseFloat(response.headers.get("Retry-After") ?? "");
+  return new ApiError(response.status, body?.error?.code ?? "http_error", message, Number.isNaN(retryAfter) ? null : retryAfter);
 }
 
 function explain(error) {
@@ -367,17 +369,34 @@ async function play() {
 // adds at the end; Play, or unticking the box, sends the final piece. Edits before the end are not spoken.
 const live = { job: null, sent: "", seq: 0, queue: Promise.resolve(), opening: null };
 
+// A piece refused with 503 and Retry-After (the job store is full, say) was not kept: it is sent again, with the same
+// seq, up to PIECE_ATTEMPTS times in all, waiting what Retry-After says (at most PIECE_RETRY_MAX_S), as the Python
+// client does.
+const PIECE_ATTEMPTS = 6;
+const PIECE_RETRY_MAX_S = 5;
+
+async function postPiece(job, seq, text, final) {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await api(`v1/jobs/${job.id}/text`, {
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ seq, text, final }),
+      });
+    } catch (error) {
+      const busy = error instanceof ApiError && error.status === 503 && error.retryAfter !== null;
+      if (!busy || attempt >= PIECE_ATTEMPTS) throw error;
+      setStatus(`The service is busy (${error.code}); sending the text again in ${Math.min(error.retryAfter, PIECE_RETRY_MAX_S)} s…`);
+      await new Promise((resolve) => setTimeout(resolve, 1000 * Math.min(error.retryAfter, PIECE_RETRY_MAX_S)));
+    }
+  }
+}
+
 function sendPiece(text, final = false) {
   const seq = live.seq++;
   const job = live.job;
   live.queue = live.queue
-    .then(() =>
-      api(`v1/jobs/${job.id}/text`, {
-        method: "POST",
-        headers: { "Content-Type": "application/json" },
-        body: JSON.stringify({ seq, text, final }),
-      }),
-    )
+    .then(() => postPiece(job, seq, text, final))
     .catch((error) => setStatus(`Could not send the text: ${explain(error)}`, true));
   return live.queue;
 }
