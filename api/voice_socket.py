@@ -11,7 +11,8 @@ message (not a string ``text``, not a boolean ``final``, a lone surrogate escape
 {...}}``, the same error body as HTTP, and the connection closes. However the connection ends (the client hangs up,
 an error, the server), a job whose end was not sent is canceled: nobody will hear the rest. While the job store is
 full, a piece waits for room, and no further message is read meanwhile (the client's sends back up), for up to
-``TTS_STREAM_WRITE_TIMEOUT_S``; then its ``store_full`` error ends the stream.
+``TTS_STREAM_WRITE_TIMEOUT_S``; then its ``store_full`` error ends the stream (each try keeps the stream from
+counting as idle).
 
 Flask-Sock (on simple-websocket) runs the route under gunicorn's gevent worker: the connection is a greenlet
 that reads, and its follower is a second one that waits on the process's one ``XREAD`` loop like an event

@@ -492,12 +492,15 @@ def test_a_text_streams_piece_is_refused_503_while_the_store_is_full_and_taken_w
         again = client.post(f"/v1/jobs/{job_id}/text", json=first)
         assert again.status_code == 200 and again.json["duplicate"] is True, "a retry adds no text: answered as before"
         piece = {"seq": 1, "text": "A second sentence comes when there is room. "}
+        sent_at = time.time()
         refused = client.post(f"/v1/jobs/{job_id}/text", json=piece)
         assert refused.status_code == 503 and refused.headers["Retry-After"] == "10", refused.json
         error = refused.json["error"]
         assert error["code"] == "store_full" and error["seq"] == 1 and "the same seq" in error["message"]
         record = JobStore(redis_client, ttl=600).get(job_id)
         assert record is not None and record.text_next_seq == 1, "the refused piece was not kept"
+        last = float(redis_client.hget(keys.job(job_id), "text_last_at") or 0)
+        assert last >= sent_at, "but the stream is not idle: its client is sending (no idle flush or end meanwhile)"
         ended = client.post(f"/v1/jobs/{other}/text", json={"seq": 0, "text": "", "final": True})
         assert ended.status_code == 200, "an empty final piece adds no text: a stream can always be ended"
     finally:
