@@ -229,7 +229,7 @@ class Admission:
         if self.budget is None:
             return False
         usage = self.budget.recent()
-        return bool(usage.budget) and usage.used + usage.owed >= usage.budget * self.budget.full_at
+        return bool(usage.budget) and usage.projected_share >= self.budget.full_at
 
     def release_audio(self, reserved: int) -> None:
         """Give back a reservation no job was written for (its submission failed after ``reserve_audio``)."""

@@ -336,8 +336,8 @@ def test_tts_book_waits_out_a_full_store_and_is_admitted_once_room_is_given_back
     text_file, out = tmp_path / "chapter.txt", tmp_path / "chapter.wav"
     text_file.write_text("A short chapter, read once the store has room for it. " * 4, encoding="utf-8")
     store, reservations = JobStore(redis_client, ttl=600), Reservations(redis_client)
+    budget_mb = _budget_mb_with_room(redis_client, 8)
     usage = StoreBudget(redis_client).usage()
-    budget_mb = int((usage.used + reservations.owed()) / 2**20 / 0.9) + 8
     # Another job holds all the room but 100 KB: the chapter (about 440 KB at 2,000 bytes a character) waits.
     room = int(budget_mb * 2**20 * 0.9) - usage.used - reservations.owed()
     held = reservations.reserve("espeak-en", (room - 100_000) // 2000, largest=10**12, most=10**12)
