@@ -10,7 +10,6 @@ import pytest
 import redis
 from flask import Flask
 
-from api import create_app
 from api.admission import FIRST_AUDIO_WINDOW_S, KEPT_FOR_RETRIES, Admission
 from cache import keys
 from cache.breaker import CircuitBreaker
@@ -21,6 +20,7 @@ from cache.workers import WorkerRegistry
 from core.errors import ServiceUnavailable
 from core.policy import scheduling_policy
 from core.settings import load_settings
+from tests.support.apps import api_app
 from tests.support.databases import spare_database
 from tests.support.processes import wait_for
 
@@ -191,19 +191,6 @@ def test_with_fifo_scheduling_every_outstanding_segment_is_ahead(queues: redis.R
     WorkerRegistry(queues, ttl_s=5).remove("w1")
 
 
-def _app_on(redis_url: str, settings_env: dict[str, str], **settings: object) -> Flask:
-    """Return the API on a Redis database of its own, with the test models and ``settings``."""
-    return create_app(
-        {
-            "redis_url": redis_url,
-            "models_file": settings_env["TTS_MODELS_FILE"],
-            "tiny_model_dir": settings_env["TTS_TINY_MODEL_DIR"],
-            "default_model": "espeak-en",
-            **settings,
-        }
-    )
-
-
 @pytest.fixture
 def paced(settings_env: dict[str, str]) -> Iterator[tuple[str, redis.Redis]]:
     """Return a Redis database of its own (URL and client) with one worker written by hand, whose engines make
@@ -232,7 +219,7 @@ def test_a_reader_with_a_max_age_asks_redis_who_is_alive_at_most_that_often(quie
 def test_with_no_worker_alive_the_api_answers_503_with_retry_after(settings_env: dict[str, str]) -> None:
     isolated = settings_env["REDIS_URL"].rsplit("/", 1)[0] + "/3"  # a database no worker announces itself in
     redis.Redis.from_url(isolated).flushdb()
-    app = _app_on(isolated, settings_env)
+    app = api_app(settings_env, redis_url=isolated)
     response = app.test_client().post("/v1/jobs", json={"text": "Is anyone there?"})
     assert response.status_code == 503
     assert response.get_json()["error"]["code"] == "unavailable"
@@ -247,7 +234,7 @@ def test_an_overloaded_api_answers_a_realtime_job_503_with_retry_after_and_the_d
     isolated, client = paced
     now = time.time()
     ScheduleBook(client, default_seconds_per_char=0.2).add("behind", {i: now for i in range(50)})  # 10 s due now
-    app = _app_on(isolated, settings_env, admission_lateness_s=1.0)
+    app = api_app(settings_env, redis_url=isolated, admission_lateness_s=1.0)
     response = app.test_client().post("/v1/jobs", json={"text": "Am I let in?"})
     assert response.status_code == 503
     error = response.get_json()["error"]
@@ -333,7 +320,7 @@ def test_the_api_passes_the_first_segments_length_to_the_first_audio_check(setti
     WorkerRegistry(client, ttl_s=30).beat("w1", {})
     for _ in range(3):
         Stats(client).record(first_chars=10, first_s=2.0)  # 0.2 s a character
-    app = _app_on(isolated, settings_env, admission_first_audio_s=1.0)
+    app = api_app(settings_env, redis_url=isolated, admission_first_audio_s=1.0)
     response = app.test_client().post("/v1/jobs", json={"text": "Am I let in at all?"})
     assert response.status_code == 503
     error = response.get_json()["error"]
@@ -446,7 +433,7 @@ def test_the_api_lets_in_the_same_request_sent_again_after_its_retry_after_befor
     now = time.time()
     ScheduleBook(client, default_seconds_per_char=0.2).add("behind", {i: now - 1 for i in range(2)})  # 0.4 s due
     # Within the 1 s allowance, but a first try must leave 5 s of it to spare: only retries get in.
-    app = _app_on(isolated, settings_env, admission_lateness_s=1.0, admission_retry_margin_s=5)
+    app = api_app(settings_env, redis_url=isolated, admission_lateness_s=1.0, admission_retry_margin_s=5)
     asking = {"text": "May I come in again?", "seed": 7}
     assert app.test_client().post("/v1/jobs", json={**asking, "seed": 6}).status_code == 202, "no retry awaited"
     Refusals(client).remember("ip-other", "refused", retry_after_s=60, now=now, pending=True)  # one is now

@@ -9,7 +9,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from cache.jobstore import JobStore
-from tests.test_custody import REQUEST
+from tests.support.jobs import REQUEST
 
 
 def _post(client: FlaskClient, body: Any) -> Any:

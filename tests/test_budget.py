@@ -427,7 +427,7 @@ def test_a_job_that_finished_meanwhile_keeps_its_audio_when_the_store_sheds(
 def test_neither_the_api_nor_a_worker_starts_on_a_job_store_that_would_evict_keys(
     redis_client: redis.Redis, settings_env: dict[str, str]
 ) -> None:
-    from tests.test_admission import _app_on
+    from tests.support.apps import api_app
     from workers.celery_app import celery_enqueue, create_celery
     from workers.wiring import build_runtime
 
@@ -436,9 +436,9 @@ def test_neither_the_api_nor_a_worker_starts_on_a_job_store_that_would_evict_key
     redis_client.config_set("maxmemory-policy", "allkeys-lru")  # as a managed Redis left at its default might be
     try:
         with pytest.raises(SettingsInvalid, match=r"maxmemory-policy allkeys-lru.*noeviction"):
-            _app_on(settings_env["REDIS_URL"], settings_env)
+            api_app(settings_env)
         with pytest.raises(SettingsInvalid, match="maxmemory-policy allkeys-lru"):
             build_runtime(settings, hostname="w-evicting", enqueue=celery_enqueue(create_celery(settings)))
     finally:
         redis_client.config_set("maxmemory-policy", "noeviction")
-    _app_on(settings_env["REDIS_URL"], settings_env).extensions["tts"].close()  # starts again once it is fixed
+    api_app(settings_env).extensions["tts"].close()  # starts again once it is fixed

@@ -18,18 +18,14 @@ from kombu import Connection
 from cache import keys
 from cache.custody import BrokerKeys, Custody
 from cache.idempotency import CLAIM_TTL_S, TTL_S, IdempotencyKeys
-from cache.jobstore import OUTBOX_GRACE_S, JobRequest, JobStore, StartState, WriteResult
+from cache.jobstore import OUTBOX_GRACE_S, JobStore, StartState, WriteResult
 from cache.workers import WorkerRegistry
 from celery_config import SYNTHESIZE_TASK
 from core.errors import ServiceUnavailable
+from tests.support.jobs import REQUEST, TEXTS, wait_done
 from tests.support.servers import RedisServer
-from tests.test_pipeline import wait_done
 from workers import broker
 from workers.janitor import Janitor, dead_workers
-
-REQUEST = JobRequest(model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav",
-                     priority="realtime", seed=None, cache=False)  # fmt: skip
-TEXTS = ["First part.", "Second part.", "Third part."]
 
 
 def _store(app: Flask) -> JobStore:

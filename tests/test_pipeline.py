@@ -14,6 +14,7 @@ from flask.testing import FlaskClient
 
 from cache.jobstore import JobRequest
 from cache.stats import Stats
+from tests.support.jobs import submit, wait_done
 
 STORY_EN = (
     "The quick brown fox jumps over the lazy dog. It was a sunny morning in the valley. "
@@ -21,25 +22,6 @@ STORY_EN = (
     "By noon the work was done."
 )
 STORY_ZH = "今天天气很好。我们去公园散步吧！公园里有很多花，红的、黄的、紫的都有。孩子们在草地上玩耍。"
-
-
-def submit(client: FlaskClient, **body: Any) -> dict[str, Any]:
-    response = client.post("/v1/jobs", json=body)
-    assert response.status_code == 202, response.get_data(as_text=True)
-    job: dict[str, Any] = response.get_json()
-    assert job["status"] in ("queued", "running", "done")
-    assert response.headers["Location"] == f"/v1/jobs/{job['id']}"
-    return job
-
-
-def wait_done(client: FlaskClient, job_id: str, timeout: float = 90) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}").get_json()
-        if job["status"] in ("done", "failed", "canceled"):
-            return job
-        time.sleep(0.1)
-    raise AssertionError(f"job {job_id} not finished after {timeout}s: {job}")
 
 
 def decode(data: bytes) -> tuple[np.ndarray, int]:

@@ -36,7 +36,7 @@ from devstack.api import ApiProcess
 from tests.support.http import serving
 from tests.support.processes import wait_for
 from tests.support.servers import WorkerProcess
-from tests.test_voice_socket import _close, _connect, _receive_until_end
+from tests.support.sockets import close, connect, receive_until_end
 
 REQUEST = JobRequest(model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav",
                      priority="batch", seed=None, cache=False)  # fmt: skip
@@ -537,7 +537,7 @@ def test_a_voice_sockets_piece_waits_while_the_store_is_full_and_is_taken_once_t
     try:
         opened = []
         for _ in range(2):
-            ws = _connect(api)
+            ws = connect(api)
             sockets.append(ws)
             ws.send(json.dumps({"model": "espeak-en", "cache": False}))
             opened.append(json.loads(ws.receive(timeout=30))["id"])
@@ -548,7 +548,7 @@ def test_a_voice_sockets_piece_waits_while_the_store_is_full_and_is_taken_once_t
             _probe_until_refused(api.url, probe)
             never, waits = sockets
             never.send(json.dumps({"text": "This sentence never finds room."}))
-            events, _ = _receive_until_end(never, timeout=30)
+            events, _ = receive_until_end(never, timeout=30)
             assert events[-1]["type"] == "error" and events[-1]["error"]["code"] == "store_full", events
             wait_for(lambda: redis_client.hget(keys.job(opened[0]), "status") == b"canceled", 10,
                      "the refused stream's job canceled")  # fmt: skip
@@ -563,5 +563,5 @@ def test_a_voice_sockets_piece_waits_while_the_store_is_full_and_is_taken_once_t
         requests.delete(f"{api.url}/v1/jobs/{probe}", timeout=10)
     finally:
         for ws in sockets:
-            _close(ws)
+            close(ws)
         api.stop()

@@ -13,8 +13,8 @@ from flask import Flask
 from cache import keys
 from cache.jobstore import JobStatus, JobStore
 from cache.workers import WorkerRegistry
+from tests.support.apps import api_app
 from tests.support.databases import spare_database
-from tests.test_admission import _app_on
 
 SPEECH_DB = 13
 
@@ -28,7 +28,7 @@ def unserved_app(settings_env: dict[str, str]) -> Iterator[tuple[Flask, redis.Re
     with spare_database(settings_env["REDIS_URL"], SPEECH_DB) as url:
         client = redis.Redis.from_url(url)
         WorkerRegistry(client, ttl_s=60).beat("w-absent", {})
-        app = _app_on(url, settings_env, max_wait_s=1.0)
+        app = api_app(settings_env, redis_url=url, max_wait_s=1.0)
         try:
             yield app, client
         finally:

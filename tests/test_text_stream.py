@@ -14,7 +14,7 @@ from flask.testing import FlaskClient
 from api.streaming import Ended, Idle, Ready, follow
 from cache import keys
 from core.text import plan_segments, ready_cut
-from tests.test_pipeline import submit, wait_done
+from tests.support.jobs import submit, wait_done
 
 
 def _open(client: FlaskClient, text: str = "", **body: Any) -> dict[str, Any]:
@@ -363,13 +363,13 @@ def test_streams_opened_and_left_empty_do_not_delay_the_flush_of_one_with_a_sent
     """Before, every open stream took a turn of each pass (200 a pass): 1,500 empty ones put a waiting sentence's
     idle cut-off at 18 s instead of 1.5 s (a black-box probe). An empty stream is now due only at its idle end."""
     from cache.workers import WorkerRegistry
+    from tests.support.apps import api_app
     from tests.support.databases import spare_database
-    from tests.test_admission import _app_on
 
     with spare_database(settings_env["REDIS_URL"], STREAMS_DB) as url:
         client = redis.Redis.from_url(url)
         WorkerRegistry(client, ttl_s=60).beat("w-absent", {})
-        app = _app_on(url, settings_env)
+        app = api_app(settings_env, redis_url=url)
         try:
             served, streams = app.test_client(), app.extensions["tts"].text_streams
             empties = [_open(served, model="espeak-en")["id"] for _ in range(250)]

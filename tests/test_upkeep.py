@@ -18,8 +18,8 @@ from core.metrics import UPKEEP_FAILURES
 from core.settings import Settings, load_settings
 from devstack.local import free_port
 from tests.support.databases import spare_database
+from tests.support.jobs import REQUEST, TEXTS
 from tests.support.servers import RedisServer
-from tests.test_custody import REQUEST, TEXTS
 from workers.__main__ import forget_dropped_deliveries
 from workers.celery_app import celery_enqueue, create_celery
 from workers.runtime import WorkerRuntime

@@ -3,51 +3,24 @@ gunicorn (gevent worker) with a real worker."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 from typing import Any
 
 import soundfile as sf
-from simple_websocket import Client, ConnectionClosed
+from simple_websocket import Client
 
 from cache import keys
 from devstack.api import ApiProcess
 from devstack.worker import WorkerProcess
 from tests.support.processes import wait_for
-
-
-def _connect(api: ApiProcess) -> Client:
-    return Client.connect(api.url.replace("http://", "ws://") + "/v1/jobs/stream")
-
-
-def _receive_until_end(ws: Client, timeout: float = 60) -> tuple[list[dict[str, Any]], list[bytes]]:
-    events: list[dict[str, Any]] = []
-    frames: list[bytes] = []
-    while True:
-        message = ws.receive(timeout=timeout)
-        assert message is not None, f"nothing for {timeout} s; so far {events}"
-        if isinstance(message, bytes):
-            frames.append(message)
-            continue
-        event = json.loads(message)
-        events.append(event)
-        if event["type"] in ("done", "failed", "canceled", "error"):
-            return events, frames
-
-
-def _close(ws: Client) -> None:
-    """Close the client's side. The server may have closed the socket first, after its last event: then the close
-    is refused (ConnectionClosed) or, when the client's reader thread shut the socket between the library's check
-    and its send, fails on the closed descriptor (OSError: seen once in CI)."""
-    with contextlib.suppress(ConnectionClosed, OSError):
-        ws.close()
+from tests.support.sockets import close, connect, receive_until_end
 
 
 def test_a_voice_socket_takes_text_pieces_and_sends_each_segments_audio_then_done(
     gunicorn_api: ApiProcess, worker: WorkerProcess
 ) -> None:
-    ws = _connect(gunicorn_api)
+    ws = connect(gunicorn_api)
     try:
         ws.send(json.dumps({"model": "espeak-en", "format": "wav", "cache": False}))
         opened = json.loads(ws.receive(timeout=30))
@@ -56,9 +29,9 @@ def test_a_voice_socket_takes_text_pieces_and_sends_each_segments_audio_then_don
             ws.send(json.dumps({"text": piece}))
         ws.send("And goodbye.")  # bare text is a piece too
         ws.send(json.dumps({"final": True}))
-        events, frames = _receive_until_end(ws)
+        events, frames = receive_until_end(ws)
     finally:
-        _close(ws)
+        close(ws)
     segments = [e for e in events if e["type"] == "segment"]
     assert [e["index"] for e in segments] == [0, 1, 2], events
     assert events[-1] == {"type": "done"}
@@ -72,12 +45,12 @@ def test_a_voice_socket_takes_text_pieces_and_sends_each_segments_audio_then_don
 def test_a_voice_socket_answers_a_bad_opening_message_with_the_http_error_body(
     gunicorn_api: ApiProcess, worker: WorkerProcess
 ) -> None:
-    ws = _connect(gunicorn_api)
+    ws = connect(gunicorn_api)
     try:
         ws.send(json.dumps({"model": "espeak-en", "speed": 9}))
-        events, _ = _receive_until_end(ws, timeout=30)
+        events, _ = receive_until_end(ws, timeout=30)
     finally:
-        _close(ws)
+        close(ws)
     assert events[-1]["type"] == "error" and events[-1]["status"] == 422
     assert events[-1]["error"]["field"] == "speed", events
 
@@ -87,12 +60,12 @@ def test_an_opening_message_that_is_not_a_json_object_is_refused_not_spoken(
 ) -> None:
     """Before, a job opened on the default model and read the malformed JSON aloud."""
     for opening in ('{"model": "espeak-en", "format": "wav"', "[1, 2, 3]", "Hello there.", b"\x00\x01"):
-        ws = _connect(gunicorn_api)
+        ws = connect(gunicorn_api)
         try:
             ws.send(opening)
-            events, _ = _receive_until_end(ws, timeout=30)
+            events, _ = receive_until_end(ws, timeout=30)
         finally:
-            _close(ws)
+            close(ws)
         assert [e["type"] for e in events] == ["error"], (opening, events)
         message = events[0]["error"]["message"]
         assert events[0]["status"] == 400 and ("JSON object" in message or "binary" in message), (opening, events)
@@ -104,9 +77,9 @@ def test_a_piece_that_starts_as_a_json_object_but_is_not_one_is_refused_and_the_
     ws, job_id = _opened(gunicorn_api)
     try:
         ws.send('{"text": "Hello.", "final": tru}')
-        events, _ = _receive_until_end(ws, timeout=30)
+        events, _ = receive_until_end(ws, timeout=30)
     finally:
-        _close(ws)
+        close(ws)
     assert events[-1]["type"] == "error" and "not valid JSON" in events[-1]["error"]["message"], events
     assert _ended_status(redis_client, job_id, timeout=10) == "canceled"
 
@@ -114,7 +87,7 @@ def test_a_piece_that_starts_as_a_json_object_but_is_not_one_is_refused_and_the_
 def test_a_voice_socket_closed_by_its_client_mid_text_cancels_its_job(
     gunicorn_api: ApiProcess, worker: WorkerProcess, redis_client: Any
 ) -> None:
-    ws = _connect(gunicorn_api)
+    ws = connect(gunicorn_api)
     ws.send(json.dumps({"model": "espeak-en"}))
     job_id = json.loads(ws.receive(timeout=30))["id"]
     ws.send("A sentence nobody will hear")
@@ -125,7 +98,7 @@ def test_a_voice_socket_closed_by_its_client_mid_text_cancels_its_job(
 
 def _opened(api: ApiProcess, **fields: Any) -> tuple[Client, str]:
     """Open a voice socket's job (espeak, uncached) and return the connection and the job's id."""
-    ws = _connect(api)
+    ws = connect(api)
     ws.send(json.dumps({"model": "espeak-en", "cache": False, **fields}))
     opened = json.loads(ws.receive(timeout=30))
     assert opened["type"] == "job", opened
@@ -152,9 +125,9 @@ def test_a_lone_surrogate_in_a_piece_is_answered_with_an_error_event_not_a_crash
     ws, job_id = _opened(gunicorn_api)
     try:
         ws.send('{"text": "\\ud800 ok. "}')  # json.loads takes the escape; UTF-8 cannot carry what it makes
-        events, _ = _receive_until_end(ws, timeout=30)
+        events, _ = receive_until_end(ws, timeout=30)
     finally:
-        _close(ws)
+        close(ws)
     assert events[-1]["type"] == "error" and events[-1]["status"] == 400, events
     assert "lone surrogate" in events[-1]["error"]["message"], events
     assert _ended_status(redis_client, job_id) == "canceled"  # as after any bad message: the connection is over
@@ -163,12 +136,12 @@ def test_a_lone_surrogate_in_a_piece_is_answered_with_an_error_event_not_a_crash
 def test_a_lone_surrogate_in_the_opening_message_is_answered_with_an_error_event(
     gunicorn_api: ApiProcess, worker: WorkerProcess
 ) -> None:
-    ws = _connect(gunicorn_api)
+    ws = connect(gunicorn_api)
     try:
         ws.send('{"model": "espeak-en", "text": "Hello \\udc00 there."}')
-        events, _ = _receive_until_end(ws, timeout=30)
+        events, _ = receive_until_end(ws, timeout=30)
     finally:
-        _close(ws)
+        close(ws)
     assert [e["type"] for e in events] == ["error"], events
     assert events[0]["status"] == 400 and "lone surrogate" in events[0]["error"]["message"], events
 
@@ -179,9 +152,9 @@ def test_a_final_that_is_not_a_boolean_is_answered_with_an_error_event_naming_it
     ws, job_id = _opened(gunicorn_api)
     try:
         ws.send(json.dumps({"text": "Hi there.", "final": "true"}))
-        events, _ = _receive_until_end(ws, timeout=10)  # not taken as final, the stream would idle for 30 s
+        events, _ = receive_until_end(ws, timeout=10)  # not taken as final, the stream would idle for 30 s
     finally:
-        _close(ws)
+        close(ws)
     assert events[-1]["type"] == "error" and events[-1]["status"] == 422, events
     assert events[-1]["error"]["field"] == "final", events
     assert _ended_status(redis_client, job_id) == "canceled"
@@ -194,9 +167,9 @@ def test_a_bad_message_mid_text_cancels_the_job_it_leaves_unfinished(
     try:
         ws.send(json.dumps({"text": MANY_SENTENCES}))
         ws.send(json.dumps({"text": 5}))
-        events, _ = _receive_until_end(ws, timeout=30)
+        events, _ = receive_until_end(ws, timeout=30)
     finally:
-        _close(ws)
+        close(ws)
     assert events[-1]["type"] == "error" and events[-1]["error"]["field"] == "text", events
     # Before, the stream stayed open until its idle end (30 s) and then spoke everything to nobody.
     assert _ended_status(redis_client, job_id, timeout=10) == "canceled"
@@ -215,7 +188,7 @@ def test_hanging_up_after_the_final_piece_cancels_the_job_still_being_made(
             heard = heard or isinstance(message, bytes)
             planned = planned or (isinstance(message, str) and json.loads(message)["type"] == "planned")
     finally:
-        _close(ws)  # barge-in: the listener stops the speech
+        close(ws)  # barge-in: the listener stops the speech
     assert _ended_status(redis_client, job_id) == "canceled"
     made = int(redis_client.hget(keys.job(job_id), "segments_done") or 0)
     total = int(redis_client.hget(keys.job(job_id), "segments_total") or 0)
