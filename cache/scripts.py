@@ -322,22 +322,23 @@ if ARGV[3] == '1' and seq < top then return {$PieceResult_CONFLICT, seq, top} en
 -- A full job store takes no more text (its audio could not be reserved), but a retry, a final mark and an empty final
 -- piece add none: the stream can always be ended. The piece is not kept, so it is taken when it comes again; the
 -- stream is not idle meanwhile (its client is sending), so the sweep neither flushes nor ends it for idleness.
-if ARGV[10] == '1' and not marking and tonumber(ARGV[4]) > 0 then
+local function active()  -- the stream's client was heard from now: it is not idle
   redis.call('HSET', KEYS[1], 'text_last_at', ARGV[7])
   redis.call('ZADD', KEYS[3], ARGV[7], ARGV[9])
+end
+if ARGV[10] == '1' and not marking and tonumber(ARGV[4]) > 0 then
+  active()
   return {$PieceResult_NO_ROOM, seq}
 end
-if marking then
-  redis.call('HSET', KEYS[1], 'text_last_at', ARGV[7])
-else
+if not marking then
   local chars = tonumber(redis.call('HGET', KEYS[1], 'text_chars') or '0') + tonumber(ARGV[4])
   if chars > tonumber(ARGV[5]) then return {$PieceResult_TOO_LONG, chars} end
   redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
   redis.call('EXPIRE', KEYS[2], ARGV[6])
-  redis.call('HSET', KEYS[1], 'text_chars', chars, 'text_last_at', ARGV[7])
+  redis.call('HSET', KEYS[1], 'text_chars', chars)
   if seq > top then redis.call('HSET', KEYS[1], 'text_top_seq', seq) end
 end
-redis.call('ZADD', KEYS[3], ARGV[7], ARGV[9])
+active()
 if ARGV[3] == '1' then
   redis.call('HSET', KEYS[1], 'text_final_seq', seq)
   final_seq = ARGV[1]
