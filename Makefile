@@ -86,8 +86,9 @@ bench-held: install-bench  ## /healthz and POST /v1/jobs p50/p99 on `make run` w
 	scripts/ensure_redis_server.sh
 	$(PY) -m bench.held_connections $(BENCH_ARGS)
 
-bench-engine: full-model install-bench  ## The real-size engine on this machine: batch 1-32, stage shares, best torch threads and replicas.
+bench-engine: full-model install-bench  ## The real-size engine on this machine: batch 1-32, stage shares, best torch threads and replicas; then the matrix-maths ceiling on batching (30 s).
 	$(PY) -m bench.engine_real $(BENCH_ARGS)
+	$(PY) -m bench.matmul_ceiling
 
 bench-real: full-model install-bench  ## The headline at real size (chattts-random, short texts, 120 s levels, ~30 min): 1/10/16/50 callers, baseline, batching off at 16.
 	scripts/ensure_redis_server.sh
