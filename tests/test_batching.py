@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
+import pytest
 
 from core.errors import SynthesisError
 from core.policy import BatchTiming
 from core.registry import ModelSpec
 from core.schedule import priority_step
 from tests.support.processes import wait_for
-from workers.batcher import Batcher
+from workers import batcher as batcher_module
+from workers.batcher import JOIN_SPAN, Batcher, _Running
 from workers.engines.base import RateReady, SynthesisRequest, Waveform
 from workers.planner import BatchPlanner, Pending, compatible
 
@@ -242,11 +244,12 @@ def test_a_slack_segment_is_not_starved_by_a_flood_of_due_ones() -> None:
     batcher = Batcher(engine, max_batch=1, max_wait_s=0.0)
     stop = threading.Event()
     flooded: list[float] = []
+    waiting: list[Future[tuple[Waveform, int]]] = []
 
     def flood() -> None:
         while not stop.is_set():
             now = time.time()
-            batcher.submit(SPEC, SynthesisRequest(text=f"{now:.6f}"), deadline=now)  # due the moment it arrives
+            waiting.append(batcher.submit(SPEC, SynthesisRequest(text=f"{now:.6f}"), deadline=now))  # due at once
             flooded.append(now)
             time.sleep(0.004)  # the flood's pace, not a synchronisation
 
@@ -264,6 +267,9 @@ def test_a_slack_segment_is_not_starved_by_a_flood_of_due_ones() -> None:
     finally:
         stop.set()
         flooder.join(5)
+        for future in waiting:  # the flood's callers give up: the dispatcher need not make the rest after the test
+            future.cancel()
+        batcher.close()
     order = [texts[0] for _, texts in engine.calls]
     position = order.index("slack")
     assert all(float(t) <= deadline for t in order[:position]), "only work due earlier went first"
@@ -379,6 +385,93 @@ def test_a_segment_gets_its_audio_when_it_is_made_not_when_its_whole_batch_is() 
         assert not long.done(), "the long segment's call has not returned"
         release.set()
         assert len(long.result(timeout=5)[0]) == len("a longer segment")
+    finally:
+        release.set()
+        batcher.close()
+
+
+def test_a_call_takes_joiners_past_its_own_segments_for_its_join_span_while_nothing_else_waits() -> None:
+    started = time.perf_counter() - 3.0  # the call started 3 s ago
+    first, joiner = _pending("started with", 1.0), _pending("joined", 2.0)
+    call = _Running([first], started)
+    call.joined.append(joiner)
+    assert call.joinable(), "what it started with is still being made"
+    first.future.set_result((np.zeros(1, dtype=np.float32), 16000))
+    first.made = started + 3.0 / JOIN_SPAN - 0.5  # its segments took a little under a third of the time so far
+    assert not call.joinable(), "past JOIN_SPAN times what its own segments took: it is left to end"
+    first.made = started + 3.0 / JOIN_SPAN + 0.5
+    assert call.joinable(), "within the span, while a joiner is still being made, rows that end are replaced"
+    assert not call.joinable(extend=False), "not while another segment waits for a replica: it would wait for this"
+    joiner.future.set_result((np.zeros(1, dtype=np.float32), 16000))
+    assert not call.joinable(), "nothing left being made: the call is ending"
+    refused = _Running([_pending("still being made", 1.0)], started)
+    refused.open = False  # a host refused an offer: the call is ending
+    assert not refused.joinable()
+
+
+def test_a_call_whose_own_segments_were_all_canceled_takes_no_joiners() -> None:
+    canceled = _pending("gone", 1.0)
+    canceled.future.cancel()
+    call = _Running([canceled], time.perf_counter())
+    call.joined.append(_pending("joined", 2.0))
+    assert not call.joinable()
+
+
+@pytest.mark.parametrize("another_waits", [False, True])
+def test_a_call_past_its_own_segments_takes_an_urgent_joiner_only_while_no_other_segment_waits_for_a_replica(
+    monkeypatch: pytest.MonkeyPatch, another_waits: bool
+) -> None:
+    monkeypatch.setattr(batcher_module, "JOIN_SPAN", 1e6)  # the span is not what this test is about
+    asked: list[bool] = []  # how the dispatcher asked the running call whether it takes joiners (extend or not)
+    joinable = _Running.joinable
+
+    def recorded(call: _Running, *, extend: bool = True) -> bool:
+        asked.append(extend)
+        return joinable(call, extend=extend)
+
+    monkeypatch.setattr(_Running, "joinable", recorded)
+    joined, release = threading.Event(), threading.Event()
+    offers: list[str] = []
+
+    def engine(
+        spec: ModelSpec, batch: list[SynthesisRequest], replica: int = 0, *, ready: RateReady | None = None
+    ) -> tuple[list[Waveform], int]:
+        waves = [np.zeros(4, dtype=np.float32) for _ in batch]
+        if batch[0].text == "started the call":  # makes its own segment once a joiner is in, then runs on with it
+            assert ready is not None and joined.wait(10)
+            time.sleep(0.01)  # it took a moment: the span is counted from that
+            ready(0, waves[0], 16000)
+            assert release.wait(10)
+        return waves, 16000
+
+    def join(spec: ModelSpec, requests: list[SynthesisRequest], replica: int, *, ready: RateReady) -> Future[bool]:
+        offers.extend(r.text for r in requests)
+        answer: Future[bool] = Future()
+        answer.set_result(len(offers) == 1)  # the first joiner is taken (and still being made); later ones refused
+        joined.set()
+        return answer
+
+    batcher = Batcher(engine, max_batch=8, max_wait_s=0.0, timing=BatchTiming(hold_s=0), join_batch=join)
+    try:
+        batcher.submit(SPEC, SynthesisRequest(text="started the call"))
+        wait_for(lambda: batcher._running, 10, "the call running")
+        batcher.submit(SPEC, SynthesisRequest(text="joined it"), deadline=time.time() - 1)
+        wait_for(lambda: offers == ["joined it"], 10, "the first joiner taken")
+        wait_for(lambda: all(p.future.done() for c in batcher._running.values() for p in c.group), 10, "own made")
+        asked.clear()
+        waiting = []
+        if another_waits:  # a job's later segment, not due yet: it waits for a replica to free
+            waiting.append(batcher.submit(SPEC, SynthesisRequest(text="a later segment"), deadline=time.time() + 1))
+        waiting.append(batcher.submit(SPEC, SynthesisRequest(text="a first segment"), deadline=time.time() - 1))
+        if another_waits:
+            wait_for(lambda: False in asked, 10, "the dispatcher asking the running call, another segment waiting")
+            assert offers == ["joined it"], "a call past its own segments is left to end while another one waits"
+        else:
+            wait_for(lambda: offers[1:] == ["a first segment"], 10, "the urgent segment offered to the call")
+            assert False not in asked, "asked to extend: nothing else waited"
+        release.set()
+        for future in waiting:  # the call ended: what waited is made in the next one
+            future.result(10)
     finally:
         release.set()
         batcher.close()

@@ -55,19 +55,35 @@ _WAKE = _Wake()
 Inbox = queue.SimpleQueue[Pending | None | _Wake]
 
 
+#: A call takes joiners while what it started with is being made, and after that (while no other segment waits for a
+#: replica) until it has run this many times as long as that took: rows that end are replaced rather than the call
+#: draining row by row (at ChatTTS's real size on 2 CPU cores, 16 callers: 0.54 → 0.62 jobs/s, 0.63 with no bound;
+#: bench/NOTES-real-size.md), yet a call that others keep joining still ends, within about four of its segments' time,
+#: and is measured (the planner's call time, the stats admission reads).
+JOIN_SPAN = 3.0
+
+
 class _Running:
     """An engine call in progress on one replica, and the segments that joined it."""
 
-    def __init__(self, group: list[Pending]) -> None:
+    def __init__(self, group: list[Pending], started: float) -> None:
         self.group = group
+        self.started = started  # time.perf_counter(), as Pending.made
         self.joined: list[Pending] = []  # accepted by the engine
         self.offered = 0  # segments offered and not yet answered
         self.open = True  # a refused offer closes it: the call is ending (or has not started)
 
-    def joinable(self) -> bool:
-        """Say whether it takes offers: not refused yet, and still making what it started with (so that a call
-        that others keep joining still ends, within about two of its segments' time, and is measured)."""
-        return self.open and any(not p.future.done() for p in self.group)
+    def joinable(self, *, extend: bool = True) -> bool:
+        """Say whether it takes offers: not refused yet, and still making what it started with or, if ``extend``
+        (no other segment waits for a replica to free), still making something and within ``JOIN_SPAN``."""
+        if not self.open:
+            return False
+        if any(not p.future.done() for p in self.group):
+            return True
+        if not extend:
+            return False
+        took = max((p.made for p in self.group), default=0.0) - self.started  # none made (all canceled): 0
+        return took > 0 and time.perf_counter() - self.started < JOIN_SPAN * took and bool(self.unfinished())
 
     def unfinished(self) -> list[Pending]:
         """Return its segments still being made."""
@@ -108,14 +124,14 @@ class Batcher:
     ``core.schedule.Timeline``), while new work is never due before it arrives: every
     segment becomes the most urgent one in the end, so nothing starves.
 
-    With ``join_batch``, a segment that arrives while every replica is busy and must start within one
-    engine call (``BatchPlanner.joinable``: a job's first segment, a stream's next one about to be late)
-    joins the running call with the fewest segments still being made, up to ``max_batch``, instead of
-    waiting for a call to end; a call takes such segments only while what it started with is still
-    being made, so that it ends. Segments join only while at most a batch of them must start now (more, and
-    the engines are behind: the next call to end starts a full batch of them anyway), and a job's first
-    segment never joins a call still making a playing stream's segment due within one engine call
-    (``BatchPlanner.can_slow``): joiners slow every row.
+    With ``join_batch``, a segment that arrives while every replica is busy and must start within one engine
+    call (``BatchPlanner.joinable``: a job's first segment, a stream's next one about to be late) joins the
+    running call with the fewest segments still being made, up to ``max_batch``, instead of waiting for a call
+    to end; a call takes such segments while what it started with is still being made and, after that, while no
+    other segment waits for a replica, until it has run ``JOIN_SPAN`` times as long, so that it ends. Segments
+    join only while at most a batch of them must start now (more, and the engines are behind: the next call to
+    end starts a full batch of them anyway), and a job's first segment never joins a call still making a playing
+    stream's segment due within one engine call (``BatchPlanner.can_slow``): joiners slow every row.
     """
 
     def __init__(
@@ -232,8 +248,11 @@ class Batcher:
         urgent = [p for p in self.planner.joinable(backlog) if not p.future.cancelled()]
         if not urgent:
             return
+        # A call runs on past what it started with only while no other segment waits for a replica: those would
+        # wait for it (a job's later segments, not due yet, run when a call ends).
+        extend = len(urgent) == len(backlog)
         with self._lock:
-            running = [(c.live(), r, c, c.unfinished()) for r, c in self._running.items() if c.joinable()]
+            running = [(c.live(), r, c, c.unfinished()) for r, c in self._running.items() if c.joinable(extend=extend)]
         for live, replica, call, rows in sorted(running, key=lambda t: t[:2]):
             room = max(0, self.max_batch - live)
             allowed = urgent if self.planner.can_slow(rows) else [p for p in urgent if self.planner.early(p)]
@@ -343,10 +362,10 @@ class Batcher:
         if not group:
             return
         spec = group[0].spec
-        call = _Running(group)
+        started = time.perf_counter()
+        call = _Running(group, started)
         with self._lock:
             self._running[replica] = call
-        started = time.perf_counter()
         try:
             # A segment's caller gets its audio the moment it is made, not when the longest of its batch is.
             waves, rate = self._run_batch(
