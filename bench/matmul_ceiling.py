@@ -1,6 +1,6 @@
 """The most batching can buy on this machine at ChatTTS's real sizes: its Llama's matrix multiplies and nothing else.
 
-``python -m bench.matmul_ceiling [--rows 1,2,4,5,8,16,32] [--steps 10]`` (part of ``make bench-engine``)
+``python -m bench.matmul_ceiling [--rows 1,2,4,5,8,10,16,32] [--steps 20]`` (part of ``make bench-engine``)
 
 A decode step of ChatTTS's GPT is, for the most part (80% of a model host's samples at 16 callers, py-spy), its
 Llama's linear layers: per layer the q, k, v and o projections (hidden × hidden) and the MLP's gate, up and down
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.matmul_ceiling", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rows", default="1,2,4,5,8,16,32", help="rows per replica (1 is always measured)")
+    parser.add_argument("--rows", default="1,2,4,5,8,10,16,32", help="rows per replica (1 is always measured)")
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args(argv)
     rows = sorted({1, *(int(r) for r in args.rows.split(","))})
