@@ -81,22 +81,29 @@ def measure_setting(threads: int, replicas: int, batches: list[int], pool: list[
         for i in range(replicas)
     ]
     started = time.perf_counter()
+    per_replica: list[list[dict[str, Any]]] = run_replicas(processes, results)
+    rows = [combine(list(rows)) for rows in zip(*per_replica, strict=True)]
+    return {"threads": threads, "replicas": replicas, "rows": rows, "wall_s": time.perf_counter() - started}
+
+
+def run_replicas(processes: list[Any], results: Any) -> list[Any]:
+    """Start ``processes`` (each puts one result on ``results``), wait for every result and the processes' end;
+    return the results. A process that exits without its result ends them all with a RuntimeError at once."""
     for process in processes:
         process.start()
-    per_replica: list[list[dict[str, Any]]] = []
-    while len(per_replica) < replicas:
+    found: list[Any] = []
+    while len(found) < len(processes):
         try:
-            per_replica.append(results.get(timeout=1))
+            found.append(results.get(timeout=1))
         except queue.Empty:
             failed = [p.exitcode for p in processes if p.exitcode not in (None, 0)]
             if failed:
                 for process in processes:
                     process.terminate()
-                raise RuntimeError(f"an engine replica exited with {failed[0]}") from None
+                raise RuntimeError(f"a replica exited with {failed[0]}") from None
     for process in processes:
         process.join()
-    rows = [combine(list(rows)) for rows in zip(*per_replica, strict=True)]
-    return {"threads": threads, "replicas": replicas, "rows": rows, "wall_s": time.perf_counter() - started}
+    return found
 
 
 def combine(rows: list[dict[str, Any]]) -> dict[str, Any]:

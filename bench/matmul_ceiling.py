@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any
 
-from bench.engine_real import settings_to_try
+from bench.engine_real import run_replicas, settings_to_try
 from bench.report import write_result
 from workers.engines.chattts_presets import FULL
 
@@ -78,11 +78,7 @@ def measure(threads: int, replicas: int, rows: list[int], steps: int) -> dict[in
     processes = [
         context.Process(target=_replica, args=(threads, rows, steps, barrier, results)) for _ in range(replicas)
     ]
-    for process in processes:
-        process.start()
-    found = [results.get(timeout=900) for _ in processes]
-    for process in processes:
-        process.join()
+    found = run_replicas(processes, results)
     return {count: max(times[count] for times in found) for count in rows}
 
 

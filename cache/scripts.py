@@ -319,13 +319,13 @@ local next_seq = tonumber(redis.call('HGET', KEYS[1], 'text_next_seq') or '0')
 if seq > next_seq + tonumber(ARGV[8]) then return {$PieceResult_TOO_FAR, next_seq} end
 local top = tonumber(redis.call('HGET', KEYS[1], 'text_top_seq') or '-1')
 if ARGV[3] == '1' and seq < top then return {$PieceResult_CONFLICT, seq, top} end
--- A full job store takes no more text (its audio could not be reserved), but a retry, a final mark and an empty final
--- piece add none: the stream can always be ended. The piece is not kept, so it is taken when it comes again; the
--- stream is not idle meanwhile (its client is sending), so the sweep neither flushes nor ends it for idleness.
 local function active()  -- the stream's client was heard from now: it is not idle
   redis.call('HSET', KEYS[1], 'text_last_at', ARGV[7])
   redis.call('ZADD', KEYS[3], ARGV[7], ARGV[9])
 end
+-- A full job store takes no more text (its audio could not be reserved), but a retry, a final mark and an empty final
+-- piece add none: the stream can always be ended. The piece is not kept, so it is taken when it comes again; the
+-- stream is not idle meanwhile (its client is sending), so the sweep neither flushes nor ends it for idleness.
 if ARGV[10] == '1' and not marking and tonumber(ARGV[4]) > 0 then
   active()
   return {$PieceResult_NO_ROOM, seq}

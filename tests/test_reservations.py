@@ -337,9 +337,8 @@ def test_tts_book_waits_out_a_full_store_and_is_admitted_once_room_is_given_back
     text_file.write_text("A short chapter, read once the store has room for it. " * 4, encoding="utf-8")
     store, reservations = JobStore(redis_client, ttl=600), Reservations(redis_client)
     budget_mb = _budget_mb_with_room(redis_client, 8)
-    usage = StoreBudget(redis_client).usage()
     # Another job holds all the room but 100 KB: the chapter (about 440 KB at 2,000 bytes a character) waits.
-    room = int(budget_mb * 2**20 * 0.9) - usage.used - reservations.owed()
+    room = _room_below_full_mark(redis_client, budget_mb)
     held = reservations.reserve("espeak-en", (room - 100_000) // 2000, largest=10**12, most=10**12)
     assert held.verdict is Verdict.RESERVED
     blocker = store.create(REQUEST, ["Holding the room."], owed=(held.audio.bytes, 2000.0))
@@ -368,7 +367,7 @@ def test_books_may_reserve_only_their_lanes_share_so_a_realtime_job_still_finds_
     budget_mb = int((usage.used + reservations.owed()) / 2**20 / 0.72) + 8
     app = budget_app(budget_mb)
     # Books already hold the batch lane's share (0.8 of the 90% mark) but for 100 KB.
-    room = int(budget_mb * 2**20 * 0.9 * 0.8) - usage.used - reservations.owed()
+    room = _room_below_full_mark(redis_client, budget_mb, share=0.8)
     held = reservations.reserve("espeak-en", (room - 100_000) // 2000, largest=10**12, most=10**12)
     blocker = store.create(REQUEST, ["Holding the batch lane's room."], owed=(held.audio.bytes, 2000.0))
     text = "A chapter of about two hundred characters, which would need some four hundred kilobytes of audio. " * 2
@@ -462,12 +461,18 @@ def _fill_the_store(client: redis.Redis, budget_mb: int) -> str:
     """Reserve all the room left below the full mark (90% of ``budget_mb``), and half the budget more (other tests'
     jobs ending meanwhile give theirs back), for a job of its own; return its id (canceling it gives it back)."""
     store, reservations = JobStore(client, ttl=600), Reservations(client)
-    room = int(budget_mb * 2**20 * 0.9) - StoreBudget(client).usage().used - reservations.owed()
+    room = _room_below_full_mark(client, budget_mb)
     held = reservations.reserve("espeak-en", (room + budget_mb * 2**19) // 2000, largest=10**12, most=10**12)
     assert held.verdict is Verdict.RESERVED
     # An open text stream with no segment yet: nothing for the session's worker to make and finish (which would
     # give the reservation back while the test still needs the store full).
     return store.create(REQUEST, [], fields={"text_open": "1"}, owed=(held.audio.bytes, 2000.0))
+
+
+def _room_below_full_mark(client: redis.Redis, budget_mb: int, share: float = 1.0) -> int:
+    """Return the bytes left below the full mark (90% of ``budget_mb``, times a lane's ``share``) beside what is
+    used and reserved now."""
+    return int(budget_mb * 2**20 * 0.9 * share) - StoreBudget(client).usage().used - Reservations(client).owed()
 
 
 def _budget_mb_with_room(client: redis.Redis, room_mb: int) -> int:
