@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install install-dev install-bench constraints run worker test chaos lint tiny-model full-model bench-engine bench-real gpu-check bench bench-batch bench-cache bench-stream bench-schedule bench-workers bench-goodput bench-held bench-text bench-textstream soak clean
+.PHONY: help install install-dev install-bench constraints run worker test chaos lint tiny-model full-model bench-engine bench-real gpu-check bench bench-batch bench-cache bench-stream bench-schedule bench-workers bench-goodput bench-held bench-text bench-textstream soak docs docs-build docs-reference clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/; s/\$$\$$/$$/g'
@@ -109,10 +109,22 @@ soak: install-bench  ## Saturate a `make run` stack for SOAK_MINUTES (30): Redis
 	scripts/ensure_redis_server.sh
 	$(PY) -m bench.soak $(BENCH_ARGS)
 
-lint: install-dev  ## Run ruff and mypy.
+lint: install-dev docs-build  ## Run ruff and mypy, and build the docs strictly (a broken link fails).
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+
+docs-reference: install-dev  ## Regenerate the configuration reference and the OpenAPI copy the docs link.
+	$(PY) -m scripts.config_reference
+	$(PY) -m scripts.openapi_json
+
+docs: docs-reference  ## Serve the docs site on $$MKDOCS_ADDR (default 127.0.0.1:8000), rebuilding on edits.
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr "$${MKDOCS_ADDR:-127.0.0.1:8000}"
+
+docs-build: install-dev  ## Build the docs site into build/site with --strict; fails if the configuration reference is stale.
+	$(PY) -m scripts.config_reference --check
+	$(PY) -m scripts.openapi_json
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 clean:  ## Remove run-time data (var/); keeps the venv and models.
 	rm -rf var

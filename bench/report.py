@@ -1,4 +1,8 @@
-"""What every benchmark shares to report: percentiles and medians, a level's summary, the files in bench/results/."""
+"""What every benchmark shares to report: percentiles and medians, a level's summary, the result files.
+
+A run's files go to bench/results/ (not committed); its table is also published, with the run's date and commit,
+to docs/benchmarks/results/<name>.md, which the benchmarks page includes: refreshing the page is a `make bench…`.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -16,6 +21,8 @@ from bench.loadgen import STALL_EPSILON_S, LevelRun
 from devstack.local import ROOT
 
 RESULTS = ROOT / "bench" / "results"
+#: The committed copies of each benchmark's latest table, included by docs/benchmarks/index.md.
+PUBLISHED = ROOT / "docs" / "benchmarks" / "results"
 
 #: A column of a side-by-side table: its header, and its cell from one side's level summary.
 Column = tuple[str, Callable[[dict[str, Any]], str]]
@@ -122,16 +129,48 @@ def machine_header(title: str, started: float, torch_threads: int) -> list[str]:
     ]
 
 
+def run_label() -> str:
+    """Return when and at which commit this run is: "2026-12-07 01:15 UTC, commit `abc1234`" (+dirty if edited)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        # Published results are this module's own output: one run's table must not mark the next run dirty.
+        if git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/benchmarks/results"):
+            commit += "+dirty"
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown (no git checkout)"
+    return f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit `{commit}`"
+
+
+def publish(name: str, markdown: str) -> Path:
+    """Write a bench's markdown to docs/benchmarks/results/<name>.md under its run's date and commit."""
+    lines: list[str] = []
+    fenced = False
+    for line in markdown.strip().splitlines():
+        fenced ^= line.startswith("```")
+        # The page that includes the table owns the headings: a result's own become bold lines.
+        lines.append(f"**{line.lstrip('#').strip()}**" if line.startswith("#") and not fenced else line)
+    header = f"<!-- Written by `bench/report.py`; a `make bench…` run replaces it. -->\n\n*Latest run: {run_label()}.*"
+    PUBLISHED.mkdir(parents=True, exist_ok=True)
+    path = PUBLISHED / f"{name}.md"
+    path.write_text(header + "\n\n" + "\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
 def save_result(name: str, markdown: str) -> Path:
-    """Write a bench's markdown to bench/results/<name>.md and return the path."""
+    """Write a bench's markdown to bench/results/<name>.md, publish it, and return the bench/results path."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.md"
     path.write_text(markdown, encoding="utf-8")
+    publish(name, markdown)
     return path
 
 
 def write_result(name: str, markdown: str) -> Path:
-    """Print a bench's markdown and write it to bench/results/<name>.md."""
+    """Print a bench's markdown, write it to bench/results/<name>.md and publish it."""
     path = save_result(name, markdown)
     print(markdown)
     print(f"(written to {path.relative_to(ROOT)})")
@@ -139,7 +178,9 @@ def write_result(name: str, markdown: str) -> Path:
 
 
 def write_run(out: Path, name: str, document: str, record: object) -> None:
-    """Write a run's <name>.md and results.json into its folder, and copy the markdown beside it as the latest."""
+    """Write a run's <name>.md and results.json into its folder, copy the markdown beside it as the latest, and
+    publish it."""
     (out / f"{name}.md").write_text(document + "\n", encoding="utf-8")
     (out / "results.json").write_text(json.dumps(record, indent=1, default=str), encoding="utf-8")
     shutil.copy(out / f"{name}.md", out.parent / f"{name}.md")
+    publish(name, document)
