@@ -5,8 +5,7 @@ deadline follows the clock (``core.schedule.Timeline``), and it is not early. Wh
 too, it records the arrival on the shared timeline itself. When another worker does, this one would learn of it
 only when another segment of the job starts here, or never (the deadline stops following the clock after
 ``UNSTARTED_LIMIT_S``). Meanwhile, under load, the segment waits behind everything due before now, and its
-listener, already playing, stalls: with two workers on the tiny model at 10 callers, 5–17% of jobs stalled,
-against none with one worker (``make bench-workers``, bench/NOTES-workers.md).
+listener, already playing, stalls, which one worker alone never does (``make bench-workers`` compares them).
 
 One thread per worker follows the event streams of those jobs, with one blocked ``XREAD`` for all of them (as
 ``cache/events.py`` does for the API's waiters), and records segment 0's arrival on the timeline as soon as its

@@ -57,9 +57,8 @@ Inbox = queue.SimpleQueue[Pending | None | _Wake]
 
 #: A call takes joiners while what it started with is being made, and after that (while no other segment waits for a
 #: replica) until it has run this many times as long as that took: rows that end are replaced rather than the call
-#: draining row by row (at ChatTTS's real size on 2 CPU cores, 16 callers: 0.54 → 0.60 jobs/s, 0.63 with no bound;
-#: bench/NOTES-real-size.md), yet a call that others keep joining still ends, within about four of its segments' time,
-#: and is measured (the planner's call time, the stats admission reads).
+#: draining row by row, yet a call that others keep joining still ends, within about four of its segments' time, and
+#: is measured (the planner's call time, the stats admission reads). ``make bench-real`` measures what it buys.
 JOIN_SPAN = 3.0
 
 

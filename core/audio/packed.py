@@ -13,8 +13,8 @@ import soundfile as sf
 #: values held before codecs existed (a live job across an upgrade) and decodes those too.
 STORE_CODECS: dict[str, bytes] = {"flac": b"FfLaC", "vorbis": b"VOggS", "pcm": b"P\x00PCM"}
 # libsndfile's FLAC levels run 0..1 (fastest..smallest), libFLAC's 0..8 in eighths: 0.625 is libFLAC's default 5.
-# Its highest kept eSpeak NG speech at 54% of raw PCM against 57% here, for twice the encoding CPU (0.8 against 0.4 ms
-# per audio second, on the worker's path of every segment; python -m bench.store_codecs).
+# Its highest level saves only a little more, for about twice the encoding CPU on the worker's path of every segment
+# (python -m bench.store_codecs measures both).
 _STORE_OPTIONS: dict[str, tuple[str, str, float]] = {
     "flac": ("FLAC", "PCM_16", 0.625),
     "vorbis": ("OGG", "VORBIS", 0.4),

@@ -128,8 +128,7 @@ class ChatTTSEngine(Engine):
             return dtype
         native = cpu_multiplies_natively(dtype) if self._half_on_cpu is None else self._half_on_cpu
         if not native:
-            # Emulated half-precision matrix products are slower than fp32 and batch far worse (measured at real
-            # size on a 2-core EPYC: batch 16 made 1.15x batch 1's characters/s in fp16, 2.6x in fp32).
+            # Emulated half-precision matrix products are slower than fp32, and gain far less from batching.
             log.warning("this CPU has no native %s matrix multiply: running ChatTTS's Llama in fp32, which is "
                         "faster here (precision %r applies on GPUs)", self._precision, self._precision)  # fmt: skip
             return torch.float32

@@ -13,8 +13,8 @@ _JITTED_TEXT_HELPERS = ("_find_index", "_fast_replace", "_split_tags", "_combine
 def cache_text_jit() -> None:
     """Give ChatTTS's numba-compiled text helpers an on-disk cache.
 
-    Compiling them costs about 5 s of CPU in every new model host (measured here), and a host is new after
-    every crash, eviction or worker restart: with the cache, only the first host on a machine pays it.
+    Compiling them costs seconds of CPU in every new model host, and a host is new after every crash, eviction
+    or worker restart: with the cache, only the first host on a machine pays it.
     """
     import numba
     from ChatTTS import norm

@@ -50,7 +50,7 @@ class EspeakEngine(Engine):
         self._library = None
 
     def memory_estimate_mb(self) -> int:
-        """Return the library's resident size, about 7 MiB measured, rounded up."""
+        """Return the library's resident size, rounded up generously."""
         return 20
 
     def _speak(self, library: espeak_lib.EspeakLibrary, text: str, voice: str, rate: int) -> Waveform:
