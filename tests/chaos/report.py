@@ -1,4 +1,7 @@
-"""Print the fault scenarios' latest results as a markdown table: ``python -m tests.chaos.report [file]``."""
+"""Print the fault scenarios' latest results as a markdown table: ``python -m tests.chaos.report [file]``.
+
+From the default results file (``make chaos``), the table is also published to docs/benchmarks/results/chaos.md.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.report import publish
 from tests.chaos.audit import RESULTS
 
 COLUMNS = (
@@ -49,13 +53,15 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """Print the table; say so when there are no results yet."""
+    """Print the table (and publish it, from the default file); say so when there are no results yet."""
     path = Path(argv[0]) if argv else RESULTS
     rows = latest_rows(path)
     if not rows:
         print(f"no chaos results in {path}; run `make chaos`")
         return 1
     print(table(rows))
+    if not argv:
+        publish("chaos", table(rows))
     return 0
 
 
