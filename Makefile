@@ -114,16 +114,14 @@ lint: install-dev docs-build  ## Run ruff and mypy, and build the docs strictly 
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-docs-reference: install-dev  ## Regenerate the configuration reference and the OpenAPI copy the docs link.
+docs-reference: install-dev  ## Regenerate the configuration reference (docs/operations/configuration-reference.md).
 	$(PY) -m scripts.config_reference
-	$(PY) -m scripts.openapi_json
 
 docs: docs-reference  ## Serve the docs site on $$MKDOCS_ADDR (default 127.0.0.1:8000), rebuilding on edits.
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr "$${MKDOCS_ADDR:-127.0.0.1:8000}"
 
 docs-build: install-dev  ## Build the docs site into build/site with --strict; fails if the configuration reference is stale.
 	$(PY) -m scripts.config_reference --check
-	$(PY) -m scripts.openapi_json
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 clean:  ## Remove run-time data (var/); keeps the venv and models.
