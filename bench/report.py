@@ -177,10 +177,10 @@ def write_result(name: str, markdown: str) -> Path:
     return path
 
 
-def write_run(out: Path, name: str, document: str, record: object) -> None:
+def write_run(out: Path, name: str, document: str, record: object, *, published_as: str | None = None) -> None:
     """Write a run's <name>.md and results.json into its folder, copy the markdown beside it as the latest, and
-    publish it."""
+    publish it (as ``published_as`` where one bench publishes two tables: `make bench-real` is `headline-real`)."""
     (out / f"{name}.md").write_text(document + "\n", encoding="utf-8")
     (out / "results.json").write_text(json.dumps(record, indent=1, default=str), encoding="utf-8")
     shutil.copy(out / f"{name}.md", out.parent / f"{name}.md")
-    publish(name, document)
+    publish(published_as or name, document)
