@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from types import ModuleType
 
 from core.settings import Settings, env_name
@@ -38,3 +39,13 @@ def test_the_configuration_reference_names_every_setting_by_its_variable() -> No
 
 def test_the_readme_stays_short() -> None:
     assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= 150
+
+
+def test_the_top_level_documents_link_only_to_files_that_exist() -> None:
+    missing = [
+        f"{name}: {target}"
+        for name in ("README.md", "ARCHITECTURE.md", "CONTRIBUTING.md", "deploy/README.md")
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", (ROOT / name).read_text(encoding="utf-8"))
+        if not ((ROOT / name).parent / target).exists()
+    ]
+    assert missing == []
