@@ -117,8 +117,8 @@ lint: install-dev docs-build  ## Run ruff and mypy, and build the docs strictly 
 docs-reference: install-dev  ## Regenerate the configuration reference (docs/operations/configuration-reference.md).
 	$(PY) -m scripts.config_reference
 
-docs: docs-reference  ## Serve the docs site on $$MKDOCS_ADDR (default 127.0.0.1:8000), rebuilding on edits.
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr "$${MKDOCS_ADDR:-127.0.0.1:8000}"
+docs: docs-reference  ## Serve the docs site on $$MKDOCS_ADDR (default 127.0.0.1:8001, beside make run), rebuilding on edits.
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr "$${MKDOCS_ADDR:-127.0.0.1:8001}"
 
 docs-build: install-dev  ## Build the docs site into build/site with --strict; fails if the configuration reference is stale.
 	$(PY) -m scripts.config_reference --check
