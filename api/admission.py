@@ -65,50 +65,71 @@ class Admission:
         self.workers = workers
         self.book = book
         self.policy = policy
-        self.replicas = settings.model_replicas  # busy seconds overlap on a worker's replicas
         self.limits = {"realtime": settings.admission_realtime_wait_s, "batch": settings.admission_batch_wait_s}
         self.lateness_s = settings.admission_lateness_s
         self.first_audio_s = settings.admission_first_audio_s
         self.retry_margin_s = settings.admission_retry_margin_s
         self.batch_share = settings.store_batch_share
         self.refusals = refusals
+        self.max_batch = settings.batch_max_size  # the fullest call the queue can make
+        self._solo_s_per_char = 0.0  # the last pace of a segment made alone this process saw
 
-    def pace(self, *, workers_alive: int) -> tuple[float, float]:
-        """Return the engines' recent pace: seconds per segment, all of them together, and seconds per engine
-        call (0, 0 when unknown)."""
+    def pace(self, *, hosts: int, queued: int = 0) -> tuple[float, float]:
+        """Return the engines' pace with ``queued`` segments to make: seconds per segment, all of them together,
+        and seconds per engine call (0, 0 when unknown).
+
+        Where recent calls of different sizes show what a call costs by its rows (``Window.call_line``), the pace
+        is that of calls as full as the queue would make them: a call's fixed cost is shared by its rows, so an
+        engine that made small calls under a light load goes faster under a heavier one. Judged by the small
+        calls' pace alone, admission would keep the load light, and so the calls small and the engines slow.
+        Otherwise it is the recent mean.
+        """
         recent = self.stats.window()
-        speed = recent.chars_per_busy_second * max(1, workers_alive) * self.replicas
+        line = recent.call_line()
+        if line is not None:
+            fixed, per_row = line
+            rows = max(1, min(self.max_batch, math.ceil(queued / max(1, hosts))))
+            call_s = fixed + per_row * rows
+            return call_s / (rows * max(1, hosts)), call_s
+        speed = recent.chars_per_busy_second * max(1, hosts)  # busy seconds overlap on the hosts
         return (recent.chars_per_segment / speed if speed > 0 else 0.0), recent.seconds_per_call
 
-    def segment_s(self, *, workers_alive: int) -> float:
-        """Return the seconds the engines take per segment at their recent pace, all of them together (0: unknown)."""
-        return self.pace(workers_alive=workers_alive)[0]
+    def segment_s(self, *, hosts: int, queued: int = 0) -> float:
+        """Return the seconds the engines take per segment with ``queued`` to make, all of them together (0:
+        unknown)."""
+        return self.pace(hosts=hosts, queued=queued)[0]
 
-    def estimated_wait_s(self, due: float, *, workers_alive: int) -> float:
+    def estimated_wait_s(self, due: float, *, hosts: int) -> float:
         """Return the seconds before a segment due at ``due`` would start, or 0 when nothing is known yet.
 
         Workers run the earliest deadline first, so only outstanding segments due no later than
         this one are ahead of it (with FIFO scheduling, every outstanding segment is).
         """
-        return self.book.due_by(self.policy.ahead_until(due)) * self.segment_s(workers_alive=workers_alive)
+        ahead = self.book.due_by(self.policy.ahead_until(due))
+        return ahead * self.segment_s(hosts=hosts, queued=ahead)
 
     def excess_s_if_admitted(
-        self, deadlines: Sequence[float], *, workers_alive: int, now: float, margin_s: float = 0.0
+        self, deadlines: Sequence[float], *, hosts: int, now: float, margin_s: float = 0.0
     ) -> float:
         """Return by how long admitting a job with these deadlines would delay some listener past the allowance
         (less ``margin_s``: the room it must leave)."""
-        segment_s, call_s = self.pace(workers_alive=workers_alive)
-        if segment_s <= 0 or not deadlines:
+        if not deadlines:
             return 0.0
         ahead, outstanding, overdue = self.book.window(now - PAST_S, now + HORIZON_S, limit=MOST_WEIGHED)
+        queued = outstanding + len(deadlines)
+        segment_s, call_s = self.pace(hosts=hosts, queued=queued)
+        if segment_s <= 0:
+            return 0.0
+        # The engines are making up to a full call's rows on each host now: the earliest due, as they chose them.
+        running = min(len(ahead), max(1, hosts) * max(1, min(self.max_batch, math.ceil(queued / max(1, hosts)))))
         # Also ahead of everything weighed: the long-overdue, and under FIFO everything not weighed.
         before = outstanding - len(ahead) if not self.policy.by_deadline else overdue
         new = [d for d in deadlines if d <= now + HORIZON_S]
         return admission_excess(now, ahead, new, segment_s=segment_s, allowance_s=self.lateness_s,
                                 by_deadline=self.policy.by_deadline, before=before, call_s=call_s,
-                                margin_s=margin_s)  # fmt: skip
+                                margin_s=margin_s, running=running)  # fmt: skip
 
-    def check_listeners(self, deadlines: Sequence[float], *, workers_alive: int, margin_s: float = 0.0) -> None:
+    def check_listeners(self, deadlines: Sequence[float], *, hosts: int, margin_s: float = 0.0) -> None:
         """Raise ServiceUnavailable (503) when admitting a realtime job would make a listener wait: a segment of a
         stream already admitted (or playing) past its deadline, or its own audio past the allowance, or either
         with less than ``margin_s`` to spare (the room kept for retries).
@@ -118,7 +139,7 @@ class Admission:
         """
         if self.lateness_s <= 0:
             return
-        excess = self.excess_s_if_admitted(deadlines, workers_alive=workers_alive, now=time.time(), margin_s=margin_s)
+        excess = self.excess_s_if_admitted(deadlines, hosts=hosts, now=time.time(), margin_s=margin_s)
         if excess > 0:
             ADMISSION_REJECTIONS.labels("deadlines").inc()
             excess = max(0.0, excess - margin_s)  # as a retry, judged without the margin, would find it
@@ -145,32 +166,45 @@ class Admission:
             return 0.0
         return first_chars * recent.first_audio_s_per_char
 
+    def alone_first_audio_s(self, first_chars: int) -> float:
+        """Return how long a segment of ``first_chars`` takes made alone, at the pace of the last minute's
+        one-segment engine calls (or of the last ones this process saw; 0 before any)."""
+        solo = self.stats.window().solo_s_per_char
+        if solo > 0:
+            self._solo_s_per_char = solo
+        return first_chars * self._solo_s_per_char
+
     def check_first_audio(self, first_chars: int, *, margin_s: float = 0.0) -> None:
-        """Raise ServiceUnavailable (503) when a realtime job's first segment would take longer than
-        ``TTS_ADMISSION_FIRST_AUDIO_S`` to make (less ``margin_s``, the room kept for retries, down to half the
-        limit at most), judged by how long recent first segments took per character.
+        """Raise ServiceUnavailable (503) when a realtime job's first segment would take more than
+        ``TTS_ADMISSION_FIRST_AUDIO_S`` longer to make than one made alone (less ``margin_s``, the room kept for
+        retries, down to half the limit at most), judged by how long recent first segments took per character.
 
         The deadline check (``check_listeners``) counts the work queued ahead of a newcomer; this one sees what a
         queue estimate cannot: a first segment shares its engine call with every row in it, so under load it takes
         longer to make whatever is ahead of it. Refusing newcomers then shrinks the calls, and first segments speed
-        up again. Retry-After is the time first segments take now, and never less than the window the estimate
-        reads (``FIRST_AUDIO_WINDOW_S``): a retry sooner is judged on mostly the same slow first segments (at 1.5×
-        capacity, 3 of 38 such retries after the estimate alone were let in).
+        up again. Measured against a segment made alone, so that on engines slower than real time (a big model on
+        CPUs) a job alone is still let in. Retry-After is the time first segments take now, and never less than
+        the window the estimate reads (``FIRST_AUDIO_WINDOW_S``): a retry sooner is judged on mostly the same slow
+        first segments.
         """
         if self.first_audio_s <= 0 or first_chars <= 0:
             return
         estimate = self.estimated_first_audio_s(first_chars)
+        if estimate <= 0:
+            return
+        alone = self.alone_first_audio_s(first_chars)
         kept_s = min(margin_s, self.first_audio_s / 2)
-        if estimate > self.first_audio_s - kept_s:
+        if estimate - alone > self.first_audio_s - kept_s:
             ADMISSION_REJECTIONS.labels("first_audio").inc()
             less = f", less {kept_s:g} s kept for retries" if kept_s > 0 else ""
             raise ServiceUnavailable(
                 f"the engines are at capacity: this realtime job's first audio would take about {estimate:.1f} s to "
-                f"make (limit TTS_ADMISSION_FIRST_AUDIO_S={self.first_audio_s:g} s{less}); retry after Retry-After, "
+                f"make, {estimate - alone:.1f} s longer than alone (limit TTS_ADMISSION_FIRST_AUDIO_S="
+                f"{self.first_audio_s:g} s{less}); retry after Retry-After, "
                 'or submit with priority "batch"',
                 retry_after=max(FIRST_AUDIO_WINDOW_S, math.ceil(estimate)),
                 estimated_first_audio_s=round(estimate, 2),
-                **({KEPT_FOR_RETRIES: kept_s} if estimate <= self.first_audio_s else {}),
+                **({KEPT_FOR_RETRIES: kept_s} if estimate - alone <= self.first_audio_s else {}),
             )
 
     def reserve_audio(self, model: str, chars: int, lane: str = "realtime") -> Reserved:
@@ -236,21 +270,21 @@ class Admission:
         if self.reservations is not None:
             self.reservations.release(reserved)
 
-    def check_realtime(self, deadlines: Sequence[float], first_chars: int, *, workers_alive: int, asker: Asker) -> None:
+    def check_realtime(self, deadlines: Sequence[float], first_chars: int, *, hosts: int, asker: Asker) -> None:
         """Run both realtime checks; while refusals for want of capacity await their retries, with the margin kept
         for them, unless ``asker`` (caller, request digest) is one of those, back after its Retry-After. Remember
         a refused asker (nothing is kept when both checks are off, when no margin is set, or without an asker)."""
         if self.lateness_s <= 0 and self.first_audio_s <= 0:
             return
         if self.refusals is None or asker is None or self.retry_margin_s <= 0:
-            self.check_listeners(deadlines, workers_alive=workers_alive)
+            self.check_listeners(deadlines, hosts=hosts)
             self.check_first_audio(first_chars)
             return
         now = time.time()
         retry, pending = self.refusals.redeem(*asker, now=now)
         margin = self.retry_margin_s if pending and not retry else 0.0  # below capacity none are pending
         try:
-            self.check_listeners(deadlines, workers_alive=workers_alive, margin_s=margin)
+            self.check_listeners(deadlines, hosts=hosts, margin_s=margin)
             self.check_first_audio(first_chars, margin_s=margin)
         except ServiceUnavailable as refused:
             # Refused for the margin alone, it is not awaited: only want of capacity keeps the margin up.
@@ -271,15 +305,17 @@ class Admission:
         a batch job, which yields to realtime work, only past the batch limit, and otherwise accepted with the
         estimate stated.
         """
-        alive = len(self.workers.alive())
-        verdict = self.breaker.check(workers_alive=alive)
+        alive = self.workers.alive()
+        # Each worker says how many model hosts it runs (what its `auto` layout chose); older ones, one.
+        hosts = sum(int(w.get("hosts") or 1) for w in alive)
+        verdict = self.breaker.check(workers_alive=len(alive))
         if not verdict.allowed:
             ADMISSION_REJECTIONS.labels("breaker").inc()
             raise ServiceUnavailable(f"not accepting jobs: {verdict.reason}", retry_after=verdict.retry_after)
         due = deadlines[0] if deadlines else time.time()
         if lane == "realtime":
-            self.check_realtime(deadlines or [due], first_chars, workers_alive=alive, asker=asker)
-        wait = self.estimated_wait_s(due, workers_alive=alive)
+            self.check_realtime(deadlines or [due], first_chars, hosts=hosts, asker=asker)
+        wait = self.estimated_wait_s(due, hosts=hosts)
         limit = self.limits[lane]
         if wait > limit:
             ADMISSION_REJECTIONS.labels("overload").inc()

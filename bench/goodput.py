@@ -13,9 +13,8 @@
    underruns (a playback gap over 100 ms after the first audio), end to end, audio s/s, and the goodput: the
    highest rate at which admitted realtime jobs have no underrun and p95 first audio ≤ 1.5 s, in every seed.
 
-Settings changed from the defaults: ``TTS_ADMISSION_LATENESS_S=1`` and ``TTS_ADMISSION_FIRST_AUDIO_S=1``, the
-admission policy under test (both off by default), and ``TTS_MAX_STREAMS_PER_CALLER``: every listener here is
-one caller (no API keys), where real listeners are many.
+Settings changed from the defaults: only ``TTS_MAX_STREAMS_PER_CALLER``: every listener here is one caller (no API
+keys), where real listeners are many. The admission checks under test run at their defaults.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from bench.loadgen import Client, JobResult
 from bench.openloop import LEAD_S, UNDERRUN_S, Arrival, OpenRun, gaps, run_open_loop, waits
 from bench.pace_probe import probe, relative
 from bench.report import RESULTS, cell, percentile, write_run
-from bench.stack_args import Plan, corpus_texts, default_replicas, service_env
+from bench.stack_args import Plan, corpus_texts, resolve_stack_arguments, service_env, settings_line
 from bench.texts import STORY
 from core.text import split_sentences
 
@@ -45,9 +44,8 @@ SCHEDULERS = ("deadline", "fifo")
 RATES = "0.25,0.5,0.75,0.85,1,1.25,1.5"
 #: Goodput's gate on first audio (p95 of admitted realtime jobs, seconds).
 FIRST_AUDIO_GATE_S = 1.5
-#: The admission policy under test: both checks, off by default, at the measured setting (the capacity's own
-#: stack turns them off: it refuses nothing at the door).
-ADMISSION_CHECKS = {"TTS_ADMISSION_LATENESS_S": "1", "TTS_ADMISSION_FIRST_AUDIO_S": "1"}
+#: The capacity's own stack turns the admission checks off: it refuses nothing at the door.
+ADMISSION_OFF = {"TTS_ADMISSION_LATENESS_S": "0", "TTS_ADMISSION_FIRST_AUDIO_S": "0"}
 #: The share of arrivals that are long texts on the batch lane, and their length (characters).
 BATCH_SHARE = 0.02
 BATCH_CHARS = 600
@@ -68,13 +66,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--service-env", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    args.device, args.torch_threads = "cpu" if args.model == "chattts-tiny" else "auto", 1
-    args.replicas = default_replicas(args.device, args.torch_threads)
-    args.service_env.append("TTS_MAX_STREAMS_PER_CALLER=5000")
-    for name, value in ADMISSION_CHECKS.items():  # unless the command line sets them
-        if not any(pair.startswith(f"{name}=") for pair in args.service_env):
-            args.service_env.append(f"{name}={value}")
-    return args
+    args.service_env.append("TTS_MAX_STREAMS_PER_CALLER=5000")  # one caller plays every listener
+    args.real_size, args.max_chars, args.device, args.replicas, args.torch_threads = False, None, None, None, None
+    return resolve_stack_arguments(args)
 
 
 def batch_texts() -> list[tuple[str, int]]:
@@ -100,7 +94,7 @@ def measure_capacity(env: dict[str, str], out: Path, args: argparse.Namespace) -
     """
     plan = Plan(20, 4, 60, "", 0, 0, 0)
     (out / "capacity").mkdir(exist_ok=True)
-    stack = ServiceStack({**env, **dict.fromkeys(ADMISSION_CHECKS, "0")}, out / "capacity", api_processes=2)
+    stack = ServiceStack({**env, **ADMISSION_OFF}, out / "capacity", api_processes=2)
     try:
         stack.start()
         summary = run_level(ServedClient(stack.api.url, model=args.model), corpus_texts(args.model), 50, plan,
@@ -437,9 +431,7 @@ def document(args: argparse.Namespace, capacity: float, rows: list[dict[str, Any
             "those played to the end without an underrun. "
             f"Arrivals: corpus texts on the realtime lane, {BATCH_SHARE:.0%} story excerpts of about {BATCH_CHARS} "
             "characters on the batch lane; a refused job resends the same request once, after its Retry-After. "
-            "Service settings: the defaults, and "
-            + ", ".join(f"`{pair}`" for pair in args.service_env)
-            + " (one caller plays every listener). "
+            f"Service: {settings_line(args)} (one caller plays every listener). "
             "An underrun is a playback gap over 100 ms after the first audio; first audio runs from the "
             "POST that was admitted, and for a refused caller let in on its retry also from its first try, "
             "Retry-After included. Engines busy: the share of "

@@ -37,6 +37,7 @@ from bench.stack_args import (
     make_plan,
     resolve_stack_arguments,
     service_env,
+    settings_line,
 )
 
 
@@ -70,6 +71,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         for pair in ("TTS_ADMISSION_LATENESS_S=0", "TTS_ADMISSION_REALTIME_WAIT_S=3600"):
             if not any(p.startswith(pair.split("=")[0] + "=") for p in args.service_env):
                 args.service_env.append(pair)
+                args.changed.append(pair)
     return args
 
 
@@ -208,7 +210,7 @@ def write_results(
         f"{args.replicas} model host{'s' if args.replicas > 1 else ''} in the worker, "
         f"{plan.window_s:g}s per level, {time.strftime('%Y-%m-%d %H:%M')}"
         + (f", corpus texts up to {args.max_chars} characters" if args.max_chars else "")
-        + ("".join(f", {pair}" for pair in args.service_env))
+        + f"; {settings_line(args)}"
     )
     if args.real_size:
         rows = report.real_size_targets(results, engine, batching_off)

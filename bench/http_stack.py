@@ -17,13 +17,12 @@ import redis
 import requests
 
 from bench.report import RESULTS
-from bench.tiny_model import MODEL, TORCH_THREADS, ensure_tiny_model
+from bench.stack_args import HEARTBEAT_S
+from bench.tiny_model import MODEL, ensure_tiny_model
 from cache.workers import WorkerRegistry
 from client.sse import parse_sse
 from devstack.service import ServiceStack
 from devstack.worker import WorkerProcess
-
-HEARTBEAT_S = 1.0
 
 
 @dataclass
@@ -112,14 +111,10 @@ def first_segment_latency(stack: Stack, body: dict[str, Any]) -> tuple[float, di
 
 
 def stack_env(model_dir: Path, **env: str) -> dict[str, str]:
-    """Return the environment of a bench stack's worker and API: the tiny model on the CPU, beating every second."""
+    """Return the environment of a bench stack's worker and API: the tiny model, otherwise `make run`'s defaults."""
     return {
         "TTS_DEFAULT_MODEL": MODEL,
         "TTS_TINY_MODEL_DIR": str(model_dir),
-        "TTS_DEVICE": "cpu",
-        "TTS_TORCH_THREADS": str(TORCH_THREADS),
-        "TTS_HEARTBEAT_S": str(HEARTBEAT_S),
-        "TTS_LOG_LEVEL": "INFO",
         "TTS_METRICS_PORT": "0",  # the default port may be another worker's on a shared machine
         **env,
     }

@@ -11,9 +11,11 @@ from pathlib import Path
 from bench.engine_limit import read_corpus, service_segments
 from bench.headline_stack import bench_models_file
 from bench.report import RESULTS
+from core.settings_worker import WorkerSettings
+from workers.layout import AUTO, Layout, resolve_layout, usable_cores
 
-#: Worker heartbeat period during the run: the per-level mean batch size is read from it.
-HEARTBEAT_S = 1.0
+#: The worker's heartbeat period at its default: the per-level mean batch size is read from the heartbeat.
+HEARTBEAT_S: float = WorkerSettings.model_fields["heartbeat_s"].default
 
 
 @dataclass(frozen=True)
@@ -89,15 +91,19 @@ def add_stack_arguments(parser: argparse.ArgumentParser, *, levels: str) -> None
         "--max-chars", type=int, default=None, help="draw only the corpus texts up to this many characters"
     )
     parser.add_argument(
-        "--torch-threads", type=int, default=1, help="torch CPU threads, worker and baseline alike (see NOTES)"
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="torch CPU threads, worker and baseline alike (default: the service's auto layout; setting it "
+        "changes a default, and the table says so)",
     )
     parser.add_argument("--device", default=None, help="cpu for the tiny model, auto otherwise")
     parser.add_argument(
         "--replicas",
         type=int,
         default=None,
-        help="model host processes in the worker (default: on CPU, cores ÷ torch threads; else 1); "
-        "the engine limit is measured with as many engines side by side",
+        help="model host processes in the worker (default: the service's auto layout; setting it changes a "
+        "default, and the table says so); the engine limit is measured with as many engines side by side",
     )
     parser.add_argument(
         "--service-env",
@@ -111,14 +117,34 @@ def add_stack_arguments(parser: argparse.ArgumentParser, *, levels: str) -> None
 
 
 def resolve_stack_arguments(args: argparse.Namespace) -> argparse.Namespace:
-    """Fill the defaults that depend on other options: the device and the model hosts."""
+    """Fill the defaults that depend on other options: the device, and the model hosts and threads the service's
+    ``auto`` layout gives (which the baseline and the engine measurement then use too)."""
     if args.real_size:
         args.model = "chattts-random" if args.model == "chattts-tiny" else args.model
         args.max_chars = args.max_chars or REAL_SIZE_MAX_CHARS
-    args.device = args.device or ("cpu" if args.model == "chattts-tiny" or not has_cuda() else "auto")
-    if args.replicas is None:
-        args.replicas = default_replicas(args.device, args.torch_threads)
+    args.changed = [f"{n}={v}" for n, v in (("TTS_DEVICE", args.device), ("TTS_MODEL_REPLICAS", args.replicas),
+                                            ("TTS_TORCH_THREADS", args.torch_threads)) if v is not None]  # fmt: skip
+    args.changed += list(args.service_env)
+    args.device = args.device or ("auto" if has_cuda() else "cpu")
+    layout = resolve_layout(
+        AUTO if args.replicas is None else args.replicas,
+        AUTO if args.torch_threads is None else args.torch_threads,
+        gpus=1 if args.device != "cpu" and has_cuda() else 0,
+        cores=usable_cores(),
+    )
+    args.replicas, args.torch_threads = layout.replicas, layout.torch_threads
     return args
+
+
+def default_layout() -> Layout:
+    """Return the model hosts and threads the service's ``auto`` layout gives a worker on this machine's CPUs."""
+    return resolve_layout(AUTO, AUTO, gpus=0, cores=usable_cores())
+
+
+def settings_line(args: argparse.Namespace) -> str:
+    """Return the settings a run changed from `make run`'s defaults (beside the model it measures), in words."""
+    changed = ", ".join(args.changed)
+    return f"settings changed from `make run`'s defaults: {changed}" if changed else "`make run`'s default settings"
 
 
 def has_cuda() -> bool:
@@ -128,23 +154,11 @@ def has_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def default_replicas(device: str, torch_threads: int) -> int:
-    """Return the model hosts a worker runs by default: on CPU, one per core's share of threads; else one."""
-    return max(1, (os.cpu_count() or 1) // max(1, torch_threads)) if device == "cpu" else 1
-
-
 def service_env(args: argparse.Namespace, out: Path) -> dict[str, str]:
-    """Return the environment the worker, the API, the baseline and the engine measurement share."""
-    env = {
-        "TTS_MODELS_FILE": str(bench_models_file(out)),
-        "TTS_DEFAULT_MODEL": args.model,
-        "TTS_DEVICE": args.device,
-        "TTS_TORCH_THREADS": str(args.torch_threads),
-        "TTS_HEARTBEAT_S": str(HEARTBEAT_S),
-        "TTS_MODEL_REPLICAS": str(args.replicas),
-        "TTS_LOG_LEVEL": "INFO",
-    }
-    for pair in args.service_env:
+    """Return the environment the worker, the API, the baseline and the engine measurement share: the model under
+    test, and whatever the command line changed."""
+    env = {"TTS_MODELS_FILE": str(bench_models_file(out)), "TTS_DEFAULT_MODEL": args.model}
+    for pair in args.changed:  # only what the command line set: the rest is `make run`'s defaults
         name, _, value = pair.partition("=")
         env[name] = value
     os.environ.update(env)  # this process reads the same settings (registry, segment caps)

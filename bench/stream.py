@@ -19,9 +19,9 @@ import requests
 
 from bench.http_stack import Stack, running_stack, sse_events
 from bench.report import median, write_result
+from bench.stack_args import default_layout
 from bench.texts import STORY, planned
 from bench.threads import in_threads
-from bench.tiny_model import TORCH_THREADS
 from cache import keys
 
 SHORT = "灯塔的光穿过了雾，照亮了回家的路。"
@@ -119,7 +119,7 @@ def table(texts: dict[str, str], samples: dict[str, list[dict[str, float]]], sta
     lines = [
         "## bench-stream: time to first audio (tiny ChatTTS, CPU, one worker)",
         "",
-        f"{os.cpu_count()} CPU cores, torch threads per model host {TORCH_THREADS}; ran "
+        f"{os.cpu_count()} CPU cores, {default_layout().describe()}; ran "
         f"{time.perf_counter() - started:.0f}s. Uncached jobs (`cache: false`, a seed each), the three texts in "
         f"rotating order, {REPS} of each; both endpoints followed at once on the same job. Medians, seconds from "
         "just before `POST /v1/jobs`; the last two columns come from the job record and segment 0's metadata.",

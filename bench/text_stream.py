@@ -3,7 +3,7 @@
 Run with ``python -m bench.text_stream [--levels 1,10] [--transports pieces,client,websocket]``
 (``make bench-textstream``, every level and transport); the table goes to
 ``bench/results/text-stream.md``. One stack (Redis, one worker with the tiny ChatTTS on the CPU, the API); the
-worker runs one model host per core on a CPU (``REPLICAS``), as ``make bench`` does and the README advises.
+worker runs at `make run`'s defaults (its ``auto`` layout: one model host per core on a CPU).
 At 1 and then 10 concurrent callers, each caller in turn:
 
 - **streams**: opens a text stream and sends a text from the corpus one character per piece (one character
@@ -42,9 +42,9 @@ from bench.http_clients import Http
 from bench.http_stack import Stack, first_segment_latency, running_stack
 from bench.pace_probe import probe, relative
 from bench.report import median, percentile, write_result
-from bench.stack_args import default_replicas
+from bench.stack_args import default_layout
 from bench.threads import in_threads
-from bench.tiny_model import MODEL, TORCH_THREADS
+from bench.tiny_model import MODEL
 from cache import keys
 from client import TTSClient
 from client.text_stream import JOIN_S, SENTENCE_ENDS
@@ -60,8 +60,6 @@ STALL_S = 0.1
 #: Callers start this far apart in all over the first RAMP_S (a fleet of agents never starts in one instant);
 #: whole jobs and streams alike.
 RAMP_S = 2.0
-#: Model hosts in the worker: one per core at TORCH_THREADS each, on this CPU.
-REPLICAS = default_replicas("cpu", TORCH_THREADS)
 CORPUS = ROOT / "bench" / "corpus_zh.txt"
 T = TypeVar("T")
 
@@ -335,14 +333,13 @@ def table(rows: list[dict[str, Any]], started: float) -> str:
     lines = [
         "## bench-textstream: speaking while the text is written (tiny ChatTTS, CPU, one worker)",
         "",
-        f"{os.cpu_count()} CPU cores, {REPLICAS} model hosts of {TORCH_THREADS} torch thread(s) each; ran "
+        f"{os.cpu_count()} CPU cores, {default_layout().describe()}; ran "
         f"{time.perf_counter() - started:.0f} s; {SECONDS_PER_LEVEL:g} s of streams per level and way in, each "
         f"just after {WHOLE_SECONDS:g} s of whole jobs at the same concurrency, its reference. Text arrives at "
         f"{TOKENS_PER_S:g} tokens/s, one character per token, {SENTENCES_PER_TEXT} corpus sentences per stream; "
         f'callers start spread over the first {RAMP_S:g} s. "HTTP pieces" sends a POST per token; '
         f'"TTSClient.write" joins the tokens of up to {JOIN_S:g} s into one piece and sends a sentence end at once. '
-        f"Service settings: the defaults but TTS_MODEL_REPLICAS={REPLICAS} and TTS_TORCH_THREADS={TORCH_THREADS} (the "
-        "bench stack's heartbeat is 1 s, which only the idle cut-off uses). Machine pace: how fast a fixed "
+        "Service settings: `make run`'s defaults. Machine pace: how fast a fixed "
         "single-thread workload ran just before the window, with the stack idle, as a multiple of its pace before "
         "the stack started (a shared machine slows without showing steal; bench/pace_probe.py): a ratio between two "
         "windows is fair only when their paces match.",
@@ -484,7 +481,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     reference = probe()  # before the stack runs: the machine's pace that each window's is read against
     rows: list[dict[str, Any]] = []
-    with running_stack("text-stream", TTS_MODEL_REPLICAS=str(REPLICAS)) as stack:
+    with running_stack("text-stream") as stack:
         http_stream(stack, _texts()[0], seed=1)  # warm-up, not counted
         for callers in args.levels:
             for transport in args.transports:

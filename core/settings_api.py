@@ -49,21 +49,16 @@ class ApiSettings(BaseSettings):
         30.0, gt=0, description="Refuse realtime jobs (503) when their estimated queue wait is longer."
     )
     admission_lateness_s: float = Field(
-        0.0,
+        1.0,
         ge=0,
-        description="When above 0 (1.0 is the measured setting), refuse realtime jobs (503) that, at the engines' "
-        "measured pace and in the scheduler's order, would delay a stream already admitted past a playback "
-        "deadline, or be made more than this much later than on an idle service themselves. Larger: fewer refusals "
-        "and later first audio. 0 (the default, until its pace estimate stops refusing work the engines could do) "
-        "leaves only the wait limit.",
+        description="Refuse a realtime job (503, Retry-After) that would delay an admitted stream past a playback "
+        "deadline, or be made more than this many seconds later than on an idle service itself. 0 turns it off.",
     )
     admission_first_audio_s: float = Field(
-        0.0,
+        1.0,
         ge=0,
-        description="When above 0, refuse realtime jobs (503) whose first segment, at the seconds per character "
-        "recent first segments took to be made (the last few seconds' of them), would take longer than this: under "
-        "load a first segment shares its engine call with every row in it, and so takes longer than the queue "
-        "ahead of it says. Smaller: earlier first audio and more refusals. 0 (the default) turns it off.",
+        description="Refuse a realtime job (503, Retry-After) whose first segment, at the pace recent first segments "
+        "were made, would take this many seconds longer than one made alone. 0 turns it off.",
     )
     admission_retry_margin_s: float = Field(
         0.25,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings
@@ -25,12 +25,10 @@ class WorkerSettings(BaseSettings):
         "pinned to each GPU; `one`, a single worker with a model host on each GPU (TTS_MODEL_REPLICAS, unless set, "
         "becomes the number of GPUs), which batches from every segment the machine holds.",
     )
-    model_replicas: int = Field(
-        1,
-        ge=1,
-        le=64,
-        description="Host processes per model in each worker, running batches side by side: on CPUs, one per "
-        "core with TTS_TORCH_THREADS=1 uses every core; on a GPU keep 1 (one worker per GPU instead).",
+    model_replicas: Annotated[int, Field(ge=1, le=64)] | Literal["auto"] = Field(
+        "auto",
+        description="Host processes per model in each worker, running batches side by side. `auto`: one per core "
+        "on CPUs (at most 8, the cores shared among them), one per GPU; the worker logs what it chose.",
     )
     batch_max_size: int = Field(16, ge=1, description="Most segments in one engine call.")
     batch_wait_ms: float = Field(
@@ -94,8 +92,10 @@ class WorkerSettings(BaseSettings):
     model_idle_s: float = Field(
         600.0, gt=0, description="Models idle this long are unloaded, except pinned ones and the default."
     )
-    torch_threads: int = Field(
-        0, ge=0, description="CPU threads per model process for torch; 0 keeps torch's default (use 1 on shared CPUs)."
+    torch_threads: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        "auto",
+        description="CPU threads per model host for torch; 0 keeps torch's default. `auto`: the usable cores "
+        "shared among the model hosts (one each when there is a host per core).",
     )
     metrics_port: int = Field(9310, ge=0, le=65535, description="Worker's Prometheus port; 0 turns it off.")
     log_format: str = Field("text", pattern="^(text|json)$", description="Log lines as text or JSON.")

@@ -111,8 +111,11 @@ def settings_env(redis_server: RedisServer, tiny_model_dir: Path, models_file: P
         "TTS_HEARTBEAT_S": "0.5",
         "TTS_SEGMENT_MAX_ATTEMPTS": "2",
         "TTS_DEVICE": "cpu",
-        # One torch thread per model process: the suite shares 2 cores with Redis, the API and the tests.
+        # One model host of one torch thread per model: the suite shares 2 cores with Redis, the API and the
+        # tests, and its tests of a model host (kills, loads, evictions) each mean the one host. `auto` (what
+        # `make run` gets) is tested in test_layout and run by the chaos scenarios and the benchmarks.
         "TTS_TORCH_THREADS": "1",
+        "TTS_MODEL_REPLICAS": "1",
         "TTS_LOG_LEVEL": "INFO",
         "TTS_LOG_FORMAT": "json",
         "TTS_METRICS_PORT": str(free_port()),

@@ -130,7 +130,7 @@ def test_admission_counts_only_the_work_due_before_the_new_job_and_refuses_past_
     stats.record(chars=200, busy_s=2.0, segments=10)  # 100 chars/s, 20 chars per segment
     book.add("old", {i: now - 1 for i in range(40 * alive)})  # 40 segments per worker due already: 8 s
     book.add("book", {i: now + 600 + i for i in range(500)})  # a book's later segments: not ahead of a due one
-    assert admission.estimated_wait_s(now, workers_alive=alive) == pytest.approx(8.0)
+    assert admission.estimated_wait_s(now, hosts=alive) == pytest.approx(8.0)
     admission.admit("realtime", [now])
     book.add("newer", {i: now - 0.5 for i in range(20 * alive)})  # 20 more per worker: 12 s
     with pytest.raises(ServiceUnavailable) as refused:
@@ -147,7 +147,7 @@ def test_a_realtime_job_that_would_make_an_admitted_stream_late_is_refused_with_
 ) -> None:
     admission, stats, alive = _admission(queues, book, admission_lateness_s=0.5)
     stats.record(chars=200, busy_s=2.0, segments=10, calls=10)
-    step, call = admission.pace(workers_alive=alive)
+    step, call = admission.pace(hosts=alive)
     now = time.time()
     # A playing stream whose 20 segments the engines can just make in time, one after another.
     book.add("playing", {i: now + (i + 1) * step + 1.0 for i in range(20)})
@@ -169,7 +169,7 @@ def test_a_stream_already_late_runs_first_and_closes_the_door_only_to_jobs_that_
 ) -> None:
     admission, stats, alive = _admission(queues, book, admission_lateness_s=1.0)
     stats.record(chars=200, busy_s=2.0, segments=10)
-    step = admission.segment_s(workers_alive=alive)
+    step = admission.segment_s(hosts=alive)
     now = time.time()
     book.add("stalled", {i: now - 3.0 for i in range(int(3.0 / step))})  # 3 s of work its listener waits for
     admission.admit("realtime", [now + 30])  # a job due later runs after it and delays nobody
@@ -187,7 +187,7 @@ def test_with_fifo_scheduling_every_outstanding_segment_is_ahead(queues: redis.R
     stats.record(chars=200, busy_s=2.0, segments=10)
     now = time.time()
     book.add("later", {i: now + 600 for i in range(30)})
-    assert admission.estimated_wait_s(now, workers_alive=alive) == pytest.approx(6.0 / alive)
+    assert admission.estimated_wait_s(now, hosts=alive) == pytest.approx(6.0 / alive)
     WorkerRegistry(queues, ttl_s=5).remove("w1")
 
 
@@ -308,9 +308,32 @@ def test_a_realtime_job_is_refused_when_recent_first_segments_say_its_own_would_
     admission.admit("realtime", [now], first_chars=0)  # its first segment is cached: nothing to make
     admission.admit("batch", [now + 60], first_chars=20)  # the batch lane is not held to first audio
     off = Admission(stats=stats, breaker=_breaker(client), workers=WorkerRegistry(client, ttl_s=30),
-                    book=ScheduleBook(client, default_seconds_per_char=0.2), settings=load_settings(redis_url=isolated),
+                    book=ScheduleBook(client, default_seconds_per_char=0.2),
+                    settings=load_settings(redis_url=isolated, admission_first_audio_s=0),
                     policy=scheduling_policy(loaded))  # fmt: skip
-    off.admit("realtime", [now], first_chars=20)  # off by default
+    off.admit("realtime", [now], first_chars=20)  # 0 turns it off
+
+
+def test_on_engines_slower_than_the_limit_a_first_segment_is_judged_against_one_made_alone(
+    paced: tuple[str, redis.Redis],
+) -> None:
+    isolated, client = paced
+    stats = Stats(client)
+    loaded = load_settings(redis_url=isolated, admission_retry_margin_s=0)
+    assert loaded.admission_first_audio_s == 1.0, "on by default"
+    admission = Admission(stats=stats, breaker=_breaker(client), workers=WorkerRegistry(client, ttl_s=30),
+                          book=ScheduleBook(client, default_seconds_per_char=0.2), settings=loaded,
+                          policy=scheduling_policy(loaded))  # fmt: skip
+    now = time.time()
+    stats.record(chars=20, busy_s=5.0, segments=1, calls=1, solo_chars=20, solo_s=5.0)  # a big model on CPUs
+    for _ in range(3):
+        stats.record(first_chars=20, first_s=5.5)
+    admission.admit("realtime", [now], first_chars=20)  # 5.5 s, but only 0.5 s longer than alone
+    for _ in range(6):
+        stats.record(first_chars=20, first_s=8.0)  # now sharing its calls with others'
+    with pytest.raises(ServiceUnavailable) as refused:
+        admission.admit("realtime", [now], first_chars=20)
+    assert "longer than alone" in refused.value.message
 
 
 def test_the_api_passes_the_first_segments_length_to_the_first_audio_check(settings_env: dict[str, str]) -> None:
@@ -358,14 +381,14 @@ def test_a_newcomer_must_leave_the_margin_kept_for_retries_and_the_same_request_
 ) -> None:
     admission, stats, alive = _admission(queues, book, admission_lateness_s=0.5, admission_retry_margin_s=0.25)
     stats.record(chars=200, busy_s=2.0, segments=10, calls=10)
-    step = admission.segment_s(workers_alive=alive)
+    step = admission.segment_s(hosts=alive)
     now = time.time()
     # Work due before a newcomer's first segment that makes it 0.1 s short of its 0.5 s allowance: within the
     # allowance, not within the margin.
     ahead = round(0.4 / step)
     book.add("ahead", {i: now - 1 for i in range(ahead)})
-    assert admission.excess_s_if_admitted([now], workers_alive=alive, now=now) == 0, "within the allowance"
-    excess = admission.excess_s_if_admitted([now], workers_alive=alive, now=now, margin_s=0.25)
+    assert admission.excess_s_if_admitted([now], hosts=alive, now=now) == 0, "within the allowance"
+    excess = admission.excess_s_if_admitted([now], hosts=alive, now=now, margin_s=0.25)
     assert 0 < excess < 0.25, "the case under test: refused for the margin alone"
     asker = ("ip-a", "digest-1")
     queues.delete(keys.REFUSALS_PENDING)
@@ -399,7 +422,9 @@ def test_the_first_audio_check_keeps_a_margin_for_retries_of_at_most_half_its_li
     stats = Stats(client)
     for _ in range(3):
         stats.record(first_chars=10, first_s=1.0)  # 0.1 s a character
-    loaded = load_settings(redis_url=isolated, admission_first_audio_s=1.0, admission_retry_margin_s=0.25)
+    loaded = load_settings(
+        redis_url=isolated, admission_first_audio_s=1.0, admission_retry_margin_s=0.25, admission_lateness_s=0
+    )  # this test's subject is the first-audio check
     admission = Admission(stats=stats, breaker=_breaker(client), workers=WorkerRegistry(client, ttl_s=30),
                           book=ScheduleBook(client, default_seconds_per_char=0.2), settings=loaded,
                           policy=scheduling_policy(loaded), refusals=Refusals(client))  # fmt: skip
@@ -414,7 +439,9 @@ def test_the_first_audio_check_keeps_a_margin_for_retries_of_at_most_half_its_li
     admission.admit("realtime", [now], first_chars=9, asker=("ip-a", "nine"))  # its retry may use the margin
     with pytest.raises(ServiceUnavailable):
         admission.admit("realtime", [now], first_chars=11, asker=("ip-a", "nine"))  # over the limit itself
-    wide = load_settings(redis_url=isolated, admission_first_audio_s=1.0, admission_retry_margin_s=5)
+    wide = load_settings(
+        redis_url=isolated, admission_first_audio_s=1.0, admission_retry_margin_s=5, admission_lateness_s=0
+    )
     halved = Admission(stats=stats, breaker=_breaker(client), workers=WorkerRegistry(client, ttl_s=30),
                        book=ScheduleBook(client, default_seconds_per_char=0.2), settings=wide,
                        policy=scheduling_policy(wide), refusals=Refusals(client))  # fmt: skip
@@ -446,3 +473,30 @@ def test_the_api_lets_in_the_same_request_sent_again_after_its_retry_after_befor
     assert app.test_client().post("/v1/jobs", json={**asking, "seed": 8}).status_code == 503, "another request"
     assert app.test_client().post("/v1/jobs", json=asking).status_code == 202, "the same one, after Retry-After"
     assert app.test_client().post("/v1/jobs", json=asking).status_code == 503, "let in once as a retry"
+
+
+def test_the_engines_pace_is_that_of_calls_as_full_as_the_queue_would_make_them() -> None:
+    # Calls of 2 and of 10 rows: 1 s fixed, 0.1 s a row, as the line fitted to them says.
+    calls = [(2, 1.2), (10, 2.0)] * 10
+    window = Window(calls=len(calls), segments=sum(r for r, _ in calls), busy_s=sum(s for _, s in calls),
+                    rows_sq=sum(r * r for r, _ in calls), rows_s=sum(r * s for r, s in calls))  # fmt: skip
+    fixed, per_row = window.call_line() or (0.0, 0.0)
+    assert (fixed, per_row) == (pytest.approx(1.0), pytest.approx(0.1))
+    assert Window(calls=20, segments=40, busy_s=24, rows_sq=80, rows_s=48).call_line() is None, "one size only"
+    assert Window(calls=3, segments=12, busy_s=4.8, rows_sq=104, rows_s=23).call_line() is None, "too few calls"
+
+
+def test_admission_judges_a_deep_queue_at_the_pace_of_full_calls(paced: tuple[str, redis.Redis]) -> None:
+    isolated, client = paced
+    client.flushdb()  # the fixture's own stats were no engine calls
+    stats = Stats(client)
+    for rows, seconds in [(2, 1.2), (10, 2.0)] * 10:
+        stats.record(chars=rows * 20, busy_s=seconds, segments=rows, calls=1, rows_sq=rows * rows,
+                     rows_s=rows * seconds)  # fmt: skip
+    loaded = load_settings(redis_url=isolated, batch_max_size=16)
+    admission = Admission(stats=stats, breaker=_breaker(client), workers=WorkerRegistry(client, ttl_s=30),
+                          book=ScheduleBook(client, default_seconds_per_char=0.2), settings=loaded,
+                          policy=scheduling_policy(loaded))  # fmt: skip
+    assert admission.pace(hosts=2, queued=1) == (pytest.approx(1.1 / 2), pytest.approx(1.1)), "alone: one row"
+    assert admission.pace(hosts=2, queued=32) == (pytest.approx(2.6 / 32), pytest.approx(2.6)), "16 rows a host"
+    assert admission.pace(hosts=2, queued=500)[1] == pytest.approx(2.6), "no call holds more than the batch size"

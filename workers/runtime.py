@@ -22,6 +22,7 @@ from core.settings import Settings
 from workers.backend import PooledBackend
 from workers.engines.base import SynthesisRequest
 from workers.janitor import Janitor
+from workers.layout import Layout
 from workers.memory import release_free_memory
 from workers.reconciler import Reconciler
 from workers.segment import SegmentSynthesizer
@@ -34,6 +35,7 @@ class WorkerRuntime:
     """The worker's dependencies, built once per process and handed to tasks."""
 
     settings: Settings
+    layout: Layout
     hostname: str
     device: str
     store: JobStore
@@ -63,6 +65,8 @@ class WorkerRuntime:
             {
                 "pid": os.getpid(),
                 "device": self.device,
+                "hosts": self.layout.replicas,  # the API's pace estimate counts every worker's model hosts
+                "torch_threads": self.layout.torch_threads,
                 "models": self.backend.loaded_models(),
                 "loading": list(self._loading),
                 "pool": loaded,
@@ -130,7 +134,7 @@ class WorkerRuntime:
                     self.device,
                 )
                 # Straight to the pool: a load is not work, and must not skew the throughput stats.
-                for replica in range(self.settings.model_replicas):
+                for replica in range(self.layout.replicas):
                     self.backend.pool.synthesize(spec, [SynthesisRequest(text="ready")], replica)
                 self._loading.remove(spec.name)
         except Exception:

@@ -27,6 +27,8 @@ from workers.backend import PooledBackend
 from workers.batcher import Batcher, BatchObserver
 from workers.celery_app import Enqueue
 from workers.janitor import Janitor
+from workers.launch import visible_gpus
+from workers.layout import Layout, machine_layout
 from workers.pool.handle import ModelHost
 from workers.pool.pool import ModelPool, replica_device
 from workers.reconciler import Reconciler
@@ -47,12 +49,14 @@ def batch_observer(stats: Stats) -> BatchObserver:
         BATCH_SIZE.labels(model).observe(size)
         SYNTHESIS_SECONDS.labels(model).observe(seconds)
         with contextlib.suppress(redis.RedisError):
-            stats.record(chars=chars, busy_s=seconds, segments=size, calls=1)
+            solo = size == 1  # a segment made alone: the pace the first-audio check compares with
+            stats.record(chars=chars, busy_s=seconds, segments=size, calls=1, solo_chars=chars if solo else 0,
+                         solo_s=seconds if solo else 0.0, rows_sq=size * size, rows_s=size * seconds)  # fmt: skip
 
     return observe
 
 
-def _model_pool(settings: Settings) -> ModelPool:
+def _model_pool(settings: Settings, layout: Layout) -> ModelPool:
     """Return the pool that runs each model in a host process of its own."""
     # "auto" is resolved inside each model host: the worker itself never imports torch.
     return ModelPool(
@@ -60,7 +64,7 @@ def _model_pool(settings: Settings) -> ModelPool:
             spec,
             device=replica_device(settings.device, replica),
             log_level=settings.log_level,
-            torch_threads=settings.torch_threads,
+            torch_threads=layout.torch_threads,
         ),
         budget_mb=settings.model_budget_mb,
         idle_s=settings.model_idle_s,
@@ -68,7 +72,7 @@ def _model_pool(settings: Settings) -> ModelPool:
     )
 
 
-def _batcher(settings: Settings, pool: ModelPool, stats: Stats, policy: SchedulingPolicy) -> Batcher:
+def _batcher(settings: Settings, layout: Layout, pool: ModelPool, stats: Stats, policy: SchedulingPolicy) -> Batcher:
     """Return the batcher feeding ``pool``, trading fuller batches against urgency as the policy says."""
     return Batcher(
         pool.synthesize,
@@ -76,7 +80,7 @@ def _batcher(settings: Settings, pool: ModelPool, stats: Stats, policy: Scheduli
         max_wait_s=settings.batch_wait_ms / 1000,
         max_ratio=settings.batch_max_ratio,
         timing=policy.batch_timing,
-        replicas=settings.model_replicas,
+        replicas=layout.replicas,
         observe=batch_observer(stats),
         join_batch=pool.join if settings.batch_join else None,
     )
@@ -129,6 +133,13 @@ def job_store_client(url: str, *, timeout_s: float = REDIS_TIMEOUT_S) -> redis.R
     )  # fmt: skip
 
 
+def worker_layout(settings: Settings) -> Layout:
+    """Return this worker's model hosts and threads, ``auto`` chosen for the machine (and logged)."""
+    # nvidia-smi is only asked when a device is left to auto: a worker the launcher pinned names its GPU.
+    visible = visible_gpus() if "auto" in settings.device else []
+    return machine_layout(settings.model_replicas, settings.torch_threads, settings.device, visible)
+
+
 def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> WorkerRuntime:
     """Wire a worker's dependencies from the settings."""
     client = job_store_client(settings.redis_url)
@@ -143,9 +154,12 @@ def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> Wor
         policy=scheduling_policy(settings),
     )
     registry = load_registry(settings)
-    pool = _model_pool(settings)
+    layout = worker_layout(settings)
+    pool = _model_pool(settings, layout)
     backend = PooledBackend(
-        batcher=_batcher(settings, pool, shared.stats, shared.policy), pool=pool, timeout_s=settings.task_time_limit_s
+        batcher=_batcher(settings, layout, pool, shared.stats, shared.policy),
+        pool=pool,
+        timeout_s=settings.task_time_limit_s,
     )
     synthesizer = SegmentSynthesizer(
         stats=shared.stats,
@@ -171,6 +185,7 @@ def build_runtime(settings: Settings, *, hostname: str, enqueue: Enqueue) -> Wor
     )
     return WorkerRuntime(
         settings=settings,
+        layout=layout,
         hostname=hostname,
         device=settings.device,
         store=shared.store,

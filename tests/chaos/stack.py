@@ -30,7 +30,6 @@ WORKER_ENV = {
     "TTS_DEFAULT_MODEL": "espeak-en",
     "TTS_DEVICE": "cpu",
     "TTS_METRICS_PORT": "0",
-    "TTS_TORCH_THREADS": "1",
     "TTS_LOG_LEVEL": "INFO",
     "TTS_LOG_FORMAT": "json",
     # The ``faulty`` engine is test code: the workers load it as a plugin, production never does.
