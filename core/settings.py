@@ -62,9 +62,8 @@ class Settings(JobSettings, ApiSettings, WorkerSettings):
     )
     engine_plugins: str = Field(
         "",
-        description="Comma-separated modules imported when the model registry loads (API and workers alike), "
-        "each registering engines with core.registry.register_engine; the tests' faulty engine is one "
-        "(tests.support.engines).",
+        description="Comma-separated modules imported when the model registry loads, in the API and the workers; "
+        "each registers engines with core.registry.register_engine.",
     )
     log_level: str = Field("INFO", description="Python logging level.")
 

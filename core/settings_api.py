@@ -23,8 +23,7 @@ class ApiSettings(BaseSettings):
     max_streams_per_process: int = Field(
         2000,
         ge=1,
-        description="The same, for all callers together in one API process (beyond it 503 with Retry-After); "
-        "gunicorn's worker_connections is set above it, so the rest of the API always finds a connection.",
+        description="The same, for all callers together in one API process; beyond it 503 with Retry-After.",
     )
     stream_keepalive_s: float = Field(
         15.0,
@@ -41,8 +40,8 @@ class ApiSettings(BaseSettings):
     api_redis_connections: int = Field(
         100,
         ge=4,
-        description="Redis connections one API process opens at most; a request beyond them waits for one (up to "
-        "10 s, then 503). Held streams need none of their own: each process's waits share one.",
+        description="Redis connections one API process opens at most; a request beyond them waits up to 10 s for "
+        "one, then gets 503.",
     )
 
     admission_realtime_wait_s: float = Field(
@@ -77,9 +76,8 @@ class ApiSettings(BaseSettings):
     breaker_cooldown_s: float = Field(30.0, gt=0, description="How long an open breaker refuses jobs.")
     api_keys: str = Field(
         "",
-        description="Comma-separated `key=submissions_per_minute` (or just `key`, at least 16 characters); empty "
-        "turns auth off (local use). With keys on, each job belongs to the key that submitted it. Checked at start: "
-        "a malformed entry stops the service.",
+        description="Comma-separated `key=submissions_per_minute` (or just `key`), each key at least 16 characters; "
+        "empty turns authentication off. A malformed entry stops the service at start.",
     )
     cache_scope: Literal["auto", "caller", "shared"] = Field(
         "auto",

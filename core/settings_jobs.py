@@ -18,22 +18,21 @@ class JobSettings(BaseSettings):
     max_segments: int = Field(
         2_000,
         ge=1,
-        description="Most segments one job may plan into; a 20,000-character book plans into about 450 to 520. "
-        "Over it, or over max_text_chars once normalised, a job is refused with 413 before any work is queued.",
+        description="Most segments one job may plan into (a 20,000-character book plans into about 500); over it "
+        "a job is refused with 413 before any work is queued.",
     )
     max_body_bytes: int = Field(256 * 1024, ge=1024, description="Largest request body accepted.")
     segment_max_chars: int = Field(
         60,
         ge=10,
-        description="Segments pack sentences up to this many characters. One engine call lasts as long as its "
-        "longest segment, and holds a model replica for that long: shorter segments bound everyone's wait.",
+        description="Segments pack sentences up to this many characters; shorter segments bound how long one "
+        "engine call holds a model host, and so everyone's wait.",
     )
     first_segment_max_chars: int = Field(
         24,
         ge=5,
-        description="The first segment is kept this short (a clause; a lead clause under half of it takes the next "
-        "clause when that is more than twice as long, up to 1.5x this); each next one is at most this long or as "
-        "long as all before it together.",
+        description="The first segment is kept this short, so that the first audio comes early; each next one is "
+        "at most this long or as long as all before it together.",
     )
     batch_lane_chars: int = Field(2000, ge=1, description="Jobs longer than this default to the batch lane.")
     enqueue_window_batch: int = Field(
@@ -49,8 +48,8 @@ class JobSettings(BaseSettings):
     reconcile_stall_s: float = Field(
         900.0,
         gt=0,
-        description="Re-enqueue a live job's missing segments after this long without progress; keep it above "
-        "2x the task time limit, or a slow segment is counted twice against its attempts.",
+        description="Re-enqueue a live job's missing segments after this long without progress; too low only "
+        "costs duplicate work.",
     )
     job_deadline_s: float = Field(6 * 3600.0, gt=0, description="A job not done this long after submission fails.")
     text_stream_flush_s: float = Field(
@@ -113,5 +112,6 @@ class JobSettings(BaseSettings):
     visibility_timeout_s: int = Field(
         3600,
         ge=30,
-        description="A delivered task not acked this long is delivered again; keep above 3x the time limit.",
+        description="A delivered task not acked this long is delivered again; a value under 3x the task time limit "
+        "is raised to that.",
     )

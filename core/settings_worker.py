@@ -37,9 +37,8 @@ class WorkerSettings(BaseSettings):
     batch_max_ratio: float = Field(1.5, ge=1.0, description="Longest/shortest text length allowed in one batch.")
     batch_join: bool = Field(
         True,
-        description="Let a segment that must start now (a job's first, a stream's next about to be late) join an "
-        "engine call already running, between its decode steps, when every replica is busy (ChatTTS; other "
-        "engines make it wait). Off: it waits for a call to end.",
+        description="Let a segment that must start now join an engine call already running, between its decode "
+        "steps, when every model host is busy (ChatTTS only). Off: it waits for a call to end.",
     )
     scheduler: Scheduler = Field(
         "deadline",
@@ -54,25 +53,20 @@ class WorkerSettings(BaseSettings):
     batch_urgent_horizon_s: float = Field(
         2.0,
         ge=0,
-        description="A batch whose most urgent segment must start now (due within one engine call) only takes "
-        "segments due within this many seconds of it, unless the engines are behind (more than a batch is "
-        "waiting, or that segment is already later than a call or than this, beyond a first segment's priority): "
-        "where each extra segment lengthens the call (a CPU), company that could wait would make the waiting "
-        "listener wait longer. Larger fills such batches more.",
+        description="A batch whose most urgent segment must start now only takes segments due within this many "
+        "seconds of it, unless the engines are behind. Larger fills such batches more.",
     )
     deadline_lead: float = Field(
         2.0,
         ge=0,
-        description="A stream's next segment is ordered this many engine calls before its deadline, so it is "
-        "written by then (one call may be running, then its own); a call is the recent average, longer "
-        "for a longer text.",
+        description="A playing stream's next segment is ordered this many engine calls (the recent average, longer "
+        "for a longer text) before its deadline, so that it is written by then.",
     )
     deadline_first_priority_s: float = Field(
         2.0,
         ge=0,
         description="A job's first segment is ordered as many seconds before its deadline as it is already late, "
-        "up to this: when the engines are overloaded someone must wait, and a listener who has heard nothing "
-        "yet waits first-hand.",
+        "up to this, so that under overload a listener who has heard nothing yet is served first.",
     )
     deadline_first_audio_s: float = Field(
         1.0, ge=0, description="Expected first-audio time of a realtime job: its listener's start until known."
