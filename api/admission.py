@@ -120,8 +120,10 @@ class Admission:
         segment_s, call_s = self.pace(hosts=hosts, queued=queued)
         if segment_s <= 0:
             return 0.0
-        # The engines are making up to a full call's rows on each host now: the earliest due, as they chose them.
-        running = min(len(ahead), max(1, hosts) * max(1, min(self.max_batch, math.ceil(queued / max(1, hosts)))))
+        # Each host is making about a recent call's rows now: the earliest due, as the scheduler chose them.
+        recent = self.stats.window()
+        rows = recent.segments / recent.calls if recent.calls else 0.0
+        running = min(len(ahead), max(1, hosts) * math.floor(rows))
         # Also ahead of everything weighed: the long-overdue, and under FIFO everything not weighed.
         before = outstanding - len(ahead) if not self.policy.by_deadline else overdue
         new = [d for d in deadlines if d <= now + HORIZON_S]
@@ -175,15 +177,15 @@ class Admission:
         return first_chars * self._solo_s_per_char
 
     def check_first_audio(self, first_chars: int, *, margin_s: float = 0.0) -> None:
-        """Raise ServiceUnavailable (503) when a realtime job's first segment would take more than
-        ``TTS_ADMISSION_FIRST_AUDIO_S`` longer to make than one made alone (less ``margin_s``, the room kept for
-        retries, down to half the limit at most), judged by how long recent first segments took per character.
+        """Raise ServiceUnavailable (503) when a realtime job's first segment would take longer than
+        ``TTS_ADMISSION_FIRST_AUDIO_S`` to make, or, on engines that take longer than that alone, that much longer
+        than alone (less ``margin_s``, the room kept for retries, down to half the limit at most), judged by how
+        long recent first segments took per character.
 
         The deadline check (``check_listeners``) counts the work queued ahead of a newcomer; this one sees what a
         queue estimate cannot: a first segment shares its engine call with every row in it, so under load it takes
         longer to make whatever is ahead of it. Refusing newcomers then shrinks the calls, and first segments speed
-        up again. Measured against a segment made alone, so that on engines slower than real time (a big model on
-        CPUs) a job alone is still let in. Retry-After is the time first segments take now, and never less than
+        up again. Retry-After is the time first segments take now, and never less than
         the window the estimate reads (``FIRST_AUDIO_WINDOW_S``): a retry sooner is judged on mostly the same slow
         first segments.
         """
@@ -192,19 +194,22 @@ class Admission:
         estimate = self.estimated_first_audio_s(first_chars)
         if estimate <= 0:
             return
+        # Engines that make a first segment within the limit are held to it; slower ones (a big model on CPUs),
+        # to the limit beyond what they take alone, so that a job alone is still let in.
         alone = self.alone_first_audio_s(first_chars)
+        over = alone if alone > self.first_audio_s else 0.0
         kept_s = min(margin_s, self.first_audio_s / 2)
-        if estimate - alone > self.first_audio_s - kept_s:
+        if estimate - over > self.first_audio_s - kept_s:
             ADMISSION_REJECTIONS.labels("first_audio").inc()
             less = f", less {kept_s:g} s kept for retries" if kept_s > 0 else ""
             raise ServiceUnavailable(
                 f"the engines are at capacity: this realtime job's first audio would take about {estimate:.1f} s to "
-                f"make, {estimate - alone:.1f} s longer than alone (limit TTS_ADMISSION_FIRST_AUDIO_S="
-                f"{self.first_audio_s:g} s{less}); retry after Retry-After, "
+                f"make{f', {estimate - over:.1f} s longer than alone' if over else ''} (limit "
+                f"TTS_ADMISSION_FIRST_AUDIO_S={self.first_audio_s:g} s{less}); retry after Retry-After, "
                 'or submit with priority "batch"',
                 retry_after=max(FIRST_AUDIO_WINDOW_S, math.ceil(estimate)),
                 estimated_first_audio_s=round(estimate, 2),
-                **({KEPT_FOR_RETRIES: kept_s} if estimate - alone <= self.first_audio_s else {}),
+                **({KEPT_FOR_RETRIES: kept_s} if estimate - over <= self.first_audio_s else {}),
             )
 
     def reserve_audio(self, model: str, chars: int, lane: str = "realtime") -> Reserved:

@@ -62,8 +62,6 @@ def service_env(*, model: str, device: str, models: Path, max_batch: int, torch_
         "TTS_BATCH_MAX_SIZE": str(max_batch),
         "TTS_WORKER_CONCURRENCY": str(max(128, 2 * max_batch)),
         "TTS_TORCH_THREADS": str(torch_threads),
-        "TTS_HEARTBEAT_S": "1",
-        "TTS_LOG_LEVEL": "INFO",
     }
 
 

@@ -71,7 +71,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         for pair in ("TTS_ADMISSION_LATENESS_S=0", "TTS_ADMISSION_REALTIME_WAIT_S=3600"):
             if not any(p.startswith(pair.split("=")[0] + "=") for p in args.service_env):
                 args.service_env.append(pair)
-                args.changed.append(pair)
     return args
 
 
@@ -229,7 +228,7 @@ def write_results(
         "targets": rows,
         "elapsed_s": elapsed,
     }
-    write_run(out, "headline", document, record)
+    write_run(out, "headline", document, record, published_as="headline-real" if args.real_size else None)
     if results:
         chart.draw(results, out / "headline.png", title=title)
         shutil.copy(out / "headline.png", out.parent / "headline.png")

@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=8,
         help="TTS_BATCH_MAX_SIZE of both stacks (default 8: on CPU an engine call lasts as long as its batch is "
-        "big, and first audio waits for one; 16 gives the tiny engine its best throughput, see NOTES)",
+        "big, and first audio waits for one; 16, the service's default, gives the tiny engine its best throughput)",
     )
     args = resolve_stack_arguments(parser.parse_args(argv))
     if not any(pair.startswith("TTS_BATCH_MAX_SIZE=") for pair in args.service_env):

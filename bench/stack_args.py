@@ -122,9 +122,8 @@ def resolve_stack_arguments(args: argparse.Namespace) -> argparse.Namespace:
     if args.real_size:
         args.model = "chattts-random" if args.model == "chattts-tiny" else args.model
         args.max_chars = args.max_chars or REAL_SIZE_MAX_CHARS
-    args.changed = [f"{n}={v}" for n, v in (("TTS_DEVICE", args.device), ("TTS_MODEL_REPLICAS", args.replicas),
-                                            ("TTS_TORCH_THREADS", args.torch_threads)) if v is not None]  # fmt: skip
-    args.changed += list(args.service_env)
+    args.layout_set = [f"{n}={v}" for n, v in (("TTS_DEVICE", args.device), ("TTS_MODEL_REPLICAS", args.replicas),
+                                               ("TTS_TORCH_THREADS", args.torch_threads)) if v is not None]  # fmt: skip
     args.device = args.device or ("auto" if has_cuda() else "cpu")
     layout = resolve_layout(
         AUTO if args.replicas is None else args.replicas,
@@ -141,9 +140,14 @@ def default_layout() -> Layout:
     return resolve_layout(AUTO, AUTO, gpus=0, cores=usable_cores())
 
 
+def changed_settings(args: argparse.Namespace) -> list[str]:
+    """Return the ``NAME=VALUE`` settings a run changes from `make run`'s defaults: those its command line set."""
+    return [*args.layout_set, *args.service_env]
+
+
 def settings_line(args: argparse.Namespace) -> str:
     """Return the settings a run changed from `make run`'s defaults (beside the model it measures), in words."""
-    changed = ", ".join(args.changed)
+    changed = ", ".join(changed_settings(args))
     return f"settings changed from `make run`'s defaults: {changed}" if changed else "`make run`'s default settings"
 
 
@@ -158,7 +162,7 @@ def service_env(args: argparse.Namespace, out: Path) -> dict[str, str]:
     """Return the environment the worker, the API, the baseline and the engine measurement share: the model under
     test, and whatever the command line changed."""
     env = {"TTS_MODELS_FILE": str(bench_models_file(out)), "TTS_DEFAULT_MODEL": args.model}
-    for pair in args.changed:  # only what the command line set: the rest is `make run`'s defaults
+    for pair in changed_settings(args):  # only what the command line set: the rest is `make run`'s defaults
         name, _, value = pair.partition("=")
         env[name] = value
     os.environ.update(env)  # this process reads the same settings (registry, segment caps)

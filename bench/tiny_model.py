@@ -11,7 +11,7 @@ from devstack.local import ROOT
 
 MODEL = "chattts-tiny"
 #: Torch threads per model host. One, not two: on 2 shared cores a second OpenMP thread that loses its core
-#: stalls every one of the tiny model's many small ops (NOTES-batch-cache-stream.md has the figures).
+#: stalls every one of the tiny model's many small ops.
 TORCH_THREADS = int(os.environ.get("BENCH_TORCH_THREADS", "1"))
 
 

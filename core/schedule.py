@@ -191,8 +191,7 @@ def admission_excess(
     With ``margin_s``, every segment the job would delay, and the job's own, must be left that much to spare:
     the excess then counts from ``margin_s`` before each limit (segments it does not delay are not weighed).
 
-    The ``running`` earliest-due admitted segments are in engine calls already, which the new job joins rather
-    than waits for: it delays none of them.
+    The ``running`` earliest-due admitted segments are in engine calls already: a newcomer cannot delay them.
     """
     admitted = [d if isinstance(d, tuple) else (d, False) for d in ahead]
     tagged = sorted([(d, False, first) for d, first in admitted], key=lambda x: x[0])
@@ -205,12 +204,12 @@ def admission_excess(
         due, is_new, waiting = item
         ranks[is_new] += 1
         if id(item) in in_calls:
-            continue  # being made already
+            continue  # being made already: a newcomer joins its call, and cannot delay it
         late = now + position * segment_s + call_s - due
         anyway = now + ranks[is_new] * segment_s + call_s - due
         spare = margin_s if is_new or late > anyway else 0.0
         if waiting:  # a first segment the job would delay is judged as the job's own: against being made alone
-            if late > anyway:
+            if late > anyway:  # it runs after the newcomer
                 alone = now + segment_s + call_s - due
                 worst = max(worst, late - max(0.0, alone) - allowance_s + spare)
             continue

@@ -57,7 +57,8 @@ class ApiSettings(BaseSettings):
         1.0,
         ge=0,
         description="Refuse a realtime job (503, Retry-After) whose first segment, at the pace recent first segments "
-        "were made, would take this many seconds longer than one made alone. 0 turns it off.",
+        "were made, would take longer than this (on engines slower than this alone: this much longer than alone). "
+        "0 turns it off.",
     )
     admission_retry_margin_s: float = Field(
         0.25,

@@ -6,7 +6,7 @@
     python -m workers.launch --fake-devices 3  # three CPU workers standing in for three GPUs (tests)
 
 A worker batches only the segments it took from the broker; one worker holding a host on every GPU batches
-from all of them, and made fuller calls on the CPU stand-in (bench/NOTES-workers.md).
+from all of them, and so makes fuller calls (`make bench-workers` compares the two layouts).
 
 A worker that exits is restarted in its own slot (same GPU, same environment) after a backoff
 that doubles from 1 s to 30 s; there is never more than one worker per slot. SIGTERM or Ctrl-C
@@ -33,12 +33,10 @@ REPLICAS_ENV = "TTS_MODEL_REPLICAS"
 LAYOUT_ENV = "TTS_WORKER_LAYOUT"
 LAYOUTS = ("per-device", "one")
 WORKER_COMMAND: tuple[str, ...] = (sys.executable, "-m", "workers")
-#: glibc malloc settings for workers, unless the environment sets its own. A worker's 128 task threads each
-#: get a malloc arena, and segment-sized buffers (100 KB to a few MB of audio) freed in one and allocated in
-#: another fragment them. Under 30 minutes of `make soak` the workers' resident memory ended at 445 MB, +14%
-#: after warm-up, with glibc's defaults; with two arenas and buffers over 128 KB mapped on their own (no
-#: adaptive threshold) it ended at 250 MB, +7.6%; adding malloc_trim each minute (workers/memory.py), it
-#: stayed near 228 MB, +2.1% after warm-up.
+#: glibc malloc settings for workers, unless the environment sets its own. A worker's task threads each get a
+#: malloc arena, and segment-sized buffers freed in one and allocated in another fragment them: two arenas, and
+#: large buffers mapped on their own (no adaptive threshold), keep a worker's resident memory from creeping up
+#: under load (`make soak` measures it; workers/memory.py trims the rest).
 ALLOCATOR_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": "131072"}
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 30.0
