@@ -71,33 +71,18 @@ class Admission:
         self.retry_margin_s = settings.admission_retry_margin_s
         self.batch_share = settings.store_batch_share
         self.refusals = refusals
-        self.max_batch = settings.batch_max_size  # the fullest call the queue can make
         self._solo_s_per_char = 0.0  # the last pace of a segment made alone this process saw
 
-    def pace(self, *, hosts: int, queued: int = 0) -> tuple[float, float]:
-        """Return the engines' pace with ``queued`` segments to make: seconds per segment, all of them together,
-        and seconds per engine call (0, 0 when unknown).
-
-        Where recent calls of different sizes show what a call costs by its rows (``Window.call_line``), the pace
-        is that of calls as full as the queue would make them: a call's fixed cost is shared by its rows, so an
-        engine that made small calls under a light load goes faster under a heavier one. Judged by the small
-        calls' pace alone, admission would keep the load light, and so the calls small and the engines slow.
-        Otherwise it is the recent mean.
-        """
+    def pace(self, *, hosts: int) -> tuple[float, float]:
+        """Return the engines' recent pace: seconds per segment, all of them together, and seconds per engine
+        call (0, 0 when unknown)."""
         recent = self.stats.window()
-        line = recent.call_line()
-        if line is not None:
-            fixed, per_row = line
-            rows = max(1, min(self.max_batch, math.ceil(queued / max(1, hosts))))
-            call_s = fixed + per_row * rows
-            return call_s / (rows * max(1, hosts)), call_s
         speed = recent.chars_per_busy_second * max(1, hosts)  # busy seconds overlap on the hosts
         return (recent.chars_per_segment / speed if speed > 0 else 0.0), recent.seconds_per_call
 
-    def segment_s(self, *, hosts: int, queued: int = 0) -> float:
-        """Return the seconds the engines take per segment with ``queued`` to make, all of them together (0:
-        unknown)."""
-        return self.pace(hosts=hosts, queued=queued)[0]
+    def segment_s(self, *, hosts: int) -> float:
+        """Return the seconds the engines take per segment at their recent pace, all of them together (0: unknown)."""
+        return self.pace(hosts=hosts)[0]
 
     def estimated_wait_s(self, due: float, *, hosts: int) -> float:
         """Return the seconds before a segment due at ``due`` would start, or 0 when nothing is known yet.
@@ -105,31 +90,23 @@ class Admission:
         Workers run the earliest deadline first, so only outstanding segments due no later than
         this one are ahead of it (with FIFO scheduling, every outstanding segment is).
         """
-        ahead = self.book.due_by(self.policy.ahead_until(due))
-        return ahead * self.segment_s(hosts=hosts, queued=ahead)
+        return self.book.due_by(self.policy.ahead_until(due)) * self.segment_s(hosts=hosts)
 
     def excess_s_if_admitted(
         self, deadlines: Sequence[float], *, hosts: int, now: float, margin_s: float = 0.0
     ) -> float:
         """Return by how long admitting a job with these deadlines would delay some listener past the allowance
         (less ``margin_s``: the room it must leave)."""
-        if not deadlines:
+        segment_s, call_s = self.pace(hosts=hosts)
+        if segment_s <= 0 or not deadlines:
             return 0.0
         ahead, outstanding, overdue = self.book.window(now - PAST_S, now + HORIZON_S, limit=MOST_WEIGHED)
-        queued = outstanding + len(deadlines)
-        segment_s, call_s = self.pace(hosts=hosts, queued=queued)
-        if segment_s <= 0:
-            return 0.0
-        # Each host is making about a recent call's rows now: the earliest due, as the scheduler chose them.
-        recent = self.stats.window()
-        rows = recent.segments / recent.calls if recent.calls else 0.0
-        running = min(len(ahead), max(1, hosts) * math.floor(rows))
         # Also ahead of everything weighed: the long-overdue, and under FIFO everything not weighed.
         before = outstanding - len(ahead) if not self.policy.by_deadline else overdue
         new = [d for d in deadlines if d <= now + HORIZON_S]
         return admission_excess(now, ahead, new, segment_s=segment_s, allowance_s=self.lateness_s,
                                 by_deadline=self.policy.by_deadline, before=before, call_s=call_s,
-                                margin_s=margin_s, running=running)  # fmt: skip
+                                margin_s=margin_s)  # fmt: skip
 
     def check_listeners(self, deadlines: Sequence[float], *, hosts: int, margin_s: float = 0.0) -> None:
         """Raise ServiceUnavailable (503) when admitting a realtime job would make a listener wait: a segment of a

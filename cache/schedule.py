@@ -43,17 +43,15 @@ class ScheduleBook:
         """Return how many outstanding segments are due no later than ``when``."""
         return int(self.redis.zcount(self.due_key, "-inf", when))
 
-    def window(self, since: float, until: float, *, limit: int) -> tuple[list[tuple[float, bool]], int, int]:
+    def window(self, since: float, until: float, *, limit: int) -> tuple[list[float], int, int]:
         """Return, in one round trip: the deadlines (oldest first) of up to ``limit`` outstanding segments due in
-        [since, until], each with whether it is a job's first segment (its listener has heard nothing yet), how
-        many segments are outstanding, and how many are due before ``since``."""
+        [since, until], how many segments are outstanding, and how many are due before ``since``."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.zrangebyscore(self.due_key, since, until, start=0, num=limit, withscores=True)
         pipe.zcard(self.due_key)
         pipe.zcount(self.due_key, "-inf", f"({since}")
         found, outstanding, overdue = pipe.execute()
-        due = [(float(score), keys.parse_segment_member(member)[1] == 0) for member, score in found]
-        return due, int(outstanding), int(overdue)
+        return [float(score) for _, score in found], int(outstanding), int(overdue)
 
     def outstanding(self) -> int:
         """Return how many segments are outstanding (queued, held by a worker or running)."""

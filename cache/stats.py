@@ -15,10 +15,6 @@ from cache import keys, scripts
 
 BUCKET_S = 1
 WINDOW_S = 60
-#: A line of call seconds against rows is fitted only over this many calls ...
-CALL_LINE_MIN_CALLS = 20
-#: ... whose rows vary at least this much (variance): calls all of one size say nothing of other sizes.
-CALL_LINE_MIN_VARIANCE = 0.5
 #: How old a window the API's admission and breaker may answer from (see ``Stats``).
 API_MAX_AGE_S = 0.5
 
@@ -41,11 +37,6 @@ class Window:
     #: Engine calls that carried one segment: their characters and seconds, the pace of a segment made alone.
     solo_chars: float = 0.0
     solo_s: float = 0.0
-    #: Over engine calls, the sums of rows squared and of rows × seconds: with ``calls``, ``segments`` and
-    #: ``busy_s``, what a least-squares line of a call's seconds against its rows needs (``call_line``).
-    rows_sq: float = 0.0
-    rows_s: float = 0.0
-
     @property
     def chars_per_busy_second(self) -> float:
         """Return one worker's speed while busy, in characters per second (0 when unknown)."""
@@ -71,23 +62,6 @@ class Window:
         """Return the seconds a one-segment engine call took per character (0 when none was made lately)."""
         return self.solo_s / self.solo_chars if self.solo_chars > 0 else 0.0
 
-    def call_line(self, *, min_calls: int = CALL_LINE_MIN_CALLS) -> tuple[float, float] | None:
-        """Return (fixed, per_row): the seconds an engine call takes as ``fixed + per_row × rows``, fitted by least
-        squares to the window's calls; None when too few calls, or too few different sizes, say.
-
-        A call's cost is part fixed (each decode step's launches and Python, the same for 1 row as for 16) and
-        part per row (the maths): how much fuller calls would raise throughput is the ratio of the two.
-        """
-        n = self.calls
-        spread = n * self.rows_sq - self.segments**2  # n² × the variance of the rows
-        if n < min_calls or spread <= CALL_LINE_MIN_VARIANCE * n * n:
-            return None
-        per_row = (n * self.rows_s - self.segments * self.busy_s) / spread
-        fixed = (self.busy_s - per_row * self.segments) / n
-        if per_row <= 0 or fixed < 0:  # noise, or calls that grow faster than their rows: no line to trust
-            return None
-        return fixed, per_row
-
     @property
     def failure_rate(self) -> float:
         """Return the share of segment attempts that failed."""
@@ -112,7 +86,6 @@ class Stats:
     def record(
         self, *, chars: int = 0, busy_s: float = 0.0, segments: int = 0, calls: int = 0, ok: int = 0, failed: int = 0,
         first_chars: int = 0, first_s: float = 0.0, solo_chars: int = 0, solo_s: float = 0.0,
-        rows_sq: int = 0, rows_s: float = 0.0,
     ) -> None:  # fmt: skip
         """Add one engine call's work, or one segment's outcome (with a realtime first segment's characters and the
         seconds it took to make), to the current bucket."""
@@ -121,7 +94,7 @@ class Stats:
         for name, value in (("chars", chars), ("busy_s", busy_s), ("segments", segments), ("calls", calls),
                             ("ok", ok), ("failed", failed), ("firsts", 1 if first_chars else 0),
                             ("first_chars", first_chars), ("first_s", first_s), ("solo_chars", solo_chars),
-                            ("solo_s", solo_s), ("rows_sq", rows_sq), ("rows_s", rows_s)):  # fmt: skip
+                            ("solo_s", solo_s)):  # fmt: skip
             if value:
                 pipe.hincrbyfloat(key, name, value)
         pipe.expire(key, WINDOW_S * 3)

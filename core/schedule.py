@@ -161,7 +161,7 @@ def playback_stalls(finished: Sequence[float], durations: Sequence[float]) -> tu
 
 def admission_excess(
     now: float,
-    ahead: Sequence[float | tuple[float, bool]],
+    ahead: Sequence[float],
     new: Sequence[float],
     *,
     segment_s: float,
@@ -170,7 +170,6 @@ def admission_excess(
     before: int = 0,
     call_s: float = 0.0,
     margin_s: float = 0.0,
-    running: int = 0,
 ) -> float:
     """Return by how many seconds admitting ``new`` would delay some listener past ``allowance_s``; 0 if it would not.
 
@@ -180,38 +179,24 @@ def admission_excess(
     engine call, which makes a whole batch at once) after its turn comes, earliest deadline first, or under
     FIFO the admitted ones first and the new job last: the scheduler's own order and deadlines.
 
-    Admitting the job may delay none of the admitted segments of a stream that is playing past its deadline (or,
-    if it is late anyway, past when it would be made without the new job): a stream that is playing is never
-    made to wait for a newcomer, and one that is already late closes the door only to jobs that would run before
-    it. The new job's own segments, and an admitted job's first segment (an entry of ``ahead`` given as
-    ``(deadline, True)``: its listener is waiting for first audio, not playing), may be made up to
-    ``allowance_s`` later than they would be alone on an idle service. The excess is the longest overrun: the
-    seconds of work the engines must clear before the job fits, an honest Retry-After.
+    Admitting the job may delay none of the admitted segments past its deadline (or, if it is late anyway,
+    past when it would be made without the new job): a stream that is playing is never made to wait for a
+    newcomer, and one that is already late closes the door only to jobs that would run before it. The new
+    job's own segments may be made up to ``allowance_s`` later than on an idle service. The excess is the
+    longest overrun: the seconds of work the engines must clear before the job fits, an honest Retry-After.
 
     With ``margin_s``, every segment the job would delay, and the job's own, must be left that much to spare:
     the excess then counts from ``margin_s`` before each limit (segments it does not delay are not weighed).
-
-    The ``running`` earliest-due admitted segments are in engine calls already: a newcomer cannot delay them.
     """
-    admitted = [d if isinstance(d, tuple) else (d, False) for d in ahead]
-    tagged = sorted([(d, False, first) for d, first in admitted], key=lambda x: x[0])
-    in_calls = {id(item) for item in tagged[:running]}
-    mine = [(d, True, False) for d in new]
+    tagged = sorted([(d, False) for d in ahead], key=lambda x: x[0])
+    mine = [(d, True) for d in new]
     order = sorted(tagged + mine, key=lambda x: x[0]) if by_deadline else tagged + mine
     worst = 0.0
     ranks = {False: before, True: 0}  # each kind's own position: where it would run without the other kind
-    for position, item in enumerate(order, start=before + 1):
-        due, is_new, waiting = item
+    for position, (due, is_new) in enumerate(order, start=before + 1):
         ranks[is_new] += 1
-        if id(item) in in_calls:
-            continue  # being made already: a newcomer joins its call, and cannot delay it
         late = now + position * segment_s + call_s - due
         anyway = now + ranks[is_new] * segment_s + call_s - due
         spare = margin_s if is_new or late > anyway else 0.0
-        if waiting:  # a first segment the job would delay is judged as the job's own: against being made alone
-            if late > anyway:  # it runs after the newcomer
-                alone = now + segment_s + call_s - due
-                worst = max(worst, late - max(0.0, alone) - allowance_s + spare)
-            continue
         worst = max(worst, late - max(0.0, anyway) - (allowance_s if is_new else 0.0) + spare)
     return worst

@@ -474,29 +474,3 @@ def test_the_api_lets_in_the_same_request_sent_again_after_its_retry_after_befor
     assert app.test_client().post("/v1/jobs", json=asking).status_code == 202, "the same one, after Retry-After"
     assert app.test_client().post("/v1/jobs", json=asking).status_code == 503, "let in once as a retry"
 
-
-def test_the_engines_pace_is_that_of_calls_as_full_as_the_queue_would_make_them() -> None:
-    # Calls of 2 and of 10 rows: 1 s fixed, 0.1 s a row, as the line fitted to them says.
-    calls = [(2, 1.2), (10, 2.0)] * 10
-    window = Window(calls=len(calls), segments=sum(r for r, _ in calls), busy_s=sum(s for _, s in calls),
-                    rows_sq=sum(r * r for r, _ in calls), rows_s=sum(r * s for r, s in calls))  # fmt: skip
-    fixed, per_row = window.call_line() or (0.0, 0.0)
-    assert (fixed, per_row) == (pytest.approx(1.0), pytest.approx(0.1))
-    assert Window(calls=20, segments=40, busy_s=24, rows_sq=80, rows_s=48).call_line() is None, "one size only"
-    assert Window(calls=3, segments=12, busy_s=4.8, rows_sq=104, rows_s=23).call_line() is None, "too few calls"
-
-
-def test_admission_judges_a_deep_queue_at_the_pace_of_full_calls(paced: tuple[str, redis.Redis]) -> None:
-    isolated, client = paced
-    client.flushdb()  # the fixture's own stats were no engine calls
-    stats = Stats(client)
-    for rows, seconds in [(2, 1.2), (10, 2.0)] * 10:
-        stats.record(chars=rows * 20, busy_s=seconds, segments=rows, calls=1, rows_sq=rows * rows,
-                     rows_s=rows * seconds)  # fmt: skip
-    loaded = load_settings(redis_url=isolated, batch_max_size=16)
-    admission = Admission(stats=stats, breaker=_breaker(client), workers=WorkerRegistry(client, ttl_s=30),
-                          book=ScheduleBook(client, default_seconds_per_char=0.2), settings=loaded,
-                          policy=scheduling_policy(loaded))  # fmt: skip
-    assert admission.pace(hosts=2, queued=1) == (pytest.approx(1.1 / 2), pytest.approx(1.1)), "alone: one row"
-    assert admission.pace(hosts=2, queued=32) == (pytest.approx(2.6 / 32), pytest.approx(2.6)), "16 rows a host"
-    assert admission.pace(hosts=2, queued=500)[1] == pytest.approx(2.6), "no call holds more than the batch size"

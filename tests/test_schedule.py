@@ -330,22 +330,3 @@ def test_a_segment_is_ready_one_engine_call_after_its_turn_comes() -> None:
     with_call = admission_excess(100.0, [100.3], [100.0], segment_s=0.1, allowance_s=1, by_deadline=True, call_s=0.5)
     assert with_call == pytest.approx(0.1)
     assert admission_excess(100.0, [100.3], [100.0], segment_s=0.1, allowance_s=1, by_deadline=True) == 0
-
-
-def test_an_admitted_first_segment_may_be_delayed_within_the_allowance_as_the_newcomers_own() -> None:
-    # Due at 101 and made at 101.5 alone: late anyway. Its listener waits for first audio, not playing: a newcomer
-    # ahead of it (due now) is let in while it is made no more than the allowance later than alone.
-    playing = admission_excess(100.0, [101.0], [100.0], segment_s=1.0, allowance_s=1.0, by_deadline=True, call_s=0.5)
-    assert playing == 1, "a playing stream's segment late anyway may not be delayed at all"
-    waiting = admission_excess(100.0, [(101.0, True)], [100.0], segment_s=1.0, allowance_s=1.0, by_deadline=True,
-                               call_s=0.5)  # fmt: skip
-    assert waiting == 0
-    assert admission_excess(100.0, [(101.0, True)], [100.0], segment_s=1.0, allowance_s=0.5, by_deadline=True,
-                            call_s=0.5) == 0.5  # fmt: skip
-
-
-def test_segments_already_in_engine_calls_are_not_delayed_by_a_newcomer() -> None:
-    # The two earliest due are being made: the newcomer joins the calls instead of running before them.
-    ahead = [100.5, 101.0, 110.0]
-    assert admission_excess(100.0, ahead, [100.0], segment_s=1.0, allowance_s=2.0, by_deadline=True) == 1
-    assert admission_excess(100.0, ahead, [100.0], segment_s=1.0, allowance_s=2.0, by_deadline=True, running=2) == 0

@@ -51,7 +51,7 @@ def batch_observer(stats: Stats) -> BatchObserver:
         with contextlib.suppress(redis.RedisError):
             solo = size == 1  # a segment made alone: the pace the first-audio check compares with
             stats.record(chars=chars, busy_s=seconds, segments=size, calls=1, solo_chars=chars if solo else 0,
-                         solo_s=seconds if solo else 0.0, rows_sq=size * size, rows_s=size * seconds)  # fmt: skip
+                         solo_s=seconds if solo else 0.0)  # fmt: skip
 
     return observe
 
