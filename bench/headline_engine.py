@@ -61,10 +61,9 @@ def combine_engines(results: list[dict[str, Any]]) -> dict[str, Any]:
         row["seconds"] = max(r["seconds"] for r in batch_rows)
         rows.append(row)
     best = max(rows, key=lambda r: r["chars_per_s"])
-    # The service's cap is the engine's best batch, or the largest one within 10% of it (this machine's noise
+    # The service's cap is the engine's best batch, or the largest one within 10% of it (a shared machine's noise
     # between two runs): under load the service's own cost per call is paid fewer times, and under light load its
-    # batches stay small anyway. (Two runs here measured batch 16 and 32 within 1% and picked each in turn: the
-    # service with a cap of 16 then made 6.7 jobs/s at 50 callers, with 32 it made 8.3.)
+    # batches stay small anyway; two batch sizes that measure alike are picked in turn by noise otherwise.
     service = max(r["batch"] for r in rows if r["chars_per_s"] >= 0.9 * best["chars_per_s"])
     return {
         **results[0],
