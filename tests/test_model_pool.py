@@ -19,6 +19,7 @@ from tests.chaos.stack import write_registry
 from tests.support.processes import alive, wait_for
 from tests.support.servers import ROOT
 from workers.engines.base import SynthesisRequest
+from workers.layout import Layout
 from workers.pool.handle import ModelHost
 from workers.pool.pool import ModelPool, replica_device
 from workers.wiring import _model_pool
@@ -136,7 +137,7 @@ def test_replicas_take_the_devices_of_a_list_in_turn_and_every_replica_the_one_d
 
 
 def test_a_worker_given_several_devices_starts_each_replica_of_a_model_on_the_next_one() -> None:
-    pool = _model_pool(load_settings(device="cpu,auto", model_idle_s=60))
+    pool = _model_pool(load_settings(device="cpu,auto", model_idle_s=60), Layout(3, 1, "as set"))
     try:
         for replica in (0, 1, 2):
             pool.synthesize(EN, HELLO, replica)
