@@ -37,6 +37,7 @@ class Window:
     #: Engine calls that carried one segment: their characters and seconds, the pace of a segment made alone.
     solo_chars: float = 0.0
     solo_s: float = 0.0
+
     @property
     def chars_per_busy_second(self) -> float:
         """Return one worker's speed while busy, in characters per second (0 when unknown)."""

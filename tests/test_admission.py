@@ -473,4 +473,3 @@ def test_the_api_lets_in_the_same_request_sent_again_after_its_retry_after_befor
     assert app.test_client().post("/v1/jobs", json={**asking, "seed": 8}).status_code == 503, "another request"
     assert app.test_client().post("/v1/jobs", json=asking).status_code == 202, "the same one, after Retry-After"
     assert app.test_client().post("/v1/jobs", json=asking).status_code == 503, "let in once as a retry"
-
