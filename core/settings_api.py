@@ -63,11 +63,9 @@ class ApiSettings(BaseSettings):
     admission_retry_margin_s: float = Field(
         0.25,
         ge=0,
-        description="With either admission check on: while requests refused for want of capacity await their "
-        "retries, a first try must pass the checks with this many seconds to spare (on first audio, at most half its "
-        "limit), and the same request from the same caller sent again after its Retry-After may use them, once. "
-        "Under sustained overload a caller who waited as told is then let in before newcomers; below capacity none "
-        "await and none is kept. 0: retries are judged as newcomers.",
+        description="While refused requests await their retries, a first try must pass the admission checks with "
+        "this many seconds to spare (on first audio, at most half its limit), which the same request resent after "
+        "its Retry-After may use once. 0: retries are judged as newcomers.",
     )
     admission_batch_wait_s: float = Field(
         3600.0, gt=0, description="Refuse batch jobs (503) when their estimated queue wait is longer."

@@ -21,9 +21,8 @@ class WorkerSettings(BaseSettings):
     )
     worker_layout: Literal["per-device", "one"] = Field(
         "per-device",
-        description="How `make run` and `make worker` start workers on a machine with GPUs: `per-device`, one worker "
-        "pinned to each GPU; `one`, a single worker with a model host on each GPU (TTS_MODEL_REPLICAS, unless set, "
-        "becomes the number of GPUs), which batches from every segment the machine holds.",
+        description="How `make run` and `make worker` start workers on a machine with GPUs. `per-device`: one "
+        "worker pinned to each GPU; `one`: a single worker with a model host on each GPU, batching from them all.",
     )
     model_replicas: Annotated[int, Field(ge=1, le=64)] | Literal["auto"] = Field(
         "auto",
