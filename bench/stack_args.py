@@ -124,11 +124,12 @@ def resolve_stack_arguments(args: argparse.Namespace) -> argparse.Namespace:
         args.max_chars = args.max_chars or REAL_SIZE_MAX_CHARS
     args.layout_set = [f"{n}={v}" for n, v in (("TTS_DEVICE", args.device), ("TTS_MODEL_REPLICAS", args.replicas),
                                                ("TTS_TORCH_THREADS", args.torch_threads)) if v is not None]  # fmt: skip
-    args.device = args.device or ("auto" if has_cuda() else "cpu")
+    cuda = has_cuda()
+    args.device = args.device or ("auto" if cuda else "cpu")
     layout = resolve_layout(
         AUTO if args.replicas is None else args.replicas,
         AUTO if args.torch_threads is None else args.torch_threads,
-        gpus=1 if args.device != "cpu" and has_cuda() else 0,
+        gpus=1 if cuda and args.device != "cpu" else 0,
         cores=usable_cores(),
     )
     args.replicas, args.torch_threads = layout.replicas, layout.torch_threads

@@ -68,7 +68,7 @@ def resolve_layout(replicas: int | str, torch_threads: int | str, *, gpus: int, 
     if not hosts_auto and not threads_auto:
         return Layout(int(replicas), int(torch_threads), "as set")
     if gpus:
-        hosts = max(1, gpus) if hosts_auto else int(replicas)
+        hosts = gpus if hosts_auto else int(replicas)
         threads = max(1, cores // hosts) if threads_auto else int(torch_threads)
         why = f"{gpus} GPU(s): one host per GPU, the CPU cores shared among the hosts"
     elif hosts_auto and threads_auto:
