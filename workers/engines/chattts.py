@@ -292,9 +292,30 @@ class ChatTTSEngine(Engine):
         hiddens: list[torch.Tensor] = result.hiddens
         return hiddens
 
+    def hidden_states(self, batch: list[SynthesisRequest]) -> list[torch.Tensor]:
+        """Return each request's speech-code hidden states (tokens, hidden size): what ``decode`` turns into audio."""
+        chat = self._chat
+        if chat is None:
+            raise SynthesisError("ChatTTSEngine.hidden_states called before load")
+        budgets = [self.token_budget(r.text) for r in batch]
+        with torch.inference_mode():
+            chat.context.set(False)
+            hiddens = self._code_hiddens(
+                chat, batch, self._refined_texts(chat, batch), budgets=budgets, made=lambda i, h: None,
+                joins=lambda: None,
+            )  # fmt: skip
+        return [h.narrow(0, 0, min(len(h), b)) for h, b in zip(hiddens, budgets, strict=True)]
+
+    def decode(self, hidden: torch.Tensor) -> Waveform:
+        """Return the samples ChatTTS's decoder and vocoder make of hidden states (tokens, hidden size)."""
+        if self._chat is None:
+            raise SynthesisError("ChatTTSEngine.decode called before load")
+        return self._decode(self._chat, hidden)
+
     def _decode(self, chat: Any, hidden: torch.Tensor) -> Waveform:
         # Decoded alone: the convolutions would let a batch's zero padding leak into this item's tail.
-        wavs = chat._decode_to_wavs([hidden], True)
+        with torch.inference_mode():
+            wavs = chat._decode_to_wavs([hidden], True)
         return np.ascontiguousarray(wavs[0], dtype=np.float32)
 
     def warmup(self) -> None:

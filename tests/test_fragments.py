@@ -1,0 +1,115 @@
+"""Fragments of a segment's audio: their sizes follow the schedule, and joined they are the whole decode."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from workers.engines.fragments import (
+    DECODE_SHORTFALL,
+    SAMPLES_PER_TOKEN,
+    WHOLE,
+    FragmentSchedule,
+    FragmentSizes,
+    TokenFragments,
+    Window,
+)
+
+#: Each token's samples depend on its neighbours up to this far away, as the decoder's convolutions make them.
+FIELD = 3
+
+
+def convolution_decode(hidden: torch.Tensor) -> np.ndarray:
+    """Decode as a non-causal convolution would: each token's samples mix the tokens within ``FIELD`` of it."""
+    values = hidden[:, 0].double().numpy()
+    padded = np.pad(values, FIELD)
+    mixed = np.array([padded[i : i + 2 * FIELD + 1] @ np.linspace(1, 2, 2 * FIELD + 1) for i in range(len(values))])
+    ramp = np.linspace(0, 1, SAMPLES_PER_TOKEN, endpoint=False)
+    samples = (mixed[:, None] * (1 + ramp)).reshape(-1)
+    return samples[: max(0, len(samples) - DECODE_SHORTFALL)].astype(np.float32)
+
+
+def tokens(count: int) -> torch.Tensor:
+    return torch.from_numpy(np.random.default_rng(count).standard_normal((count, 4)).astype(np.float32))
+
+
+def fragments_of(hidden: torch.Tensor, sizes: FragmentSizes, window: Window) -> list[np.ndarray]:
+    """Feed ``hidden`` one token at a time, as a decode loop does, then end it."""
+    cutter = TokenFragments(sizes, window, convolution_decode)
+    made = []
+    for length in range(1, len(hidden)):
+        made += cutter.grown(hidden.narrow(0, 0, length))
+    return made + cutter.ended(hidden)
+
+
+SIZES = FragmentSizes(first=12, steady=19, least=10)
+
+
+@pytest.mark.parametrize("count", [1, 5, 12, 20, 21, 22, 31, 40, 60, 97, 144, 300])
+def test_fragments_joined_equal_the_whole_decode_when_the_window_covers_the_field(count: int) -> None:
+    hidden = tokens(count)
+    made = fragments_of(hidden, SIZES, Window(context=FIELD, lookahead=FIELD))
+    np.testing.assert_array_equal(np.concatenate(made), convolution_decode(hidden))
+
+
+@pytest.mark.parametrize("count", [40, 97, 144, 300])
+def test_after_the_first_every_fragment_is_between_least_and_steady(count: int) -> None:
+    made = fragments_of(tokens(count), SIZES, Window(context=4, lookahead=8))
+    lengths = [len(m) for m in made]
+    assert lengths[0] == SIZES.first * SAMPLES_PER_TOKEN
+    for length in lengths[1:-1]:
+        assert SIZES.least * SAMPLES_PER_TOKEN <= length <= SIZES.steady * SAMPLES_PER_TOKEN
+    assert SIZES.least * SAMPLES_PER_TOKEN - DECODE_SHORTFALL <= lengths[-1] <= SIZES.steady * SAMPLES_PER_TOKEN
+
+
+def test_a_fragment_waits_only_for_its_lookahead() -> None:
+    cutter = TokenFragments(SIZES, Window(context=4, lookahead=5), convolution_decode)
+    hidden = tokens(40)
+    assert cutter.grown(hidden.narrow(0, 0, SIZES.first + 4)) == []
+    [first] = cutter.grown(hidden.narrow(0, 0, SIZES.first + 5))
+    assert len(first) == SIZES.first * SAMPLES_PER_TOKEN
+
+
+def test_with_fragments_off_a_segment_is_one_fragment_of_the_whole_decode() -> None:
+    hidden = tokens(97)
+    made = fragments_of(hidden, WHOLE, Window())
+    assert len(made) == 1
+    np.testing.assert_array_equal(made[0], convolution_decode(hidden))
+
+
+def test_a_short_window_differs_from_the_whole_decode_only_near_the_joins() -> None:
+    hidden = tokens(144)
+    joined = np.concatenate(fragments_of(hidden, SIZES, Window(context=1, lookahead=1)))
+    whole = convolution_decode(hidden)
+    assert joined.shape == whole.shape
+    assert not np.array_equal(joined, whole)
+    np.testing.assert_array_equal(joined[: SIZES.first * SAMPLES_PER_TOKEN // 2], whole[: SIZES.first * 256])
+
+
+def test_a_crossfade_keeps_the_length_and_blends_only_the_fragment_starts() -> None:
+    hidden = tokens(144)
+    fade = FIELD * SAMPLES_PER_TOKEN
+    plain = fragments_of(hidden, SIZES, Window(context=FIELD, lookahead=2 * FIELD))
+    faded = fragments_of(hidden, SIZES, Window(context=FIELD, lookahead=2 * FIELD, crossfade=fade))
+    assert [len(f) for f in faded] == [len(p) for p in plain]
+    # With the whole field in view of both windows, they decode the blended samples alike: the fade changes nothing.
+    np.testing.assert_allclose(np.concatenate(faded), np.concatenate(plain), rtol=1e-6, atol=1e-6)
+
+
+def test_the_schedule_in_milliseconds_becomes_tokens() -> None:
+    sizes = FragmentSchedule.parse("250,400").in_tokens(512 / 24)
+    assert sizes == FragmentSizes(first=12, steady=19, least=10)
+    assert not FragmentSchedule.parse("off").streams
+    assert FragmentSchedule.parse("off").in_tokens(21.3) == WHOLE
+
+
+@pytest.mark.parametrize("text", ["250", "0,400", "250,100,300", "a,b"])
+def test_a_malformed_schedule_is_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        FragmentSchedule.parse(text)
+
+
+def test_a_window_without_lookahead_is_refused() -> None:
+    with pytest.raises(ValueError):
+        Window(lookahead=0)

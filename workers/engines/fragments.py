@@ -1,0 +1,188 @@
+"""One segment's audio in fragments, cut as its tokens are made, each decoded over a window of context.
+
+ChatTTS's decoder and vocoder are convolutions that see both ways: a fragment decoded on its own differs from
+the same stretch of the whole segment's decode at its edges. So each fragment is decoded over a window, some
+tokens of left context, its own tokens and some of lookahead, and only its own tokens' samples are kept: the
+work stays linear in the segment's length (no prefix is decoded again), and with context at least the decoder's
+receptive field the fragments equal the whole decode. ``make bench-fragments`` measures the joins' error for each
+choice of context and lookahead; the defaults come from there. An optional crossfade blends a fragment's first
+samples with the previous window's decode of them (its lookahead), which the previous fragment did not emit.
+
+Fragment sizes follow a schedule in milliseconds of audio: a short first one, so that a listener hears audio
+after a few tokens, then steady ones. The last of a segment is never shorter than ``least`` (the remainder is held
+back that long) unless the segment is, and never longer than the steady size (a longer remainder is cut in two).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+Samples = npt.NDArray[np.float32]
+#: Decodes hidden states (tokens, hidden size) into the samples they make: ``SAMPLES_PER_TOKEN`` a token, less the
+#: vocoder's last half hop (ChatTTS's ``istft(center=True)`` returns one hop fewer than it has frames).
+Decode = Callable[[torch.Tensor], Samples]
+
+#: ChatTTS: 2 mel frames a token, 256 samples a frame at 24 kHz: 21.3 ms of audio a token.
+SAMPLES_PER_TOKEN = 512
+#: A decode of n tokens has this many samples fewer than n tokens' worth (half a token: the last frame's hop).
+DECODE_SHORTFALL = 256
+
+
+@dataclass(frozen=True)
+class FragmentSizes:
+    """A schedule in tokens: the first fragment, the steady ones, and the shortest a segment's last may be."""
+
+    first: int
+    steady: int
+    least: int
+
+    @property
+    def streams(self) -> bool:
+        """Say whether segments are cut at all (off: each segment is one fragment)."""
+        return self.steady > 0
+
+
+#: Each segment is one fragment.
+WHOLE = FragmentSizes(0, 0, 0)
+
+
+@dataclass(frozen=True)
+class FragmentSchedule:
+    """Fragment sizes in milliseconds of audio, engine-neutral; ``steady_ms`` 0 turns fragments off."""
+
+    first_ms: float = 250.0
+    steady_ms: float = 400.0
+    least_ms: float = 200.0
+
+    @classmethod
+    def parse(cls, text: str) -> FragmentSchedule:
+        """Read ``"first,steady"`` or ``"first,steady,least"`` (milliseconds), or ``"off"``/``"0"``."""
+        if text.strip().lower() in ("off", "0", ""):
+            return cls(0.0, 0.0, 0.0)
+        parts = [float(p) for p in text.split(",")]
+        if not 2 <= len(parts) <= 3 or min(parts) <= 0:
+            raise ValueError(f"a fragment schedule is 'first,steady[,least]' in ms, each above 0, or 'off': {text!r}")
+        least = parts[2] if len(parts) == 3 else min(parts[0], parts[1], cls.least_ms)
+        if least > parts[1]:
+            raise ValueError(f"the shortest fragment ({least:g} ms) cannot be longer than the steady one")
+        return cls(parts[0], parts[1], least)
+
+    @property
+    def streams(self) -> bool:
+        """Say whether segments are cut into fragments."""
+        return self.steady_ms > 0
+
+    def in_tokens(self, token_ms: float) -> FragmentSizes:
+        """Return the schedule for an engine whose tokens last ``token_ms`` each."""
+        if not self.streams:
+            return WHOLE
+        return FragmentSizes(
+            first=max(1, round(self.first_ms / token_ms)),
+            steady=max(1, round(self.steady_ms / token_ms)),
+            least=max(1, math.ceil(self.least_ms / token_ms)),
+        )
+
+
+@dataclass(frozen=True)
+class Window:
+    """What a fragment is decoded with: left context and lookahead in tokens, and a crossfade in samples."""
+
+    context: int = 8
+    lookahead: int = 8
+    crossfade: int = 0
+
+    def __post_init__(self) -> None:
+        if self.context < 0 or self.lookahead < 1:
+            raise ValueError("a fragment window needs context >= 0 and lookahead >= 1 token")
+        # The crossfade blends in what the previous window decoded past its fragment: its lookahead, less the
+        # vocoder's shortfall at the window's end.
+        if not 0 <= self.crossfade <= self.lookahead * SAMPLES_PER_TOKEN - DECODE_SHORTFALL:
+            raise ValueError("a crossfade must fit in the lookahead")
+
+
+class TokenFragments:
+    """One item's fragments: told its hidden states as they grow, it hands out each fragment's samples once.
+
+    The fragments, joined, are the item's audio: ``SAMPLES_PER_TOKEN`` per token, less ``DECODE_SHORTFALL``.
+    """
+
+    def __init__(self, sizes: FragmentSizes, window: Window, decode: Decode) -> None:
+        self.sizes = sizes
+        self.window = window
+        self.decode = decode
+        self.emitted = 0  # tokens whose samples are out
+        self.count = 0  # fragments out
+        self._tail: Samples | None = None  # the last window's decode of the samples just past its fragment
+
+    def _next_size(self) -> int:
+        return self.sizes.first if self.count == 0 else self.sizes.steady
+
+    def _hold(self) -> int:
+        """Return the tokens a fragment waits for beyond its own: its lookahead, and after the first, room for a
+        last fragment of at least ``least``."""
+        return self.window.lookahead if self.count == 0 else max(self.window.lookahead, self.sizes.least)
+
+    def grown(self, hidden: torch.Tensor) -> list[Samples]:
+        """Return the fragments the item's hidden states so far (tokens, hidden size) complete (often none)."""
+        if not self.sizes.streams:
+            return []
+        made = []
+        while len(hidden) - self.emitted >= self._next_size() + self._hold():
+            made.append(self._cut(hidden, [self._next_size()], final=False))
+        return made
+
+    def ended(self, hidden: torch.Tensor) -> list[Samples]:
+        """Return the item's remaining fragments, given all of its hidden states."""
+        total = len(hidden)
+        pieces: list[int] = []
+        left = total - self.emitted
+        if self.sizes.streams:
+            size = self._next_size()
+            while left > size + self.sizes.least:
+                pieces.append(size)
+                left -= size
+                size = self.sizes.steady
+            if left > self.sizes.steady:  # cut in two rather than one fragment longer than the steady size
+                pieces.append(left // 2)
+                left -= left // 2
+        if left > 0 or (not pieces and self.count == 0):
+            pieces.append(left)
+        return self._cuts(hidden, pieces)
+
+    def _cuts(self, hidden: torch.Tensor, pieces: list[int]) -> list[Samples]:
+        if not pieces:
+            return []
+        return [self._cut(hidden, pieces, final=True)] if len(pieces) == 1 else self._split(hidden, pieces)
+
+    def _split(self, hidden: torch.Tensor, pieces: list[int]) -> list[Samples]:
+        """Cut the final pieces from one decode of their window."""
+        joined = self._cut(hidden, [sum(pieces)], final=True, count=len(pieces))
+        bounds = np.cumsum([0, *(p * SAMPLES_PER_TOKEN for p in pieces[:-1]), len(joined)])
+        bounds[-1] = max(bounds[-1], bounds[-2])
+        return [joined[bounds[i] : bounds[i + 1]] for i in range(len(pieces))]
+
+    def _cut(self, hidden: torch.Tensor, pieces: list[int], *, final: bool, count: int = 1) -> Samples:
+        """Decode the window around the next ``sum(pieces)`` tokens; return their samples (crossfaded in)."""
+        first = self.emitted
+        last = first + sum(pieces)
+        low = max(0, first - self.window.context)
+        high = len(hidden) if final else last + self.window.lookahead
+        samples = self.decode(hidden.narrow(0, low, high - low))
+        start = (first - low) * SAMPLES_PER_TOKEN
+        stop = len(samples) if final else (last - low) * SAMPLES_PER_TOKEN
+        out = np.array(samples[start:stop], dtype=np.float32)
+        fade = self.window.crossfade
+        if fade and self._tail is not None:
+            n = min(fade, len(out), len(self._tail))
+            ramp = np.linspace(0.0, 1.0, n + 2, dtype=np.float32)[1:-1]
+            out[:n] = self._tail[:n] * (1 - ramp) + out[:n] * ramp
+        self._tail = None if final else np.array(samples[stop : stop + fade], dtype=np.float32)
+        self.emitted = last
+        self.count += count
+        return out
