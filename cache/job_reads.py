@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -37,6 +38,27 @@ def pairs(flat: list[Any]) -> dict[bytes, bytes]:
 def record_of(raw: dict[Any, Any]) -> JobRecord | None:
     """Parse a record's hash as read (bytes), or None when it is no job (see ``JobRecord.parse``)."""
     return JobRecord.parse({as_bytes(k).decode(): as_bytes(v).decode() for k, v in raw.items()})
+
+
+@dataclass(frozen=True)
+class Fragments:
+    """Fragments ``first``, ``first+1``, … of one segment as found (raw 16-bit PCM each), and whether they are its
+    last: the segment is written, and holds every fragment joined."""
+
+    first: int
+    pcm: list[bytes]
+    complete: bool
+
+
+def fragment_bounds(meta: dict[str, Any], pcm_bytes: int) -> list[int]:
+    """Return the byte offsets of a written segment's fragments in its PCM (one fragment when it has no record)."""
+    lengths = [int(n) * 2 for n in meta.get("fragments") or ()]
+    if not lengths or sum(lengths) != pcm_bytes:
+        return [0, pcm_bytes]
+    offsets = [0]
+    for length in lengths:
+        offsets.append(offsets[-1] + length)
+    return offsets
 
 
 class JobReads:
@@ -96,6 +118,28 @@ class JobReads:
         """Return a finished segment as the store keeps it (to copy it on without decoding it)."""
         value = self.redis.hget(keys.audio(job_id), str(index))
         return None if value is None else PackedAudio(as_bytes(value))
+
+    def fragments(self, job_id: str, index: int, first: int = 0) -> Fragments:
+        """Return a segment's fragments from ``first`` on: those written so far while it is being made, or, once it
+        is written, the rest of it cut where its fragments were (the two never disagree: see WRITE_SEGMENT)."""
+        while True:
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.hget(keys.audio(job_id), str(index))
+            pipe.hget(keys.segment_meta(job_id), str(index))
+            pipe.hget(keys.fragments(job_id), str(index))
+            packed, meta, count = pipe.execute()
+            if packed is not None:
+                pcm = PackedAudio(as_bytes(packed)).pcm()
+                bounds = fragment_bounds({} if meta is None else json.loads(meta), len(pcm))
+                cut = [pcm[bounds[n] : bounds[n + 1]] for n in range(first, len(bounds) - 1)]
+                return Fragments(first, cut, complete=True)
+            count = int(count or 0)
+            if count <= first:
+                return Fragments(first, [], complete=False)
+            found = self.redis.hmget(keys.fragments(job_id), [f"{index}:{n}" for n in range(first, count)])
+            if all(value is not None for value in found):
+                return Fragments(first, [as_bytes(value) for value in found], complete=False)
+            # The segment was written between the two reads, taking its fragments: read it instead.
 
     def has_audio(self, job_id: str) -> bool:
         """Say whether any of the job's audio is still kept (its audio TTL or the memory budget removes it)."""

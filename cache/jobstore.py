@@ -17,6 +17,7 @@ from cache.job_reads import JobReads, as_bytes, as_text, pairs, record_of
 from cache.records import (
     TERMINAL,
     EndResult,
+    FragmentResult,
     JobRecord,
     JobRequest,
     JobStatus,
@@ -69,6 +70,7 @@ class JobStore(JobReads):
         self._write_segment = client.register_script(scripts.WRITE_SEGMENT)
         self._finish = client.register_script(scripts.FINISH)
         self._start_segment = client.register_script(scripts.START_SEGMENT)
+        self._write_fragment = client.register_script(scripts.WRITE_FRAGMENT)
 
     def create(
         self,
@@ -215,7 +217,7 @@ class JobStore(JobReads):
         now = time.time()
         script_keys = [
             *keys.all_job_keys(job_id), keys.held(worker), keys.OUTBOX, keys.LIVE_JOBS, keys.DUE, keys.AUDIO_KEPT,
-            keys.STORE_OWED, keys.BYTES_PER_CHAR,
+            keys.STORE_OWED, keys.BYTES_PER_CHAR, keys.fragments(job_id),
         ]  # fmt: skip
         args: list[EncodableT] = [
             index, self.pack(audio, rate).data, json.dumps(meta), f"{now:.6f}", self.ttl, rate,
@@ -258,6 +260,17 @@ class JobStore(JobReads):
         result, next_index = self._write_segment(keys=script_keys, args=args)
         return SegmentWrite(WriteResult(int(result)), None if int(next_index) < 0 else int(next_index))
 
+    def write_fragment(self, job_id: str, index: int, number: int, pcm: bytes, *, sample_rate: int) -> FragmentResult:
+        """Store fragment ``number`` of a segment being made (raw 16-bit PCM) once, in order (see WRITE_FRAGMENT).
+
+        A store at its memory limit raises ``redis.OutOfMemoryError`` having changed nothing.
+        """
+        reply = self._write_fragment(
+            keys=[keys.job(job_id), keys.audio(job_id), keys.fragments(job_id), keys.events(job_id)],
+            args=[index, number, pcm, sample_rate, f"{time.time():.6f}", self.audio_ttl],
+        )
+        return FragmentResult(int(reply))
+
     def hold(self, worker: str, job_id: str, index: int) -> None:
         """Record that a segment was delivered to ``worker`` (START_SEGMENT records it again)."""
         pipe = self.redis.pipeline(transaction=False)
@@ -297,7 +310,7 @@ class JobStore(JobReads):
             job_id,
             "1" if drop_audio else "0",
         ]
-        script_keys = [*keys.all_job_keys(job_id), keys.AUDIO_KEPT, keys.STORE_OWED]
+        script_keys = [*keys.all_job_keys(job_id), keys.AUDIO_KEPT, keys.STORE_OWED, keys.fragments(job_id)]
         result = EndResult(self._finish(keys=script_keys, args=args))
         if result is not EndResult.ALREADY_OVER:
             self.forget_live(job_id)

@@ -28,6 +28,13 @@ def audio(job_id: str) -> str:
     return f"{PREFIX}:job:{{{job_id}}}:audio"
 
 
+def fragments(job_id: str) -> str:
+    """Return the key of the fragments of segments being made (a hash: ``<index>`` → how many are written,
+    ``<index>:<n>`` → fragment n's raw 16-bit PCM, ``<index>:at`` → when fragment 0 was written); a segment's
+    fragments leave it when the segment is written, which holds them joined."""
+    return f"{PREFIX}:job:{{{job_id}}}:frags"
+
+
 def segment_meta(job_id: str) -> str:
     """Return the key of per-segment metadata (a hash: index → JSON)."""
     return f"{PREFIX}:job:{{{job_id}}}:segmeta"

@@ -153,6 +153,22 @@ class WriteResult(enum.IntEnum):
     OVER = -2  # the job failed or was canceled meanwhile
 
 
+class FragmentResult(enum.IntEnum):
+    """What WRITE_FRAGMENT did with one fragment of a segment being made."""
+
+    WRITTEN = 1
+    DUPLICATE = 0  # already there: an earlier attempt at the segment wrote it
+    SEGMENT_WRITTEN = 3  # the whole segment is written: its fragments are in it
+    OUT_OF_ORDER = 4  # an earlier fragment is missing (not written for want of room): none after it is written
+    GONE = -1  # no such job (expired, or never was)
+    OVER = -2  # the job ended meanwhile
+
+    @property
+    def written_or_there(self) -> bool:
+        """Say whether the listener has the fragment (written now, or before)."""
+        return self in (FragmentResult.WRITTEN, FragmentResult.DUPLICATE)
+
+
 class PieceResult(enum.IntEnum):
     """What TAKE_PIECE did with one piece of a text stream."""
 

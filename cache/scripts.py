@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from string import Template
 
-from cache.records import EndResult, JobStatus, PieceResult, StartState, WriteResult
+from cache.records import EndResult, FragmentResult, JobStatus, PieceResult, StartState, WriteResult
 
 
 class AppendResult(enum.IntEnum):
@@ -28,7 +28,7 @@ LEARN_DECAY = 0.98
 def _lua(source: str) -> str:
     """Spell the statuses and result codes from their Python enums, so Lua and Python cannot disagree."""
     names = {f"{s.name}": f"'{s.value}'" for s in JobStatus}
-    enums = (StartState, WriteResult, EndResult, PieceResult, AppendResult)
+    enums = (StartState, WriteResult, EndResult, PieceResult, AppendResult, FragmentResult)
     codes = {f"{r.__class__.__name__}_{r.name}": str(r.value) for e in enums for r in e}
     return Template(source).substitute(names, **codes, LEARN_DECAY=repr(LEARN_DECAY))
 
@@ -78,7 +78,7 @@ local function finish_done() finish_as($DONE, nil) end
 
 # KEYS: record, audio, segmeta, events, texts, attempts, pending, claims (the job's own, as keys.all_job_keys),
 #       then the writer's held set, the outbox, the live-job index, the deadline books, the kept-audio index, the
-#       owed audio's total, the bytes per character learned per model.
+#       owed audio's total, the bytes per character learned per model, the job's fragments (keys.fragments).
 # ARGV: index, audio, meta_json, now, ttl, sample_rate, segment member, job id, outbox time, advance ('1' or '0'),
 #       audio ttl, when the audio expires, the model ('' learns nothing), the segment's characters.
 # Stores the segment only if absent (a redelivered task cannot duplicate it or its event), and advances the
@@ -105,6 +105,11 @@ if status == $DONE or redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then
   let_go() return {$WriteResult_DUPLICATE, -1}
 end
 let_go()
+-- The segment holds its fragments joined: they go in the same step, so a reader finds them in one or the other.
+local fragment_count = tonumber(redis.call('HGET', KEYS[16], ARGV[1]) or '0')
+local fragment_fields = {ARGV[1], ARGV[1] .. ':at'}
+for n = 0, fragment_count - 1 do fragment_fields[#fragment_fields + 1] = ARGV[1] .. ':' .. n end
+redis.call('HDEL', KEYS[16], unpack(fragment_fields))
 spend_owed(KEYS[14], #ARGV[2])
 if ARGV[13] ~= '' then
   local bytes_field, chars_field = ARGV[13] .. ':bytes', ARGV[13] .. ':chars'
@@ -136,7 +141,7 @@ return {$WriteResult_WRITTEN, -1}
 """
 )
 
-# KEYS: the job's own (keys.all_job_keys), then the kept-audio index, the owed audio's total.
+# KEYS: the job's own (keys.all_job_keys), then the kept-audio index, the owed audio's total, its fragments.
 # ARGV: new_status ('failed' or 'canceled'), reason, now, ttl, audio ttl, when the audio expires, job id, and
 #       optionally '1': remove its audio first, in the same step (a job failed to make room).
 # Returns 1 when the job moved to new_status, 0 when it was already terminal, -1 when gone. The audio the job had
@@ -153,7 +158,7 @@ release_owed(KEYS[10])
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'error', ARGV[2], 'finished_at', ARGV[3], 'updated_at', ARGV[3],
            'audio_expires_at', ARGV[6])
 redis.call('XADD', KEYS[4], '*', 'type', 'status', 'status', ARGV[1], 'error', ARGV[2])
-redis.call('DEL', KEYS[7])
+redis.call('DEL', KEYS[7], KEYS[11])
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 for i = 2, 8 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
 redis.call('ZADD', KEYS[9], ARGV[3], ARGV[7])
@@ -442,3 +447,27 @@ for _, index in ipairs(published) do reply[#reply + 1] = index end
 return reply
 """
 )
+
+# KEYS: the job's record, its audio, its fragments (keys.fragments), its events.
+# ARGV: segment index, fragment number n, the fragment's PCM, sample rate, now, the fragments' TTL.
+# Writes fragment n of a segment being made, once and in order: only when n fragments of it are written already
+# (an attempt that makes the segment again after its worker died skips those its predecessor wrote, and writes
+# none past a missing one), while the job is live and the segment itself not yet written. Its `fragment` event
+# carries when it was written. Returns a FragmentResult. The first command that can grow memory is HSET: a store
+# at its maxmemory refuses the script there, having changed nothing.
+WRITE_FRAGMENT = _lua("""
+if redis.call('EXISTS', KEYS[1]) == 0 then return $FragmentResult_GONE end
+local status = redis.call('HGET', KEYS[1], 'status')
+if status == $DONE or status == $FAILED or status == $CANCELED then return $FragmentResult_OVER end
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return $FragmentResult_SEGMENT_WRITTEN end
+local count = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '0')
+local n = tonumber(ARGV[2])
+if n < count then return $FragmentResult_DUPLICATE end
+if n > count then return $FragmentResult_OUT_OF_ORDER end
+redis.call('HSET', KEYS[3], ARGV[1] .. ':' .. ARGV[2], ARGV[3], ARGV[1], n + 1)
+if n == 0 then redis.call('HSET', KEYS[3], ARGV[1] .. ':at', ARGV[5]) end
+redis.call('EXPIRE', KEYS[3], ARGV[6])
+redis.call('HSETNX', KEYS[1], 'sample_rate', ARGV[4])
+redis.call('XADD', KEYS[4], '*', 'type', 'fragment', 'index', ARGV[1], 'fragment', ARGV[2], 'at', ARGV[5])
+return $FragmentResult_WRITTEN
+""")
