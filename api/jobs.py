@@ -11,7 +11,7 @@ from api.contract import JobBody, PieceView, TextPieceBody, TextStreamView, as_j
 from api.downloads import FILE_CACHE_MAX_BYTES, download, kept
 from api.holds import Hold, departure, held_response
 from api.services import Services, services
-from api.streaming import STREAMABLE, audio_stream, sse_events
+from api.streaming import STREAMABLE, audio_stream, fragments_asked, resume_position, sse_events, wait_first_audio
 from api.text_pieces import refuse_piece
 from api.validation import parse_wait, read_body
 from api.views import gone_message, job_not_found, job_view
@@ -183,9 +183,9 @@ def _growing_audio(job_id: str, fmt: str) -> Response:
     wait = parse_wait(request.args.get("wait"), limit=limit) if "wait" in request.args else limit
     hold = svc.holds.hold(g.caller)
     try:
-        first = svc.store.wait_segment(job_id, 0, wait)  # the sample rate comes with segment 0
+        came = wait_first_audio(svc.store, job_id, wait)  # the sample rate comes with the first audio
         record = _record(job_id)
-        if first is None:
+        if not came:
             _raise_if_over(record)
             raise NotReady("segment 0 is not ready yet; retry shortly", segments_done=record.segments_done)
         rate = _sample_rate(record)
@@ -204,25 +204,18 @@ def _growing_audio(job_id: str, fmt: str) -> Response:
 
 @bp.get("/<job_id>/events")
 def get_events(job_id: str) -> Response:
-    """Stream server-sent events: one per finished segment in order (id = index), then the job's end."""
+    """Stream server-sent events: with ?fragments=1 one per fragment (id = index.n), and one per finished segment in
+    order (id = index), then the job's end; Last-Event-ID resumes after the event it names."""
     record = _record(job_id)
     _raise_if_gone(record)  # its events would point at audio that is gone
-    raw = request.headers.get("Last-Event-ID") or request.args.get("last_event_id")
-    start = 0
-    if raw is not None:
-        if len(raw) > 12:
-            raise ValidationFailed("Last-Event-ID", "must be the integer id of a segment event")
-        try:
-            start = int(raw) + 1
-        except ValueError as e:
-            raise ValidationFailed("Last-Event-ID", "must be the integer id of a segment event") from e
-        if start < 0:
-            raise ValidationFailed("Last-Event-ID", "must not be negative")
+    start = resume_position(request.headers.get("Last-Event-ID") or request.args.get("last_event_id"))
+    fragments = fragments_asked(request.args.get("fragments"))
     segment_url = job_view(record).urls.segment
     svc = services()
     events = sse_events(
-        svc.store, job_id, start=start, segment_url=segment_url, keepalive_s=svc.settings.stream_keepalive_s
-    )
+        svc.store, job_id, start=start, segment_url=segment_url, fragments=fragments,
+        keepalive_s=svc.settings.stream_keepalive_s,
+    )  # fmt: skip
     return held_response(
         svc.holds.hold(g.caller),
         events,

@@ -1,4 +1,4 @@
-"""POST /v1/audio/speech: OpenAI-compatible speech, chunked as segments finish."""
+"""POST /v1/audio/speech: OpenAI-compatible speech, chunked as its fragments are made."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from api.contract import JobBody, SpeechBody
 from api.holds import Hold, departure, held_response
 from api.jobs import cancel, cancel_known, finished_file, submit_input
 from api.services import Services, services
-from api.streaming import audio_stream
+from api.streaming import audio_stream, wait_first_audio
 from api.validation import read_body
 from cache.records import JobStatus
 from core.audio import media_type
@@ -61,7 +61,7 @@ def job_of(body: SpeechBody) -> JobBody:
 
 @bp.post("/speech")
 def speech() -> Response:
-    """Synthesise ``input`` and stream the audio back as its segments finish."""
+    """Synthesise ``input`` and stream the audio back as it is made, a fragment at a time."""
     svc = services()
     body = read_body(
         request,
@@ -113,9 +113,10 @@ def _submitted(job_input: JobBody) -> str:
 
 
 def _wait_first(job_id: str, gone: Callable[[], bool]) -> tuple[int, int] | None:
-    """Wait for the job's first segment; return its sample rate and segment count (None: no audio came)."""
+    """Wait for the job's first audio (its first fragment); return its sample rate and segment count (None: no
+    audio came)."""
     svc = services()
-    came = _wait_segment(job_id, 0, gone)
+    came = _wait_for(job_id, lambda turn: wait_first_audio(svc.store, job_id, turn), gone)
     record = svc.store.get(job_id)
     if not came or record is None or record.sample_rate is None:
         return None
@@ -130,17 +131,23 @@ def _wait_whole(job_id: str, hold: Hold, gone: Callable[[], bool]) -> tuple[int,
     total = record.segments_total if record else 0
     for index in range(total):
         hold.keep()
-        if not _wait_segment(job_id, index, gone):
+        if not _wait_for(job_id, _segment_of(svc, job_id, index), gone):
             return None
     record = svc.store.get(job_id)
     return ((record.sample_rate or 0) if record else 0), total
 
 
-def _wait_segment(job_id: str, index: int, gone: Callable[[], bool]) -> bool:
-    """Wait up to TTS_MAX_WAIT_S for segment ``index``; say whether it came, or raise CallerLeft.
+def _segment_of(svc: Services, job_id: str, index: int) -> Callable[[float], bool]:
+    """Return a wait for segment ``index`` of up to the seconds given, which says whether it came."""
+    return lambda turn: svc.store.wait_segment(job_id, index, turn) is not None
+
+
+def _wait_for(job_id: str, came: Callable[[float], bool], gone: Callable[[], bool]) -> bool:
+    """Wait up to TTS_MAX_WAIT_S for audio (``came(seconds)`` waits that long for it and says whether it came);
+    say whether it came, or raise CallerLeft.
 
     Nothing is written to the caller while it waits, so no failed write tells that it left: it looks before each
-    segment, and at every keep-alive interval while one is slow to come.
+    wait, and at every keep-alive interval while the audio is slow to come.
     """
     svc = services()
     deadline = time.monotonic() + svc.settings.max_wait_s
@@ -149,7 +156,7 @@ def _wait_segment(job_id: str, index: int, gone: Callable[[], bool]) -> bool:
             raise CallerLeft(job_id)
         remaining = deadline - time.monotonic()
         turn = max(0.0, min(svc.settings.stream_keepalive_s, remaining))
-        if svc.store.wait_segment(job_id, index, turn) is not None:
+        if came(turn):
             return True
         record = svc.store.get(job_id)
         if turn >= remaining or record is None or record.status.terminal:

@@ -4,15 +4,24 @@ The connection is a text stream (cache/text_streams.py) with its follower. The c
 job: a JSON object with the fields of ``POST /v1/jobs`` (``text`` optional). Then each text message is a piece
 (``{"text": "..."}``, or the text itself), and ``{"final": true}`` (or ``{"text": "...", "final": true}``) ends
 the text. The server answers with JSON events and binary frames: ``{"type": "job", ...}`` once,
-``{"type": "planned", "seq", "segments_total"}`` whenever a piece completes a sentence, then for each
-segment in order ``{"type": "segment", "index", "duration_s", "bytes"}`` followed by one binary frame (the
-segment's audio in the job's format), and at the end ``{"type": "done"}`` (or ``failed``/``canceled``). A bad
-message (not a string ``text``, not a boolean ``final``, a lone surrogate escape) gets ``{"type": "error", "error":
-{...}}``, the same error body as HTTP, and the connection closes. However the connection ends (the client hangs up,
-an error, the server), a job whose end was not sent is canceled: nobody will hear the rest. While the job store is
-full, a piece waits for room, and no further message is read meanwhile (the client's sends back up), for up to
-``TTS_STREAM_WRITE_TIMEOUT_S``; then its ``store_full`` error ends the stream (each try keeps the stream from
-counting as idle).
+``{"type": "planned", "seq", "segments_total"}`` whenever a piece completes a sentence, then the audio in order,
+and at the end ``{"type": "done"}`` (or ``failed``/``canceled``). Every event with a ``bytes`` field is followed by
+one binary frame of that many bytes.
+
+The audio comes a segment at a time by default: ``{"type": "segment", "index", "duration_s", "bytes"}`` and the
+segment's audio in the job's format. Connected as ``/v1/jobs/stream?fragments=1``, it comes a fragment at a time,
+as the model makes it: ``{"type": "fragment", "index", "fragment", "samples", "duration_s", "sample_rate", "last",
+"encoding", "bytes"}`` and the fragment's audio, in the job's format when it is wav or flac (each fragment a file
+of its own) and otherwise raw 16-bit little-endian PCM (``"encoding": "pcm16"``: a lossy codec's fragments, each
+encoded alone, would click where they join); after a segment's last fragment, ``{"type": "segment", "index",
+"duration_s", "fragments"}`` with no frame. ``last`` is true on a fragment known, when sent, to end its segment.
+
+A bad message (not a string ``text``, not a boolean ``final``, a lone surrogate escape) gets ``{"type": "error",
+"error": {...}}``, the same error body as HTTP, and the connection closes. However the connection ends (the client
+hangs up, an error, the server), a job whose end was not sent is canceled: nobody will hear the rest. While the
+job store is full, a piece waits for room, and no further message is read meanwhile (the client's sends back up),
+for up to ``TTS_STREAM_WRITE_TIMEOUT_S``; then its ``store_full`` error ends the stream (each try keeps the stream
+from counting as idle).
 
 Flask-Sock (on simple-websocket) runs the route under gunicorn's gevent worker: the connection is a greenlet
 that reads, and its follower is a second one that waits on the process's one ``XREAD`` loop like an event
@@ -40,7 +49,7 @@ from api.errors import retry_after_of
 from api.holds import Hold
 from api.jobs import cancel
 from api.services import Services, services
-from api.streaming import Ended, Idle, follow
+from api.streaming import Ended, Fragment, Idle, Ready, follow, follow_fragments, fragments_asked
 from api.text_pieces import refuse_piece
 from api.timeouts import within
 from api.validation import contract_error
@@ -125,11 +134,10 @@ class _Socket:
             self._send_json(kind, data)
             self._ended = True
 
-    def audio(self, index: int, duration_s: float | None, payload: bytes) -> None:
+    def audio(self, kind: str, payload: bytes, **data: Any) -> None:
+        """Send an event that announces audio (``bytes``), then the audio as one binary frame."""
         with self._lock:
-            self._check_open()
-            self.ws.send(json.dumps({"type": "segment", "index": index, "duration_s": duration_s,
-                                     "bytes": len(payload)}))  # fmt: skip
+            self._send_json(kind, {**data, "bytes": len(payload)})
             self.ws.send(payload)
 
     def error(self, error: ServiceError) -> None:
@@ -204,28 +212,64 @@ def _piece(message: dict[str, Any], *, max_chars: int) -> tuple[str, bool]:
     return text, final
 
 
-def _follow(svc: Services, job_id: str, out: _Socket) -> None:
-    """Send each segment as it is made, then how the job ended."""
-    store = svc.store
+#: The formats a fragment is sent in as a file of its own; any other is sent as raw 16-bit PCM.
+FRAGMENT_FILES = frozenset({"wav", "flac"})
+
+
+def _follow(svc: Services, job_id: str, out: _Socket, *, fragments: bool = False) -> None:
+    """Send each segment (or, with ``fragments``, each fragment) as it is made, then how the job ended."""
     try:
-        for event in follow(store, job_id):
-            if isinstance(event, Idle):
-                continue
-            if isinstance(event, Ended):
-                out.end(event.status, **({"error": event.error} if event.error else {}))
-                return
-            meta = store.segment_meta_one(job_id, event.index)
-            record = store.get(job_id)
-            payload = svc.store.packed_segment(job_id, event.index)
-            if payload is None or record is None:
-                out.event("failed", error="the segment's audio is no longer kept")
-                return
-            audio = encode(payload.pcm(), record.sample_rate or 0, record.request.format)
-            out.audio(event.index, meta.get("duration_s"), audio)
+        if fragments:
+            _send_fragments(svc, job_id, out)
+        else:
+            _send_segments(svc, job_id, out)
     except ConnectionClosed:
         return
     except OSError as e:  # the client reset the connection, or took nothing for stream_write_timeout_s
         log.info("voice socket of job %s: its audio could not be sent (%s); the connection ends", job_id, e)
+
+
+def _send_segments(svc: Services, job_id: str, out: _Socket) -> None:
+    store = svc.store
+    for event in follow(store, job_id):
+        if isinstance(event, Idle):
+            continue
+        if isinstance(event, Ended):
+            out.end(event.status, **({"error": event.error} if event.error else {}))
+            return
+        meta = store.segment_meta_one(job_id, event.index)
+        record = store.get(job_id)
+        payload = store.packed_segment(job_id, event.index)
+        if payload is None or record is None:
+            out.event("failed", error="the segment's audio is no longer kept")
+            return
+        audio = encode(payload.pcm(), record.sample_rate or 0, record.request.format)
+        out.audio("segment", audio, index=event.index, duration_s=meta.get("duration_s"))
+
+
+def _send_fragments(svc: Services, job_id: str, out: _Socket) -> None:
+    store = svc.store
+    record = store.get(job_id)
+    fmt = record.request.format if record is not None else "pcm"
+    encoding = fmt if fmt in FRAGMENT_FILES else "pcm16"
+    counts: dict[int, int] = {}
+    for event in follow_fragments(store, job_id):
+        if isinstance(event, Fragment):
+            rate = event.sample_rate
+            audio = encode(event.pcm, rate, fmt) if encoding != "pcm16" else event.pcm
+            counts[event.index] = event.number + 1
+            out.audio(
+                "fragment", audio, index=event.index, fragment=event.number, samples=event.samples,
+                duration_s=round(event.samples / rate, 6) if rate else None, sample_rate=rate, last=event.last,
+                encoding=encoding,
+            )  # fmt: skip
+        elif isinstance(event, Ready):
+            meta = store.segment_meta_one(job_id, event.index)
+            out.event("segment", index=event.index, duration_s=meta.get("duration_s"),
+                      fragments=counts.pop(event.index, None))  # fmt: skip
+        elif isinstance(event, Ended):
+            out.end(event.status, **({"error": event.error} if event.error else {}))
+            return
 
 
 def _open(svc: Services, first: dict[str, Any]) -> str:
@@ -246,9 +290,11 @@ def voice_socket(ws: Server) -> None:
     job_id = None
     try:
         with svc.holds.hold(g.caller) as hold:
+            fragments = fragments_asked(request.args.get("fragments"))
             job_id = _open(svc, _message(ws.receive(timeout=START_TIMEOUT_S), opening=True))
             out.event("job", id=job_id)
-            follower = threading.Thread(target=_follow, args=(svc, job_id, out), name=f"ws-{job_id}", daemon=True)
+            follower = threading.Thread(target=_follow, args=(svc, job_id, out), kwargs={"fragments": fragments},
+                                        name=f"ws-{job_id}", daemon=True)  # fmt: skip
             follower.start()
             seq, final, planned = 0, False, 0
             while not final and ws.connected:

@@ -11,6 +11,7 @@ import soundfile as sf
 from simple_websocket import Client
 
 from cache import keys
+from cache.jobstore import JobStore
 from devstack.api import ApiProcess
 from devstack.worker import WorkerProcess
 from tests.support.processes import wait_for
@@ -40,6 +41,30 @@ def test_a_voice_socket_takes_text_pieces_and_sends_each_segments_audio_then_don
         samples, rate = sf.read(io.BytesIO(frame), dtype="int16")
         assert rate == 22050
         assert abs(len(samples) / rate - event["duration_s"]) < 1e-3
+
+
+def test_a_voice_socket_asked_for_fragments_sends_espeaks_segments_as_one_fragment_each_then_their_ends(
+    gunicorn_api: ApiProcess, worker: WorkerProcess, redis_client: Any
+) -> None:
+    ws = Client.connect(gunicorn_api.url.replace("http://", "ws://") + "/v1/jobs/stream?fragments=1")
+    try:
+        ws.send(json.dumps({"model": "espeak-en", "format": "wav", "cache": False}))
+        job_id = json.loads(ws.receive(timeout=30))["id"]
+        ws.send(json.dumps({"text": "Hello there. How are you today?", "final": True}))
+        events, frames = receive_until_end(ws)
+    finally:
+        close(ws)
+    audio = [e for e in events if e["type"] in ("fragment", "segment")]
+    assert [(e["type"], e["index"]) for e in audio] == [("fragment", 0), ("segment", 0), ("fragment", 1),
+                                                        ("segment", 1)], events  # fmt: skip
+    fragments = [e for e in audio if e["type"] == "fragment"]
+    assert all(e["fragment"] == 0 and e["last"] and e["encoding"] == "wav" for e in fragments), fragments
+    assert [e["fragments"] for e in audio if e["type"] == "segment"] == [1, 1]
+    assert [len(f) for f in frames] == [e["bytes"] for e in fragments]
+    store = JobStore(redis_client, ttl=60)
+    for index, frame in enumerate(frames):
+        samples, rate = sf.read(io.BytesIO(frame), dtype="int16")
+        assert rate == 22050 and samples.tobytes() == store.segment(job_id, index)
 
 
 def test_a_voice_socket_answers_a_bad_opening_message_with_the_http_error_body(
