@@ -13,11 +13,12 @@ import requests
 from client.deadline import HeadersDueAdapter
 from client.download import save_answer
 from client.errors import TTSClientError, error_from, read_answer
+from client.fragments import Fragment, fragments_of
 from client.sse import parse_sse, reconnecting
 from client.text_stream import TextStream
 from client.waits import LONG_POLL_S, MIN_POLL_S, allowed_wait
 
-__all__ = ["TTSClient", "TTSClientError", "TextStream", "allowed_wait", "is_open_stream", "parse_sse"]
+__all__ = ["Fragment", "TTSClient", "TTSClientError", "TextStream", "allowed_wait", "is_open_stream", "parse_sse"]
 
 TERMINAL = frozenset({"done", "failed", "canceled"})
 #: The events after which a job's event stream ends.
@@ -241,13 +242,39 @@ class TTSClient:
             if job["status"] != "done" or int(job["segments_total"]) > following:
                 raise
 
-    def events(self, job_id: str, *, last_event_id: str | int | None = None) -> Iterator[dict[str, Any]]:
-        """Yield the job's server-sent events ({"event", "id", "data"}), reconnecting after drops, until it ends."""
+    def events(
+        self, job_id: str, *, last_event_id: str | int | None = None, fragments: bool = False
+    ) -> Iterator[dict[str, Any]]:
+        """Yield the job's server-sent events ({"event", "id", "data"}), reconnecting after drops, until it ends;
+        with ``fragments``, a ``fragment`` event for each fragment of audio too (its PCM inline, base64)."""
+        path = f"/v1/jobs/{job_id}/events" + ("?fragments=1" if fragments else "")
 
         def connect(headers: dict[str, str]) -> requests.Response:
-            return self._request("GET", f"/v1/jobs/{job_id}/events", headers=headers, stream=True, read_s=60.0)
+            return self._request("GET", path, headers=headers, stream=True, read_s=60.0)
 
         yield from reconnecting(connect, f"job {job_id}", last_event_id=last_event_id, ends=ENDING_EVENTS)
+
+    def fragments(self, job_id: str, *, after: str | None = None) -> Iterator[Fragment]:
+        """Yield the job's audio as it is made: (segment, number, pcm, sample_rate, last) for each fragment in order,
+        across segments, each once (a segment's fragments join into exactly its audio, as raw 16-bit PCM), until
+        the job is done; raise if it fails or is canceled.
+
+        They come inline in the job's event stream, which is followed again after a drop from the last fragment
+        had (``Last-Event-ID``); ``after`` (an event id, ``"<index>.<number>"`` or ``"<index>"``) starts after it.
+        Each segment ends with a fragment whose ``last`` is true (see ``client.fragments.fragments_of``).
+        """
+        ended = 0
+        try:
+            for fragment in fragments_of(self.events(job_id, last_event_id=after, fragments=True), after=after):
+                ended += fragment.last
+                yield fragment
+        except TTSClientError as e:
+            # A text stream that ended with nothing to speak has no audio, which the events answer as 410 gone.
+            if e.status != 410:
+                raise
+            job = self.status(job_id)
+            if job["status"] != "done" or int(job["segments_total"]) > ended:
+                raise
 
     def download(
         self,

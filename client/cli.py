@@ -15,7 +15,7 @@ from client.api import TTSClient
 from client.audio import SUFFIX_FORMATS, AudioSupportMissing, check_supported, output_format
 from client.book import STATE_NAME, make_book
 from client.errors import TTSClientError
-from client.piped import read_pieces, say_stream
+from client.piped import read_pieces, say_stream, wav_stream_header
 from client.progress import ProgressBar
 
 __all__ = ["ProgressBar", "build_parser", "main", "make_book", "read_pieces", "say", "say_stream"]
@@ -25,9 +25,17 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 PROG = "tts"
 
 
+#: The formats ``say`` writes itself as the audio comes (the file the service would send, byte for byte); others
+#: it downloads once the job is done.
+WRITTEN_AS_MADE = frozenset({"wav", "pcm"})
+
+
 def say(client: TTSClient, text: str, output: Path, *, options: dict[str, Any], progress: ProgressBar) -> Path:
-    """Synthesize ``text`` as one job, follow its progress, and download the file."""
+    """Synthesize ``text`` as one job, follow its progress, and write the file as its audio comes (wav, pcm) or
+    download it once made."""
     job = client.submit(text, **options)
+    if options.get("format") in WRITTEN_AS_MADE:
+        return write_as_made(client, job, output, fmt=options["format"], progress=progress)
     done, audio_s = 0, 0.0
     progress.update(done, job["segments_total"], audio_s)
     for event in client.events(job["id"]):
@@ -39,6 +47,36 @@ def say(client: TTSClient, text: str, output: Path, *, options: dict[str, Any], 
             raise TTSClientError(409, "job_failed", f"job {event['event']}: {event['data']}")
     progress.close()
     return client.download(job["id"], output)
+
+
+def write_as_made(client: TTSClient, job: dict[str, Any], output: Path, *, fmt: str, progress: ProgressBar) -> Path:
+    """Write the job's audio into ``output`` (via ``<output>.part``) a fragment at a time as it is made; a WAV's
+    header gets its sizes at the end, so the file is the one the service would send."""
+    partial = output.with_name(output.name + ".part")
+    done, audio_s, rate, written = 0, 0.0, 0, 0
+    progress.update(done, job["segments_total"], audio_s)
+    try:
+        with partial.open("wb") as out:
+            for fragment in client.fragments(job["id"]):
+                if not rate:
+                    rate = fragment.sample_rate
+                    out.write(wav_stream_header(rate) if fmt == "wav" else b"")
+                out.write(fragment.pcm)
+                out.flush()
+                written += len(fragment.pcm)
+                audio_s += len(fragment.pcm) / 2 / rate
+                done += fragment.last
+                if fragment.last:
+                    progress.update(done, job["segments_total"], audio_s)
+            if fmt == "wav":
+                out.seek(0)
+                out.write(wav_stream_header(rate, written))
+    except BaseException:
+        partial.unlink(missing_ok=True)  # as when a job fails before its download: no file
+        raise
+    progress.close()
+    partial.replace(output)
+    return output
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:

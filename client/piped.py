@@ -1,5 +1,5 @@
 """``tts say --stdin``: speak text as it is piped in (from an LLM's command line, say), one text stream, writing or
-playing the audio as its segments are made."""
+playing the audio as it is made, a fragment at a time."""
 
 from __future__ import annotations
 
@@ -64,9 +64,9 @@ def wav_stream_header(sample_rate: int, data_bytes: int | None = None) -> bytes:
 
 
 class AudioSink:
-    """Where ``say --stdin`` puts its audio (mono 16-bit PCM, segment by segment).
+    """Where ``say --stdin`` puts its audio (mono 16-bit PCM, a fragment at a time).
 
-    Raw PCM and WAV are written as each segment arrives, to a file or to standard output ('-'): a WAV file's
+    Raw PCM and WAV are written as each fragment arrives, to a file or to standard output ('-'): a WAV file's
     header gets its sizes at the end, a WAV on standard output keeps the "unknown" sizes of a stream. Other
     formats are encoded once, whole, at the end.
     """
@@ -82,7 +82,7 @@ class AudioSink:
         self._out: BinaryIO | None = None
 
     def write(self, pcm: bytes, sample_rate: int) -> None:
-        """Take one segment: write it now, or keep it for the end."""
+        """Take one fragment: write it now, or keep it for the end."""
         if not self.streamed:
             self.kept.append(pcm)
             return
@@ -124,7 +124,8 @@ class AudioSink:
 
 
 class _Follower(threading.Thread):
-    """Fetch a text stream's segments as they are made, into the sink, with a line on ``log`` for each."""
+    """Take a text stream's audio as it is made, a fragment at a time, into the sink, with a line on ``log`` for
+    each segment."""
 
     def __init__(self, stream: TextStream, sink: AudioSink, log: TextIO) -> None:
         super().__init__(name=f"follow-{stream.job_id}", daemon=True)
@@ -138,12 +139,14 @@ class _Follower(threading.Thread):
 
     def run(self) -> None:
         try:
-            for _, pcm, duration in self.stream.segments():
-                if not self.sample_rate:  # known once the job's first segment is made
-                    self.sample_rate = int(self.stream.client.status(self.stream.job_id)["sample_rate"] or 0)
-                self.sink.write(pcm, self.sample_rate)
+            for fragment in self.stream.fragments():
+                self.sample_rate = self.sample_rate or fragment.sample_rate
+                if fragment.pcm:  # a segment's last may be empty: only its end is news
+                    self.sink.write(fragment.pcm, self.sample_rate)
+                    self.audio_s += len(fragment.pcm) / 2 / self.sample_rate
+                if not fragment.last:
+                    continue
                 self.count += 1
-                self.audio_s += duration
                 audio = f"{self.audio_s:.1f} s audio"
                 if self.stream.open:  # the total grows while text arrives
                     line = f"{self.count} segments, {audio}, text still arriving"

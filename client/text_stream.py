@@ -11,6 +11,7 @@ from client.errors import TTSClientError
 
 if TYPE_CHECKING:
     from client.api import TTSClient
+    from client.fragments import Fragment
 
 
 #: ``TextStream.write`` joins tokens for at most this long into one piece (a sentence end goes at once).
@@ -135,6 +136,11 @@ class TextStream:
     def segments(self, *, start: int = 0) -> Iterator[tuple[int, bytes, float]]:
         """Yield (index, audio, duration) for each segment as it is made, until the stream ends and all are made."""
         return self.client.segments(self.job_id, start=start)
+
+    def fragments(self) -> Iterator[Fragment]:
+        """Yield the audio a fragment at a time as it is made, until the stream ends and all is made
+        (``TTSClient.fragments``)."""
+        return self.client.fragments(self.job_id)
 
     def wait(self, *, poll_s: float = 0.5) -> dict[str, Any]:
         """Wait until the job is done (the stream finished and every segment made) and return it."""
