@@ -141,6 +141,11 @@ class JobReads:
                 return Fragments(first, [as_bytes(value) for value in found], complete=False)
             # The segment was written between the two reads, taking its fragments: read it instead.
 
+    def fragment_started_at(self, job_id: str, index: int) -> float | None:
+        """Return when a segment being made had its first fragment written (None: none is, or it is written)."""
+        value = self.redis.hget(keys.fragments(job_id), f"{index}:at")
+        return None if value is None else float(as_bytes(value))
+
     def has_audio(self, job_id: str) -> bool:
         """Say whether any of the job's audio is still kept (its audio TTL or the memory budget removes it)."""
         return bool(self.redis.exists(keys.audio(job_id)))

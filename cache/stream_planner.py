@@ -28,7 +28,7 @@ from cache.schedule import ScheduleBook
 from cache.scripts import AppendResult
 from core.errors import ServiceUnavailable, TextOverLimit
 from core.policy import Lane, SchedulingPolicy
-from core.schedule import timeline
+from core.schedule import heard_at, timeline
 from core.text import plan_segments, ready_cut
 
 log = logging.getLogger(__name__)
@@ -220,7 +220,7 @@ class StreamPlanner:
             seconds_per_char=record.seconds_per_char or self.book.default_seconds_per_char,
             policy=self.policy.deadlines,
             durations={i: float(m["duration_s"]) for i, m in meta.items() if "duration_s" in m},
-            arrivals={i: float(m["finished_at"]) for i, m in meta.items() if "finished_at" in m},
+            arrivals={i: heard_at(m, 0.0) for i, m in meta.items() if "finished_at" in m},
         ).deadlines()
         due = {i: deadlines[i] if i < len(deadlines) else time.time() for i in indexes}
         try:

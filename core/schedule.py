@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 #: Broker priority steps by slack (seconds until due): due now, soon, later, much later.
 SLACK_STEPS: tuple[tuple[float, int], ...] = ((1.0, 0), (10.0, 3), (60.0, 6))
@@ -129,6 +130,11 @@ def timeline(
         durations=[stretch * durations.get(i, n * seconds_per_char) for i, n in enumerate(chars)],
         arrivals=arrivals or {},
     )
+
+
+def heard_at(meta: Mapping[str, Any], default: float) -> float:
+    """Return when a written segment's listener could start it (its first fragment), from its stored metadata."""
+    return float(meta.get("first_at", meta.get("finished_at", default)))
 
 
 def priority_step(deadline: float, now: float) -> int:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings
 
+from core.fragments import FragmentSchedule
 from core.lanes import Scheduler
 
 
@@ -38,6 +39,11 @@ class WorkerSettings(BaseSettings):
         True,
         description="Let a segment that must start now join an engine call already running, between its decode "
         "steps, when every model host is busy (ChatTTS only). Off: it waits for a call to end.",
+    )
+    fragment_ms: str = Field(
+        "250,400",
+        description="How a segment's audio is cut as it is made, in milliseconds: the first fragment, then the "
+        "steady ones (`first,steady[,shortest]`); `off` sends each segment whole.",
     )
     scheduler: Scheduler = Field(
         "deadline",
@@ -108,6 +114,17 @@ class WorkerSettings(BaseSettings):
         ge=2,
         description="A worker whose heartbeat is this many intervals old is dead: its segments are enqueued again.",
     )
+
+    @field_validator("fragment_ms")
+    @classmethod
+    def _fragment_schedule(cls, value: str) -> str:
+        FragmentSchedule.parse(value)  # a ValueError here names the setting
+        return value
+
+    @property
+    def fragments(self) -> FragmentSchedule:
+        """Return the fragment schedule ``fragment_ms`` sets."""
+        return FragmentSchedule.parse(self.fragment_ms)
 
     @property
     def worker_dead_after_s(self) -> float:

@@ -16,7 +16,7 @@ from core.schedule import priority_step
 from tests.support.processes import wait_for
 from workers import batcher as batcher_module
 from workers.batcher import JOIN_SPAN, Batcher, _Running
-from workers.engines.base import RateReady, SynthesisRequest, Waveform
+from workers.engines.base import RateFragment, RateReady, SynthesisRequest, Waveform
 from workers.planner import BatchPlanner, Pending, compatible
 
 SPEC = ModelSpec(name="m", engine="espeak")
@@ -138,7 +138,13 @@ class RecordingEngine:
         self.lock = threading.Lock()
 
     def __call__(
-        self, spec: ModelSpec, batch: list[SynthesisRequest], replica: int = 0, *, ready: RateReady | None = None
+        self,
+        spec: ModelSpec,
+        batch: list[SynthesisRequest],
+        replica: int = 0,
+        *,
+        ready: RateReady | None = None,
+        fragment: RateFragment | None = None,
     ) -> tuple[list[Waveform], int]:
         with self.lock:
             self.calls.append((spec.name, [r.text for r in batch]))
@@ -295,7 +301,7 @@ def test_with_two_replicas_two_batches_run_side_by_side() -> None:
     engine = RecordingEngine(delay_s=0.3)
     replicas: list[int] = []
     batcher = Batcher(
-        lambda spec, batch, replica, ready=None: (replicas.append(replica), engine(spec, batch))[1],
+        lambda spec, batch, replica, ready=None, fragment=None: (replicas.append(replica), engine(spec, batch))[1],
         max_batch=1,
         max_wait_s=0.0,
         replicas=2,
@@ -366,7 +372,12 @@ def test_a_segment_gets_its_audio_when_it_is_made_not_when_its_whole_batch_is() 
     handed_over, release = threading.Event(), threading.Event()
 
     def engine(
-        spec: ModelSpec, batch: list[SynthesisRequest], replica: int = 0, *, ready: RateReady | None = None
+        spec: ModelSpec,
+        batch: list[SynthesisRequest],
+        replica: int = 0,
+        *,
+        ready: RateReady | None = None,
+        fragment: RateFragment | None = None,
     ) -> tuple[list[Waveform], int]:
         waves = [np.full(len(r.text), 0.1, dtype=np.float32) for r in batch]
         assert ready is not None
@@ -434,7 +445,12 @@ def test_a_call_past_its_own_segments_takes_an_urgent_joiner_only_while_no_other
     offers: list[str] = []
 
     def engine(
-        spec: ModelSpec, batch: list[SynthesisRequest], replica: int = 0, *, ready: RateReady | None = None
+        spec: ModelSpec,
+        batch: list[SynthesisRequest],
+        replica: int = 0,
+        *,
+        ready: RateReady | None = None,
+        fragment: RateFragment | None = None,
     ) -> tuple[list[Waveform], int]:
         waves = [np.zeros(4, dtype=np.float32) for _ in batch]
         if batch[0].text == "started the call":  # makes its own segment once a joiner is in, then runs on with it
@@ -444,7 +460,14 @@ def test_a_call_past_its_own_segments_takes_an_urgent_joiner_only_while_no_other
             assert release.wait(10)
         return waves, 16000
 
-    def join(spec: ModelSpec, requests: list[SynthesisRequest], replica: int, *, ready: RateReady) -> Future[bool]:
+    def join(
+        spec: ModelSpec,
+        requests: list[SynthesisRequest],
+        replica: int,
+        *,
+        ready: RateReady,
+        fragment: RateFragment | None = None,
+    ) -> Future[bool]:
         offers.extend(r.text for r in requests)
         answer: Future[bool] = Future()
         answer.set_result(len(offers) == 1)  # the first joiner is taken (and still being made); later ones refused

@@ -71,7 +71,15 @@ def test_a_failing_observer_is_logged_and_the_ones_after_it_still_run(caplog: py
 
 def test_a_made_segment_keeps_its_lateness_against_the_deadline_in_its_metadata() -> None:
     meta = _made().meta()
-    assert meta == {"duration_s": 0.01, "synth_s": 0.002, "worker": "w1", "finished_at": 101.0, "lateness_s": 0.5}
+    assert meta == {"duration_s": 0.01, "synth_s": 0.002, "worker": "w1", "finished_at": 101.0, "first_at": 101.0,
+                    "lateness_s": 0.5}  # fmt: skip
+
+
+def test_a_segment_in_fragments_is_late_by_its_first_fragment_and_keeps_their_lengths() -> None:
+    made = replace(_made(), synth_s=1.0, heard_at=100.7, fragments=(120, 60))
+    meta = made.meta()
+    assert meta["first_at"] == 100.7 and meta["lateness_s"] == 0.2 and meta["fragments"] == [120, 60]
+    assert abs(made.first_fragment_s - 0.7) < 1e-9  # its engine started at 100.0, its segment ended at 101.0
 
 
 class _Tally:

@@ -27,7 +27,7 @@ from cache import keys
 from cache.job_reads import as_str
 from cache.records import TERMINAL
 from core.loops import OnDemandLoop
-from core.schedule import UNSTARTED_LIMIT_S, Timeline
+from core.schedule import UNSTARTED_LIMIT_S, Timeline, heard_at
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +125,11 @@ class FirstArrivals:
                 continue
             for raw_id, fields in entries:
                 event = {as_str(k): as_str(v) for k, v in fields.items()}
+                if event.get("type") == "fragment" and event.get("index") == "0" and event.get("fragment") == "0":
+                    # Its listener starts with segment 0's first fragment; the duration comes with a later start.
+                    found.timeline.arrived(0, float(event.get("at") or time.time()))
+                    self.forget(job_id)
+                    break
                 if event.get("type") == "segment" and event.get("index") == "0":
                     self._arrived(job_id, found)  # a Redis fault here: the event is read again next round
                     break
@@ -136,7 +141,7 @@ class FirstArrivals:
     def _arrived(self, job_id: str, found: _Follow) -> None:
         """Record segment 0's arrival, with its real duration, as the worker that wrote it recorded them."""
         meta = self.read_meta(job_id, 0)
-        at = float(meta.get("finished_at", time.time()))
+        at = heard_at(meta, time.time())
         duration = meta.get("duration_s")
         found.timeline.arrived(0, at, None if duration is None else float(duration) * found.stretch)
         self.forget(job_id)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from core.registry import ModelSpec
 from workers.batcher import Batcher
-from workers.engines.base import SynthesisRequest, Waveform
+from workers.engines.base import Piece, SynthesisRequest, Waveform
 from workers.planner import Due, Early
 from workers.pool.pool import ModelPool
 
@@ -15,9 +16,16 @@ class SynthesisBackend(Protocol):
     """Anything that turns a segment request into a waveform for a model."""
 
     def synthesize(
-        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: Due | None = None, early: Early = False
+        self,
+        spec: ModelSpec,
+        request: SynthesisRequest,
+        *,
+        deadline: Due | None = None,
+        early: Early = False,
+        fragment: Callable[[Piece, int], None] | None = None,
     ) -> tuple[Waveform, int]:
-        """Return the waveform and its sample rate; ``deadline``, ``early``: when it is needed (see Batcher)."""
+        """Return the waveform and its sample rate; ``deadline``, ``early``: when it is needed (see Batcher);
+        ``fragment`` is told its fragments and their rate as they are made (joined, they are the waveform)."""
         ...
 
     def loaded_models(self) -> list[str]:
@@ -38,10 +46,16 @@ class PooledBackend:
         self.timeout_s = timeout_s
 
     def synthesize(
-        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: Due | None = None, early: Early = False
+        self,
+        spec: ModelSpec,
+        request: SynthesisRequest,
+        *,
+        deadline: Due | None = None,
+        early: Early = False,
+        fragment: Callable[[Piece, int], None] | None = None,
     ) -> tuple[Waveform, int]:
         """Wait for this segment's share of a batched engine call; give up after one hung call ahead plus its own."""
-        future = self.batcher.submit(spec, request, deadline=deadline, early=early)
+        future = self.batcher.submit(spec, request, deadline=deadline, early=early, fragment=fragment)
         try:
             return future.result(timeout=2 * self.timeout_s)
         except TimeoutError:

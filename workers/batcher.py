@@ -15,7 +15,7 @@ from typing import Protocol
 from core.errors import SynthesisError
 from core.policy import BatchTiming
 from core.registry import ModelSpec
-from workers.engines.base import RateReady, SynthesisRequest, Waveform, expect_one_per_input
+from workers.engines.base import Piece, RateFragment, RateReady, SynthesisRequest, Waveform, expect_one_per_input
 from workers.planner import BatchPlanner, Due, Early, Pending
 
 log = logging.getLogger(__name__)
@@ -24,22 +24,36 @@ log = logging.getLogger(__name__)
 class RunBatch(Protocol):
     """Runs one engine call on one of the model's replicas; returns the waveforms and their rate.
 
-    ``ready`` is told each waveform (and its rate) as soon as it is made, before the call returns.
+    ``ready`` is told each waveform (and its rate) as soon as it is made, before the call returns, and ``fragment``
+    each of their fragments before.
     """
 
     def __call__(
-        self, spec: ModelSpec, requests: list[SynthesisRequest], replica: int, *, ready: RateReady | None = None
+        self,
+        spec: ModelSpec,
+        requests: list[SynthesisRequest],
+        replica: int,
+        *,
+        ready: RateReady | None = None,
+        fragment: RateFragment | None = None,
     ) -> tuple[list[Waveform], int]: ...
 
 
 class JoinBatch(Protocol):
     """Offers segments to the engine call running on one of the model's replicas; the future says if they joined.
 
-    Joined segments' waveforms (and rate) are told to ``ready`` as each is made; refused, they never started.
+    Joined segments' waveforms (and rate) are told to ``ready`` as each is made, and their fragments to ``fragment``;
+    refused, they never started.
     """
 
     def __call__(
-        self, spec: ModelSpec, requests: list[SynthesisRequest], replica: int, *, ready: RateReady
+        self,
+        spec: ModelSpec,
+        requests: list[SynthesisRequest],
+        replica: int,
+        *,
+        ready: RateReady,
+        fragment: RateFragment | None = None,
     ) -> Future[bool]: ...
 
 
@@ -113,6 +127,13 @@ def _deliver(group: list[Pending], index: int, wave: Waveform, rate: int) -> Non
         pending.made = time.perf_counter()
 
 
+def _deliver_fragment(group: list[Pending], index: int, piece: Piece, rate: int) -> None:
+    """Give the segment at ``index`` of ``group`` a fragment, while its caller still waits for it."""
+    pending = group[index]
+    if pending.fragment is not None and not pending.future.done():
+        pending.fragment(piece, rate)
+
+
 class Batcher:
     """One dispatcher thread per model turns concurrent submissions into batched engine calls.
 
@@ -165,14 +186,22 @@ class Batcher:
         self.joined = 0
 
     def submit(
-        self, spec: ModelSpec, request: SynthesisRequest, *, deadline: Due | None = None, early: Early = False
+        self,
+        spec: ModelSpec,
+        request: SynthesisRequest,
+        *,
+        deadline: Due | None = None,
+        early: Early = False,
+        fragment: Callable[[Piece, int], None] | None = None,
     ) -> Future[tuple[Waveform, int]]:
         """Queue one segment due at ``deadline`` (epoch seconds; none: now); resolve to its waveform and rate.
 
         ``early`` (or a function saying so now): the segment continues a stream already playing, so it should be
-        written before its deadline, not start at it: it is ordered ``lead`` engine calls earlier.
+        written before its deadline, not start at it: it is ordered ``lead`` engine calls earlier. ``fragment`` is
+        told its fragments (and their rate) as they are made, before the future resolves.
         """
-        pending = Pending(spec, request, self._clock() if deadline is None else deadline, early)
+        due = self._clock() if deadline is None else deadline
+        pending = Pending(spec, request, due, early, fragment=fragment)
         self._queue_for(spec.name).put(pending)
         return pending.future
 
@@ -268,8 +297,9 @@ class Batcher:
             call.offered += len(group)
         log.debug("offering %d segment(s) to the call running on replica %d", len(group), replica)
         answer = self._join_batch(
-            group[0].spec, [p.request for p in group], replica, ready=functools.partial(_deliver, group)
-        )
+            group[0].spec, [p.request for p in group], replica, ready=functools.partial(_deliver, group),
+            fragment=functools.partial(_deliver_fragment, group),
+        )  # fmt: skip
         answer.add_done_callback(functools.partial(self._answered, call, group, inbox))
 
     def _answered(self, call: _Running, group: list[Pending], inbox: Inbox, answer: Future[bool]) -> None:
@@ -368,8 +398,9 @@ class Batcher:
         try:
             # A segment's caller gets its audio the moment it is made, not when the longest of its batch is.
             waves, rate = self._run_batch(
-                spec, [p.request for p in group], replica, ready=functools.partial(_deliver, group)
-            )
+                spec, [p.request for p in group], replica, ready=functools.partial(_deliver, group),
+                fragment=functools.partial(_deliver_fragment, group),
+            )  # fmt: skip
             expect_one_per_input(waves, group, what="engine")
         except Exception as e:  # every waiting caller learns of the failure; none hangs
             self.planner.failed([p.request for p in (*group, *call.joined)])

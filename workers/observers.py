@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from cache.jobstore import JobStore
 from cache.records import JobRequest, SegmentStart
@@ -29,7 +30,7 @@ from core.metrics import (
     TIME_TO_FIRST_SEGMENT,
 )
 from core.registry import ModelSpec
-from core.schedule import playback_stalls
+from core.schedule import heard_at, playback_stalls
 
 log = logging.getLogger(__name__)
 
@@ -51,21 +52,41 @@ class MadeSegment:
     deadline: float
     accepted_at: float
     worker: str
+    #: When its listener could start it: its first fragment's write (its own, when it is one fragment).
+    heard_at: float = 0.0
+    #: Each fragment's samples, in order (empty: one fragment, the whole segment).
+    fragments: tuple[int, ...] = ()
+
+    @property
+    def first_heard_at(self) -> float:
+        """Return when its listener could start playing it."""
+        return self.heard_at or self.finished_at
+
+    @property
+    def first_fragment_s(self) -> float:
+        """Return how long its first fragment took to make: what its listener waited once the engine started it."""
+        if not self.heard_at:
+            return self.synth_s  # one fragment: the whole segment
+        return max(0.0, self.heard_at - (self.finished_at - self.synth_s))
 
     @property
     def lateness_s(self) -> float:
-        """Return how long after its deadline it was finished (negative: before)."""
-        return self.finished_at - self.deadline
+        """Return how long after its deadline its listener could start it (negative: before)."""
+        return self.first_heard_at - self.deadline
 
-    def meta(self) -> dict[str, float | str]:
+    def meta(self) -> dict[str, Any]:
         """Return the metadata stored beside the audio (the job's own times included)."""
-        return {
+        found: dict[str, Any] = {
             "duration_s": round(self.duration_s, 4),
             "synth_s": round(self.synth_s, 4),
             "worker": self.worker,
             "finished_at": round(self.finished_at, 4),
+            "first_at": round(self.first_heard_at, 4),
             "lateness_s": round(self.lateness_s, 4),
         }
+        if len(self.fragments) > 1:
+            found["fragments"] = list(self.fragments)
+        return found
 
 
 class SegmentObserver:
@@ -134,14 +155,15 @@ class SegmentMetrics(SegmentObserver):
         SEGMENTS.labels(outcome).inc()
         # A realtime first segment's making time: what admission's first-audio check reads.
         first = made.index == 0 and outcome == "written" and made.request.priority == "realtime"
-        self.stats.record(ok=1, first_chars=len(made.text) if first else 0, first_s=made.synth_s if first else 0.0)
+        first_s = made.first_fragment_s if first else 0.0
+        self.stats.record(ok=1, first_chars=len(made.text) if first else 0, first_s=first_s)
         AUDIO_SECONDS.labels(made.spec.name).inc(made.duration_s)
         if made.duration_s > 0:
             REAL_TIME_FACTOR.labels(made.spec.name).observe(made.synth_s / made.duration_s)
         if outcome == "written":
             SEGMENT_LATENESS.labels(made.request.priority).observe(made.lateness_s)
             if made.index == 0:
-                TIME_TO_FIRST_SEGMENT.observe(max(0.0, time.time() - made.accepted_at))
+                TIME_TO_FIRST_SEGMENT.observe(max(0.0, made.first_heard_at - made.accepted_at))
         log.info(
             "segment %s/%d %s: %d chars, %.2fs audio in %.2fs, finished %+.2fs from its deadline",
             made.job_id,
@@ -208,7 +230,7 @@ class JobSummary(SegmentObserver):
         created = record.created_at
         ordered = [meta.get(i, {}) for i in range(record.segments_total)]
         # A cached segment was there at acceptance; one without a time (older meta) counts as on time.
-        arrived = [float(m.get("finished_at", created)) for m in ordered]
+        arrived = [heard_at(m, created) for m in ordered]
         stalls, stalled_s = playback_stalls(arrived, [float(m.get("duration_s", 0.0)) for m in ordered])
         JOB_STALLS.labels(lane).observe(stalls)
         JOB_STALL_SECONDS.labels(lane).observe(stalled_s)

@@ -32,6 +32,7 @@ from workers.arrivals import FirstArrivals
 from workers.backend import SynthesisBackend
 from workers.celery_app import Enqueue
 from workers.engines.base import SynthesisRequest
+from workers.fragment_writer import FragmentWriter
 from workers.observers import MadeSegment, SegmentObserver, default_observers
 from workers.timelines import Timelines
 
@@ -190,7 +191,7 @@ class SegmentSynthesizer:
         write = self._write(made, start.attempt)
         outcome = _OUTCOMES[write.result]
         if outcome is Outcome.WRITTEN:  # later segments here follow its listener
-            plan.arrived(index, made.finished_at, made.duration_s * self.policy.deadlines.stretch(lane))
+            plan.arrived(index, made.first_heard_at, made.duration_s * self.policy.deadlines.stretch(lane))
         self.observer.written(made, outcome.value)
         if write.result is WriteResult.FINISHED:
             self._timelines.forget(job_id)
@@ -208,6 +209,7 @@ class SegmentSynthesizer:
             return plan.deadline(index)
 
         started = time.perf_counter()
+        writer = FragmentWriter(self.store, job_id, index, has_room=self.has_room)
         wave, rate = self.backend.synthesize(
             spec,
             SynthesisRequest(text=text, voice=request.voice, speed=request.speed, seed=request.seed, mode=request.mode),
@@ -215,22 +217,27 @@ class SegmentSynthesizer:
             # A later segment is early (ordered before its deadline) only once its listener plays: until the job's
             # first segment has arrived, none of its later ones can stall anyone, and none goes before it.
             early=plan.started if index > 0 else False,
+            fragment=writer,
         )
         synth_s = time.perf_counter() - started
+        joined = writer.joined()
+        pcm = joined.pcm if joined.lengths else to_pcm16(wave)  # a backend that tells no fragments: one, the whole
         return MadeSegment(
             job_id=job_id,
             index=index,
             text=text,
             spec=spec,
             request=request,
-            audio=self.store.pack(to_pcm16(wave), rate),  # encoded once: the store and the cache keep these bytes
+            audio=self.store.pack(pcm, rate),  # encoded once: the store and the cache keep these bytes
             sample_rate=rate,
-            duration_s=len(wave) / rate,
+            duration_s=len(pcm) / 2 / rate,
             synth_s=synth_s,
             finished_at=time.time(),
             deadline=due(),
             accepted_at=record.created_at,
             worker=self.worker,
+            heard_at=joined.first_at or 0.0,
+            fragments=tuple(joined.lengths),
         )
 
     def _write(self, made: MadeSegment, attempt: int) -> SegmentWrite:

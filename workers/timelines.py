@@ -8,7 +8,7 @@ from typing import Any
 
 from cache.jobstore import JobStore
 from cache.records import JobRecord, SegmentStart
-from core.schedule import DeadlinePolicy, Timeline, timeline
+from core.schedule import DeadlinePolicy, Timeline, heard_at, timeline
 from workers.arrivals import FirstArrivals
 
 #: A worker keeps the timelines of at most this many jobs ...
@@ -54,7 +54,7 @@ class Timelines:
         lane = start.record.request.priority
         stretch = self.policy.stretch(lane)
         durations = {i: float(m["duration_s"]) * stretch for i, m in start.meta.items() if "duration_s" in m}
-        arrivals = {i: float(m["finished_at"]) for i, m in start.meta.items() if "finished_at" in m}
+        arrivals = {i: heard_at(m, 0.0) for i, m in start.meta.items() if "finished_at" in m}
         with self._lock:
             found = self._timelines.get(job_id)
         if found is not None and len(found.durations) >= start.record.segments_total:
@@ -97,7 +97,7 @@ class Timelines:
             seconds_per_char=record.seconds_per_char or self.default_pace,
             policy=self.policy,
             durations={i: float(m["duration_s"]) for i, m in meta.items() if "duration_s" in m},
-            arrivals={i: float(m["finished_at"]) for i, m in meta.items() if "finished_at" in m},
+            arrivals={i: heard_at(m, 0.0) for i, m in meta.items() if "finished_at" in m},
         )
 
     def await_first(self, job_id: str, plan: Timeline, lane: str) -> None:

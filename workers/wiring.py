@@ -65,6 +65,7 @@ def _model_pool(settings: Settings, layout: Layout) -> ModelPool:
             device=replica_device(settings.device, replica),
             log_level=settings.log_level,
             torch_threads=layout.torch_threads,
+            fragments=settings.fragments,
         ),
         budget_mb=settings.model_budget_mb,
         idle_s=settings.model_idle_s,

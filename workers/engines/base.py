@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from core.errors import SynthesisError
+from core.fragments import NO_FRAGMENTS, FragmentSchedule
 
 Waveform = npt.NDArray[np.float32]
 #: Told each item's waveform the moment it is made: (its index in the batch, its waveform).
@@ -18,6 +19,21 @@ Ready = Callable[[int, Waveform], None]
 RateReady = Callable[[int, Waveform, int], None]
 #: Asked while a call runs for segments that join it (an empty list: none now); theirs are numbered after the call's.
 Arrivals = Callable[[], "list[SynthesisRequest]"]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One fragment of a segment's audio as its engine made it; a segment's pieces, joined, are its waveform."""
+
+    number: int  # its place in the segment, from 0
+    samples: Waveform
+    last: bool  # the segment's waveform follows at once
+
+
+#: Told each item's fragments in order, as they are made: (its index in the batch, the fragment).
+Fragment = Callable[[int, Piece], None]
+#: The same, past the model host, with the sample rate: (index, fragment, rate).
+RateFragment = Callable[[int, Piece, int], None]
 
 
 @dataclass(frozen=True)
@@ -54,6 +70,13 @@ class Engine(abc.ABC):
     #: Output sample rate in Hz; valid once ``load`` has returned.
     sample_rate: int
 
+    #: How segments are cut into fragments (``set_fragments``); engines that cannot stream ignore it.
+    fragment_schedule: FragmentSchedule = NO_FRAGMENTS
+
+    def set_fragments(self, schedule: FragmentSchedule) -> None:
+        """Cut each segment's audio into fragments on ``schedule``, where the engine can (each is one otherwise)."""
+        self.fragment_schedule = schedule
+
     @property
     def takes_arrivals(self) -> bool:
         """Say whether segments can join a call while it runs (``synthesize_each``'s ``arrivals``)."""
@@ -68,7 +91,11 @@ class Engine(abc.ABC):
         """Return exactly one mono float32 waveform per request, in order."""
 
     def synthesize_each(
-        self, batch: list[SynthesisRequest], ready: Ready, arrivals: Arrivals | None = None
+        self,
+        batch: list[SynthesisRequest],
+        ready: Ready,
+        arrivals: Arrivals | None = None,
+        fragment: Fragment | None = None,
     ) -> list[Waveform]:
         """Do what ``synthesize`` does, and tell ``ready`` each item's waveform as soon as it is made.
 
@@ -76,10 +103,14 @@ class Engine(abc.ABC):
         that a short segment's listener is not kept waiting for the longest segment of its batch. Here every
         item is told when the whole batch is done. An engine that ``takes_arrivals`` asks ``arrivals`` for
         more segments while it runs, and makes them in the same call (numbered after the batch, in order).
+        ``fragment`` is told each item's fragments before its waveform, which they make when joined: here one,
+        the whole waveform; an engine that streams cuts them on its ``fragment_schedule`` as it makes them.
         """
         waves = self.synthesize(batch)
         expect_one_per_input(waves, batch, what=type(self).__name__)
         for index, wave in enumerate(waves):
+            if fragment is not None:
+                fragment(index, Piece(0, wave, last=True))
             ready(index, wave)
         return waves
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import math
@@ -15,12 +16,22 @@ import numpy as np
 import torch
 
 from workers.engines import decode
-from workers.engines.base import Arrivals, Engine, Ready, SynthesisRequest, Waveform, every_one_made
+from workers.engines.base import (
+    Arrivals,
+    Engine,
+    Fragment,
+    Piece,
+    Ready,
+    SynthesisRequest,
+    Waveform,
+    every_one_made,
+)
 from workers.engines.chattts_assets import descriptor_config, find_weights, read_descriptor, where_weights_go
 from workers.engines.chattts_files import check_weights
 from workers.engines.chattts_generate import generate, prepare
 from workers.engines.chattts_jit import cache_text_jit
 from workers.engines.errors import EngineLoadError, SynthesisError
+from workers.engines.fragments import SAMPLES_PER_TOKEN, TokenFragments, Window
 
 __all__ = ["ChatTTSEngine", "find_weights", "speed_prompt", "where_weights_go"]
 
@@ -66,6 +77,9 @@ class ChatTTSEngine(Engine):
         max_tokens: int = 2048,
         fixed_token_budget: bool = False,
         half_on_cpu: bool | None = None,
+        fragment_context: int = 8,
+        fragment_lookahead: int = 8,
+        fragment_crossfade: int = 0,
     ) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, not {precision!r}")
@@ -80,6 +94,8 @@ class ChatTTSEngine(Engine):
         self._max_tokens = max_tokens
         self._fixed_budget = fixed_token_budget
         self._half_on_cpu = half_on_cpu  # None: only where the CPU multiplies that type natively
+        # What each fragment is decoded with (workers/engines/fragments.py); ``make bench-fragments`` measures it.
+        self._window = Window(context=fragment_context, lookahead=fragment_lookahead, crossfade=fragment_crossfade)
         self._chat: Any = None
         self._speakers: dict[str, str] = {}
 
@@ -176,12 +192,17 @@ class ChatTTSEngine(Engine):
         return self._chat is not None and decode.supports(self._chat.gpt)
 
     def synthesize_each(
-        self, batch: list[SynthesisRequest], ready: Ready, arrivals: Arrivals | None = None
+        self,
+        batch: list[SynthesisRequest],
+        ready: Ready,
+        arrivals: Arrivals | None = None,
+        fragment: Fragment | None = None,
     ) -> list[Waveform]:
         """Return one waveform per request, telling ``ready`` each one as its item ends, before the rest go on.
 
         ``arrivals`` is asked between decode steps for segments to join the call; their waveforms follow the
-        batch's, in the order they arrived.
+        batch's, in the order they arrived. ``fragment`` is told each item's fragments as its tokens are made,
+        cut on the engine's ``fragment_schedule``; joined, they are the waveform ``ready`` is told.
         """
         chat = self._chat
         if chat is None:
@@ -190,10 +211,26 @@ class ChatTTSEngine(Engine):
             return []
         waves: list[Waveform | None] = [None] * len(batch)
         budgets = [self.token_budget(r.text) for r in batch]
+        sizes = self.fragment_schedule.in_tokens(1000 * SAMPLES_PER_TOKEN / self.sample_rate)
+        decode_one = functools.partial(self._decode, chat)
+        cutters = [TokenFragments(sizes, self._window, decode_one) for _ in batch]
+        pieces: list[list[Waveform]] = [[] for _ in batch]
+
+        def tell(index: int, made: list[Waveform], *, ended: bool) -> None:
+            for n, samples in enumerate(made):
+                pieces[index].append(samples)
+                if fragment is not None:
+                    fragment(index, Piece(len(pieces[index]) - 1, samples, last=ended and n == len(made) - 1))
+
+        def grew(index: int, hidden: torch.Tensor) -> None:
+            if waves[index] is None:
+                tell(index, cutters[index].grown(hidden), ended=False)
 
         def made(index: int, hidden: torch.Tensor) -> None:
             # The sampler already ended each item at its budget; the cut makes that a guarantee.
-            waves[index] = wave = self._decode(chat, hidden.narrow(0, 0, min(len(hidden), budgets[index])))
+            tell(index, cutters[index].ended(hidden.narrow(0, 0, min(len(hidden), budgets[index]))), ended=True)
+            waves[index] = wave = np.concatenate(pieces[index]) if len(pieces[index]) != 1 else pieces[index][0]
+            pieces[index] = []
             ready(index, wave)
 
         def joining() -> decode.Joining | None:
@@ -202,6 +239,8 @@ class ChatTTSEngine(Engine):
                 return None
             waves.extend([None] * len(joined))
             budgets.extend(self.token_budget(r.text) for r in joined)
+            cutters.extend(TokenFragments(sizes, self._window, decode_one) for _ in joined)
+            pieces.extend([] for _ in joined)
             return self._code_prompts(chat, joined, self._refined_texts(chat, joined), budgets[-len(joined) :])
 
         try:
@@ -210,7 +249,10 @@ class ChatTTSEngine(Engine):
                 warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
                 chat.context.set(False)
                 texts = self._refined_texts(chat, batch)
-                hiddens = self._code_hiddens(chat, batch, texts, budgets=budgets, made=made, joins=joining)
+                hiddens = self._code_hiddens(
+                    chat, batch, texts, budgets=budgets, made=made, joins=joining,
+                    grown=grew if sizes.streams else None,
+                )  # fmt: skip
                 for index, hidden in enumerate(hiddens):
                     if waves[index] is None:  # ChatTTS's own loop ends every item together
                         made(index, hidden)
@@ -280,6 +322,7 @@ class ChatTTSEngine(Engine):
         budgets: list[int],
         made: Callable[[int, torch.Tensor], None],
         joins: decode.Joins,
+        grown: decode.Grown | None = None,
     ) -> list[torch.Tensor]:
         result = generate(
             chat,
@@ -288,6 +331,7 @@ class ChatTTSEngine(Engine):
             infer_text=False,
             finished=lambda index, ids, hidden: made(index, hidden) if hidden is not None else None,
             joins=joins,
+            grown=grown,
         )
         hiddens: list[torch.Tensor] = result.hiddens
         return hiddens

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from workers.engines import decode
-from workers.engines.decode import Finished, Joins
+from workers.engines.decode import Finished, Grown, Joins
 from workers.engines.sampling import PerItemSampler
 
 
@@ -84,11 +84,13 @@ def generate(
     infer_text: bool,
     finished: Finished | None = None,
     joins: Joins | None = None,
+    grown: Grown | None = None,
 ) -> Any:
     """Run one pass of ChatTTS's GPT over ``first`` (made by ``prepare``); each item ends at its budget.
 
     ``finished`` is told each item's output as the item ends (not on ChatTTS's own loop, which ends them together).
     ``joins`` (made with ``prepare``) is asked between steps for items to add; ChatTTS's own loop never asks.
+    ``grown`` is told each running item's hidden states after each step (ChatTTS's own loop never tells it).
     """
     eos = _eos(chat, infer_text)
     temperature = torch.tensor([params.temperature] * (1 if infer_text else chat.config.gpt.num_vq), device=chat.device)
@@ -107,6 +109,7 @@ def generate(
             interrupted=chat.context.get,
             finished=finished,
             joins=joins,
+            grown=grown,
         )
     generation = chat.gpt.generate(  # every row runs to the end: a model without a key/value cache
         first.emb,

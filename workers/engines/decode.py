@@ -33,6 +33,9 @@ from workers.engines.sampling import PENALTY_WINDOW, PerItemSampler
 
 #: Told an item's output the step it ends: (its index in the batch, its tokens, its hidden states or None).
 Finished = Callable[[int, torch.Tensor, torch.Tensor | None], None]
+#: Told after each step, for each item still running, its hidden states so far: (its index, hidden states). The view
+#: is valid only during the call (the next step writes on).
+Grown = Callable[[int, torch.Tensor], None]
 
 
 @dataclass
@@ -78,6 +81,7 @@ def generate(
     interrupted: Callable[[], bool] = lambda: False,
     finished: Finished | None = None,
     joins: Joins | None = None,
+    grown: Grown | None = None,
 ) -> Generated:
     """Generate up to ``max_new_token`` tokens per item; an item ends at the first end token in any of its rows.
 
@@ -85,6 +89,8 @@ def generate(
     num_vq) and ``attention_mask`` its padding mask, as ChatTTS's tokenizer makes them. ``finished`` is told
     each item's output (its index, tokens and hidden states) at the step the item ends, before the rest go on.
     ``joins`` is asked between steps for more items; theirs are numbered after the items already taken.
+    ``grown`` is told after each step each running item's hidden states so far (with ``return_hidden``), so that
+    its audio can be made while it runs.
     """
     out = _Outputs(finished)
     step = functools.partial(_step, temperature=temperature, eos_token=eos_token)
@@ -101,6 +107,8 @@ def generate(
                 sampler.retain(running)
             if rows.size == 0:
                 break  # a segment arriving now starts a call of its own
+            if grown is not None:
+                rows.grew(grown)
             joining = joins() if joins is not None else None
             if joining is not None:
                 newcomers = _Rows(gpt, joining.input_ids, joining.attention_mask, joining.max_new_token, out,
@@ -281,6 +289,13 @@ class _Rows:
             self._retain(keep)
             self._trim()
         return keep
+
+    def grew(self, grown: Grown) -> None:
+        """Tell ``grown`` each running item's hidden states so far (its own positions only)."""
+        if self.hiddens is None:
+            return
+        for position, (item, begin) in enumerate(zip(self.items.tolist(), self.begin.tolist(), strict=True)):
+            grown(item, self.hiddens[position].narrow(0, begin, self.length - begin))
 
     def _trim(self) -> None:
         """Drop the leading positions that are padding for every row left: a call that others joined and left

@@ -15,13 +15,16 @@ back that long) unless the segment is, and never longer than the steady size (a 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 import torch
+
+from core.fragments import WHOLE, FragmentSchedule, FragmentSizes
+
+__all__ = ["WHOLE", "FragmentSchedule", "FragmentSizes", "TokenFragments", "Window"]
 
 Samples = npt.NDArray[np.float32]
 #: Decodes hidden states (tokens, hidden size) into the samples they make: ``SAMPLES_PER_TOKEN`` a token, less the
@@ -32,61 +35,6 @@ Decode = Callable[[torch.Tensor], Samples]
 SAMPLES_PER_TOKEN = 512
 #: A decode of n tokens has this many samples fewer than n tokens' worth (half a token: the last frame's hop).
 DECODE_SHORTFALL = 256
-
-
-@dataclass(frozen=True)
-class FragmentSizes:
-    """A schedule in tokens: the first fragment, the steady ones, and the shortest a segment's last may be."""
-
-    first: int
-    steady: int
-    least: int
-
-    @property
-    def streams(self) -> bool:
-        """Say whether segments are cut at all (off: each segment is one fragment)."""
-        return self.steady > 0
-
-
-#: Each segment is one fragment.
-WHOLE = FragmentSizes(0, 0, 0)
-
-
-@dataclass(frozen=True)
-class FragmentSchedule:
-    """Fragment sizes in milliseconds of audio, engine-neutral; ``steady_ms`` 0 turns fragments off."""
-
-    first_ms: float = 250.0
-    steady_ms: float = 400.0
-    least_ms: float = 200.0
-
-    @classmethod
-    def parse(cls, text: str) -> FragmentSchedule:
-        """Read ``"first,steady"`` or ``"first,steady,least"`` (milliseconds), or ``"off"``/``"0"``."""
-        if text.strip().lower() in ("off", "0", ""):
-            return cls(0.0, 0.0, 0.0)
-        parts = [float(p) for p in text.split(",")]
-        if not 2 <= len(parts) <= 3 or min(parts) <= 0:
-            raise ValueError(f"a fragment schedule is 'first,steady[,least]' in ms, each above 0, or 'off': {text!r}")
-        least = parts[2] if len(parts) == 3 else min(parts[0], parts[1], cls.least_ms)
-        if least > parts[1]:
-            raise ValueError(f"the shortest fragment ({least:g} ms) cannot be longer than the steady one")
-        return cls(parts[0], parts[1], least)
-
-    @property
-    def streams(self) -> bool:
-        """Say whether segments are cut into fragments."""
-        return self.steady_ms > 0
-
-    def in_tokens(self, token_ms: float) -> FragmentSizes:
-        """Return the schedule for an engine whose tokens last ``token_ms`` each."""
-        if not self.streams:
-            return WHOLE
-        return FragmentSizes(
-            first=max(1, round(self.first_ms / token_ms)),
-            steady=max(1, round(self.steady_ms / token_ms)),
-            least=max(1, math.ceil(self.least_ms / token_ms)),
-        )
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,9 @@ from concurrent.futures import Future
 from typing import Any
 
 from core.errors import EngineLoadError, HostCrashed, HostHung, SynthesisError
+from core.fragments import NO_FRAGMENTS, FragmentSchedule
 from core.registry import ModelSpec, engine_entry
-from workers.engines.base import Ready, SynthesisRequest, Waveform, every_one_made
+from workers.engines.base import Fragment, Piece, Ready, SynthesisRequest, Waveform, every_one_made
 from workers.pool.host import host_main
 
 __all__ = ["HostCrashed", "HostHung", "ModelHost"]  # the errors' old home: pool.py and tests import them here
@@ -33,36 +34,57 @@ def refused() -> Future[bool]:
     return answer
 
 
+@dataclasses.dataclass(frozen=True)
+class _Route:
+    """Where the parts and fragments numbered ``first`` to ``first + count - 1`` of a call go."""
+
+    first: int
+    count: int
+    ready: Ready
+    fragment: Fragment | None
+
+
+def _no_fragment(index: int, piece: Piece) -> None:
+    """Take a fragment nobody asked for."""
+
+
 class _Call:
     """The call in flight on a host: where each part goes, and the joins not yet answered."""
 
-    def __init__(self, size: int, ready: Ready) -> None:
-        self.routes: list[tuple[int, int, Ready]] = [(0, size, ready)]  # (first part number, count, told)
+    def __init__(self, size: int, ready: Ready, fragment: Fragment | None) -> None:
+        self.routes = [_Route(0, size, ready, fragment)]
         self.size = size  # parts numbered so far: the batch's, then each joined group's
-        self.pending: dict[int, tuple[int, Ready, Future[bool]]] = {}  # join id: (count, told, joined?)
+        self.pending: dict[int, tuple[_Route, Future[bool]]] = {}  # join id: (its route, if joined; joined?)
         self.open = True  # joins may still be sent
 
+    def _route(self, index: int) -> _Route:
+        return next(route for route in self.routes if route.first <= index < route.first + route.count)
+
     def take(self, reply: tuple[Any, ...]) -> bool:
-        """Act on one reply from the host (a part, a join's answer); say whether it was a join taken in."""
+        """Act on one reply from the host (a fragment, a part, a join's answer); say whether it was a join taken in."""
         kind: str = reply[0]
+        if kind == "fragment":
+            route = self._route(reply[1])
+            (route.fragment or _no_fragment)(reply[1] - route.first, reply[2])
+            return False
         if kind == "part":
             index, wave = reply[1], reply[2]
-            first, _, ready = next(route for route in self.routes if route[0] <= index < route[0] + route[1])
-            ready(index - first, wave)
+            route = self._route(index)
+            route.ready(index - route.first, wave)
             return False
         if kind not in ("joined", "refused"):
             raise SynthesisError(f"unexpected reply {kind!r} from a model host")
-        count, ready, joined = self.pending.pop(reply[1])
+        route, joined = self.pending.pop(reply[1])
         if kind == "joined":
-            self.routes.append((self.size, count, ready))
-            self.size += count
+            self.routes.append(dataclasses.replace(route, first=self.size))
+            self.size += route.count
         taken: bool = kind == "joined"
         joined.set_result(taken)
         return taken
 
     def close(self) -> None:
         """Answer every join still waiting: refused (the host is gone, or never read it)."""
-        for _, _, joined in self.pending.values():
+        for _, joined in self.pending.values():
             if not joined.done():
                 joined.set_result(False)
         self.pending.clear()
@@ -79,6 +101,7 @@ class ModelHost:
         log_level: str = "INFO",
         torch_threads: int = 0,
         load_timeout_s: float = 600,
+        fragments: FragmentSchedule = NO_FRAGMENTS,
     ) -> None:
         self.spec = spec
         self.device = device
@@ -88,7 +111,13 @@ class ModelHost:
         self.process = _SPAWN.Process(
             target=host_main,
             args=(child, spec),
-            kwargs={"builder": builder, "device": device, "log_level": log_level, "torch_threads": torch_threads},
+            kwargs={
+                "builder": builder,
+                "device": device,
+                "log_level": log_level,
+                "torch_threads": torch_threads,
+                "fragments": fragments,
+            },
             name=f"model-{spec.name}",
             daemon=True,
         )
@@ -146,9 +175,15 @@ class ModelHost:
         return reply
 
     def synthesize(
-        self, requests: list[SynthesisRequest], *, timeout_s: float, ready: Ready | None = None
+        self,
+        requests: list[SynthesisRequest],
+        *,
+        timeout_s: float,
+        ready: Ready | None = None,
+        fragment: Fragment | None = None,
     ) -> list[Waveform]:
-        """Send one batch and return exactly one waveform per request; tell ``ready`` each one as it arrives.
+        """Send one batch and return exactly one waveform per request; tell ``ready`` each one as it arrives, and
+        ``fragment`` each of their fragments before.
 
         Segments ``join``-ed to the call meanwhile are told to their own ``ready``; each join extends the limit.
         """
@@ -163,7 +198,7 @@ class ModelHost:
             self.last_used = time.monotonic()
             until = self.last_used + timeout_s
             self._send(("synth", [dataclasses.asdict(r) for r in requests]), "is gone")
-            call = _Call(len(requests), told)
+            call = _Call(len(requests), told, fragment)
             with self._state:
                 self._call = call
             try:
@@ -186,7 +221,7 @@ class ModelHost:
         self.memory = reply[1]
         return every_one_made(waves, what=f"model {self.spec.name}")
 
-    def join(self, requests: list[SynthesisRequest], ready: Ready) -> Future[bool]:
+    def join(self, requests: list[SynthesisRequest], ready: Ready, fragment: Fragment | None = None) -> Future[bool]:
         """Offer segments to the call running now; the future says whether they joined it.
 
         Joined segments are told to ``ready`` (numbered from 0 among ``requests``) as they are made; if the call
@@ -199,7 +234,7 @@ class ModelHost:
                 return refused()
             joined: Future[bool] = Future()
             join_id = next(self._join_ids)
-            call.pending[join_id] = (len(requests), ready, joined)
+            call.pending[join_id] = (_Route(-1, len(requests), ready, fragment), joined)
             try:
                 self._send(("join", join_id, [dataclasses.asdict(r) for r in requests]), "is gone")
             except HostCrashed:

@@ -14,6 +14,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from core.fragments import NO_FRAGMENTS, FragmentSchedule
 from core.logs import setup_logging
 from core.registry import ModelSpec
 from workers.engines.base import Arrivals, SynthesisRequest
@@ -53,11 +54,19 @@ def exit_with_parent(parent: int, every_s: float = 0.5) -> None:
 
 
 def host_main(
-    conn: Connection, spec: ModelSpec, *, builder: str, device: str, log_level: str, torch_threads: int = 0
+    conn: Connection,
+    spec: ModelSpec,
+    *,
+    builder: str,
+    device: str,
+    log_level: str,
+    torch_threads: int = 0,
+    fragments: FragmentSchedule = NO_FRAGMENTS,
 ) -> None:
     """Load the engine ``builder`` ("module:function") makes, say ready, then serve batches until told to stop.
 
-    A batch is answered with a ``("part", index, waveform)`` message per item, as each is made, then ``("ok", memory)``
+    A batch is answered with ``("fragment", index, piece)`` messages as each item's fragments are made (cut on
+    ``fragments``) and a ``("part", index, waveform)`` message per item as each ends, then ``("ok", memory)``
     (or ``("error", reason)``, after the parts of the items already made). While it runs, ``("join", id, requests)``
     adds segments to it (answered ``("joined", id)``; their parts follow the batch's); one that comes too late, when
     the call has ended, is answered ``("refused", id)``.
@@ -76,6 +85,7 @@ def host_main(
     log = logging.getLogger(f"workers.pool.host.{spec.name}")
     try:
         engine = build_engine(spec, device=device, builder=builder)
+        engine.set_fragments(fragments)
         engine.load()
         engine.warmup()
     except Exception as e:
@@ -96,7 +106,12 @@ def host_main(
         requests = [SynthesisRequest(**fields) for fields in message[1]]
         try:
             # Each waveform goes back the moment it is made; "ok" ends the call.
-            engine.synthesize_each(requests, lambda index, wave: conn.send(("part", index, wave)), arrivals(conn))
+            engine.synthesize_each(
+                requests,
+                lambda index, wave: conn.send(("part", index, wave)),
+                arrivals(conn),
+                lambda index, piece: conn.send(("fragment", index, piece)),
+            )
             conn.send(("ok", memory_report()))
         except (BrokenPipeError, EOFError, ConnectionResetError):
             log.info("%s: its worker went away mid-call; stopping", spec.name)  # killed: nothing to report to

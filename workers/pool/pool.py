@@ -14,7 +14,7 @@ from typing import Any
 from core.errors import EngineLoadError
 from core.metrics import MODEL_EVICTIONS, MODEL_LOAD_FAILURES, MODEL_LOAD_SECONDS, MODEL_LOADS
 from core.registry import ModelSpec
-from workers.engines.base import RateReady, SynthesisRequest, Waveform
+from workers.engines.base import Piece, RateFragment, RateReady, SynthesisRequest, Waveform
 from workers.pool.handle import HostCrashed, HostHung, ModelHost, refused
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,10 @@ def replica_device(devices: str, replica: int) -> str:
 
 def _tell(ready: RateReady, rate: int, index: int, wave: Waveform) -> None:
     ready(index, wave, rate)
+
+
+def _tell_fragment(fragment: RateFragment, rate: int, index: int, piece: Piece) -> None:
+    fragment(index, piece, rate)
 
 
 #: A host's key: the model's name and which of its replicas (0 unless a model runs on several hosts).
@@ -61,17 +65,21 @@ class ModelPool:
         replica: int = 0,
         *,
         ready: RateReady | None = None,
+        fragment: RateFragment | None = None,
     ) -> tuple[list[Waveform], int]:
         """Run one batch on a host of the model, restarting a crashed host and retrying the batch once.
 
-        ``ready`` is told each waveform and its rate as it arrives (again, on a retry, for those already told).
+        ``ready`` is told each waveform and its rate as it arrives (again, on a retry, for those already told), and
+        ``fragment`` each of their fragments before (on a retry, again from each one's first).
         """
         key = (spec.name, replica)
         for attempt in (1, 2):
             host = self._host(spec, key)
             told = None if ready is None else functools.partial(_tell, ready, host.sample_rate)
+            pieces = None if fragment is None else functools.partial(_tell_fragment, fragment, host.sample_rate)
             try:
-                return host.synthesize(requests, timeout_s=self.call_timeout_s, ready=told), host.sample_rate
+                waves = host.synthesize(requests, timeout_s=self.call_timeout_s, ready=told, fragment=pieces)
+                return waves, host.sample_rate
             except HostCrashed as e:
                 self._forget(key, host)
                 self.counts["crashes"] += 1
@@ -83,18 +91,25 @@ class ModelPool:
         raise AssertionError("unreachable")
 
     def join(
-        self, spec: ModelSpec, requests: list[SynthesisRequest], replica: int, *, ready: RateReady
+        self,
+        spec: ModelSpec,
+        requests: list[SynthesisRequest],
+        replica: int,
+        *,
+        ready: RateReady,
+        fragment: RateFragment | None = None,
     ) -> Future[bool]:
         """Offer segments to the call running on a host of the model; the future says whether they joined it.
 
         Never starts a host: segments join only a call that is running. ``ready`` is told each one's waveform
-        and rate as it is made.
+        and rate as it is made, ``fragment`` each of their fragments.
         """
         with self._lock:
             host = self._hosts.get((spec.name, replica))
         if host is None:
             return refused()
-        return host.join(requests, functools.partial(_tell, ready, host.sample_rate))
+        pieces = None if fragment is None else functools.partial(_tell_fragment, fragment, host.sample_rate)
+        return host.join(requests, functools.partial(_tell, ready, host.sample_rate), pieces)
 
     def _host(self, spec: ModelSpec, key: HostKey) -> ModelHost:
         with self._lock:
