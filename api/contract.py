@@ -220,6 +220,31 @@ class ModelsView(BaseModel):
     data: list[ModelView]
 
 
+class FragmentEvent(BaseModel):
+    """The data of a ``fragment`` event (GET /v1/jobs/{id}/events?fragments=1; id ``<index>.<fragment>``): one
+    fragment of a segment's audio as the model made it, inline. A segment's fragments join into its audio."""
+
+    index: int = Field(ge=0, description="The segment it belongs to.")
+    fragment: int = Field(ge=0, description="Its place in the segment: 0, 1, 2, …")
+    samples: int = Field(ge=0)
+    duration_s: float | None
+    sample_rate: int | None
+    last: bool = Field(
+        description="The segment's last fragment, as far as was known when it was sent; the segment's own event "
+        "always follows its last."
+    )
+    pcm16: str = Field(description="Its audio: base64 of raw 16-bit little-endian mono PCM.")
+
+
+class SegmentEvent(BaseModel):
+    """The data of a ``segment`` event (id ``<index>``): a segment is whole; with fragments, after its last one."""
+
+    index: int = Field(ge=0)
+    duration_s: float | None
+    url: str = Field(description="Its audio in the job's format.")
+    segments_total: int | None = Field(description="null while a text stream is open: more segments may come.")
+
+
 #: What the document's components hold, and how each is used (validation: as a request; serialization: a reply).
 SCHEMAS: list[tuple[type[BaseModel], Literal["validation", "serialization"]]] = [
     (JobBody, "validation"),
@@ -229,6 +254,8 @@ SCHEMAS: list[tuple[type[BaseModel], Literal["validation", "serialization"]]] = 
     (PieceView, "serialization"),
     (ErrorBody, "serialization"),
     (ModelsView, "serialization"),
+    (FragmentEvent, "serialization"),
+    (SegmentEvent, "serialization"),
 ]
 
 

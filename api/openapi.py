@@ -90,18 +90,34 @@ def _job_paths(settings: Settings) -> dict[str, Any]:
             }
         },
         "/v1/jobs/{job_id}/audio": {
-            "get": {"summary": "The whole audio; grows while the job runs (wav, pcm, mp3, opus, ogg).",
+            "get": {"summary": "The whole audio; grows while the job runs (wav, pcm, mp3, opus, ogg), a fragment at "
+                               "a time as it is made.",
                     "parameters": [job_id, wait],
                     "responses": {"200": _audio("whole audio"), **_errors(*auth, 409, 410, 422, 429, 503)}},
         },
         "/v1/jobs/{job_id}/events": {
-            "get": {"summary": "Server-sent events: one per finished segment (id = index), then the end.",
-                    "parameters": [job_id, {"name": "Last-Event-ID", "in": "header",
-                                            "schema": {"type": "string", "maxLength": 12}}],
-                    "responses": {"200": {"description": "event stream", "content": {"text/event-stream": {}}},
+            "get": {"summary": "Server-sent events: one per finished segment (id = index), with ?fragments=1 one per "
+                               "fragment of audio before it (id = index.n, the audio inline), then the end.",
+                    "parameters": [job_id, *_event_parameters()],
+                    "responses": {"200": {"description": "event stream: each segment event's data is a SegmentEvent, "
+                                                         "each fragment event's a FragmentEvent",
+                                          "content": {"text/event-stream": {}}},
                                   **_errors(*auth, 410, 422, 429, 503)}},
         },
     }  # fmt: skip
+
+
+def _event_parameters() -> list[dict[str, Any]]:
+    """Return the event stream's parameters: whether to send fragments, and the event to resume after."""
+    event_id = {"type": "string", "pattern": r"^[0-9]{1,9}(\.[0-9]{1,9})?$", "maxLength": 19}
+    resume = "Resume after this event: <index> (a segment's) or <index>.<n> (a fragment's)."
+    return [
+        {"name": "fragments", "in": "query", "schema": {"type": "string", "enum": ["1", "0", "true", "false"]},
+         "description": "1: a fragment event for each fragment of audio as it is made, its audio inline; 0 (the "
+                        "default): segment events only."},
+        {"name": "Last-Event-ID", "in": "header", "schema": event_id, "description": resume},
+        {"name": "last_event_id", "in": "query", "schema": event_id, "description": f"{resume} (Last-Event-ID wins)"},
+    ]  # fmt: skip
 
 
 def _service_paths() -> dict[str, Any]:
@@ -109,7 +125,7 @@ def _service_paths() -> dict[str, Any]:
     return {
         "/v1/audio/speech": {
             "post": {
-                "summary": "OpenAI-compatible speech; audio chunked as segments finish.",
+                "summary": "OpenAI-compatible speech; audio chunked as its fragments are made.",
                 "requestBody": _body("SpeechBody"),
                 "responses": {"200": _audio("speech"), **_errors(400, 401, 404, 408, 409, 413, 415, 422, 429, 503)},
             }

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from api.contract import FragmentEvent, SegmentEvent
 from cache.jobstore import JobStore
 from cache.records import JobRecord, JobStatus
 from core.audio import StreamEncoder
@@ -23,7 +24,7 @@ from core.errors import ValidationFailed
 
 KEEPALIVE_S = 15.0
 #: An event id as the event stream gives them: ``<index>`` (a segment) or ``<index>.<fragment>``.
-EVENT_ID = re.compile(r"(\d{1,9})(?:\.(\d{1,9}))?")
+EVENT_ID = re.compile(r"([0-9]{1,9})(?:\.([0-9]{1,9}))?")
 
 log = logging.getLogger(__name__)
 
@@ -210,30 +211,31 @@ def sse_events(
             yield f"id: {event.event_id}\nevent: fragment\ndata: {json.dumps(fragment_data(event))}\n\n"
         elif isinstance(event, Ready):
             meta = store.segment_meta_one(job_id, event.index)
-            data = {
-                "index": event.index,
-                "duration_s": meta.get("duration_s"),
-                "url": segment_url.format(index=event.index),
-                # null while a text stream is open: more segments may come
-                "segments_total": event.total,
-            }
-            yield f"id: {event.index}\nevent: segment\ndata: {json.dumps(data)}\n\n"
+            data = SegmentEvent(index=event.index, duration_s=meta.get("duration_s"),
+                                url=segment_url.format(index=event.index), segments_total=event.total)  # fmt: skip
+            yield f"id: {event.index}\nevent: segment\ndata: {json.dumps(data.model_dump())}\n\n"
         else:
             final = {"status": event.status, **({"error": event.error} if event.error else {})}
             yield f"event: {event.status}\ndata: {json.dumps(final)}\n\n"
 
 
-def fragment_data(fragment: Fragment) -> dict[str, object]:
-    """Return a fragment event's data: where it is, how long, and its 16-bit PCM as base64 (``pcm16``)."""
+def fragment_fields(fragment: Fragment) -> dict[str, object]:
+    """Return what is said of a fragment besides its audio: where it is and how long."""
+    rate = fragment.sample_rate
     return {
         "index": fragment.index,
         "fragment": fragment.number,
         "samples": fragment.samples,
-        "duration_s": round(fragment.samples / fragment.sample_rate, 6) if fragment.sample_rate else None,
-        "sample_rate": fragment.sample_rate,
+        "duration_s": round(fragment.samples / rate, 6) if rate else None,
+        "sample_rate": rate or None,
         "last": fragment.last,
-        "pcm16": base64.b64encode(fragment.pcm).decode("ascii"),
     }
+
+
+def fragment_data(fragment: Fragment) -> dict[str, object]:
+    """Return a fragment event's data (``FragmentEvent``): where it is, how long, and its PCM inline."""
+    pcm16 = base64.b64encode(fragment.pcm).decode("ascii")
+    return FragmentEvent.model_validate({**fragment_fields(fragment), "pcm16": pcm16}).model_dump()
 
 
 #: Formats a growing stream can carry. FLAC cannot: its header states the length, unknown until the job is done.
@@ -325,9 +327,9 @@ def fragments_asked(raw: str | None) -> bool:
     """Return whether ``?fragments=`` asks for fragments (off when absent), or raise 422."""
     if raw is None:
         return False
-    if raw.lower() not in FLAGS:
+    if raw not in FLAGS:
         raise ValidationFailed("fragments", "must be 1 or 0 (true or false)")
-    return FLAGS[raw.lower()]
+    return FLAGS[raw]
 
 
 def resume_position(raw: str | None) -> Position:

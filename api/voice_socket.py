@@ -49,7 +49,7 @@ from api.errors import retry_after_of
 from api.holds import Hold
 from api.jobs import cancel
 from api.services import Services, services
-from api.streaming import Ended, Fragment, Idle, Ready, follow, follow_fragments, fragments_asked
+from api.streaming import Ended, Fragment, Idle, Ready, follow, follow_fragments, fragment_fields, fragments_asked
 from api.text_pieces import refuse_piece
 from api.timeouts import within
 from api.validation import contract_error
@@ -255,14 +255,9 @@ def _send_fragments(svc: Services, job_id: str, out: _Socket) -> None:
     counts: dict[int, int] = {}
     for event in follow_fragments(store, job_id):
         if isinstance(event, Fragment):
-            rate = event.sample_rate
-            audio = encode(event.pcm, rate, fmt) if encoding != "pcm16" else event.pcm
+            audio = encode(event.pcm, event.sample_rate, fmt) if encoding != "pcm16" else event.pcm
             counts[event.index] = event.number + 1
-            out.audio(
-                "fragment", audio, index=event.index, fragment=event.number, samples=event.samples,
-                duration_s=round(event.samples / rate, 6) if rate else None, sample_rate=rate, last=event.last,
-                encoding=encoding,
-            )  # fmt: skip
+            out.audio("fragment", audio, **fragment_fields(event), encoding=encoding)
         elif isinstance(event, Ready):
             meta = store.segment_meta_one(job_id, event.index)
             out.event("segment", index=event.index, duration_s=meta.get("duration_s"),
