@@ -138,26 +138,26 @@ class Admission:
             )
 
     def estimated_first_audio_s(self, first_chars: int) -> float:
-        """Return how long a first segment of ``first_chars`` would take to make at the pace recent first segments
-        took, per character; 0 when too few were made lately to say."""
+        """Return how long a first segment of ``first_chars`` would take to its first fragment, at the pace recent
+        first segments took, per character; 0 when too few were made lately to say."""
         recent = self.stats.window(seconds=FIRST_AUDIO_WINDOW_S)
         if recent.firsts < FIRST_AUDIO_SAMPLES:
             return 0.0
         return first_chars * recent.first_audio_s_per_char
 
     def alone_first_audio_s(self, first_chars: int) -> float:
-        """Return how long a segment of ``first_chars`` takes made alone, at the pace of the last minute's
-        one-segment engine calls (or of the last ones this process saw; 0 before any)."""
+        """Return how long a segment of ``first_chars`` takes to its first fragment made alone, at the pace of the
+        last minute's one-segment engine calls (or of the last ones this process saw; 0 before any)."""
         solo = self.stats.window().solo_s_per_char
         if solo > 0:
             self._solo_s_per_char = solo
         return first_chars * self._solo_s_per_char
 
     def check_first_audio(self, first_chars: int, *, margin_s: float = 0.0) -> None:
-        """Raise ServiceUnavailable (503) when a realtime job's first segment would take longer than
-        ``TTS_ADMISSION_FIRST_AUDIO_S`` to make, or, on engines that take longer than that alone, that much longer
-        than alone (less ``margin_s``, the room kept for retries, down to half the limit at most), judged by how
-        long recent first segments took per character.
+        """Raise ServiceUnavailable (503) when a realtime job's first audio (its first segment's first fragment)
+        would take longer than ``TTS_ADMISSION_FIRST_AUDIO_S`` to make, or, on engines that take longer than that
+        alone, that much longer than alone (less ``margin_s``, the room kept for retries, down to half the limit at
+        most), judged by how long recent first segments took to their first fragment, per character.
 
         The deadline check (``check_listeners``) counts the work queued ahead of a newcomer; this one sees what a
         queue estimate cannot: a first segment shares its engine call with every row in it, so under load it takes

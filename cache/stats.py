@@ -30,11 +30,13 @@ class Window:
     ok: float = 0.0
     failed: float = 0.0
     #: Realtime jobs' first segments made by the engines: how many, their characters, and the seconds each took in
-    #: its worker (its wait for a batch and its engine call: nearly all of its listener's wait for the first audio).
+    #: its worker to its first fragment (its wait for a batch and its engine call's first steps: nearly all of its
+    #: listener's wait for the first audio).
     firsts: float = 0.0
     first_chars: float = 0.0
     first_s: float = 0.0
-    #: Engine calls that carried one segment: their characters and seconds, the pace of a segment made alone.
+    #: Engine calls that carried one segment: their characters and the seconds to their first fragment (the whole
+    #: call when it made one), the pace of a first audio made alone.
     solo_chars: float = 0.0
     solo_s: float = 0.0
 
@@ -60,7 +62,8 @@ class Window:
 
     @property
     def solo_s_per_char(self) -> float:
-        """Return the seconds a one-segment engine call took per character (0 when none was made lately)."""
+        """Return the seconds a one-segment engine call took to its first fragment, per character (0 when none was
+        made lately)."""
         return self.solo_s / self.solo_chars if self.solo_chars > 0 else 0.0
 
     @property

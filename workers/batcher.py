@@ -57,8 +57,8 @@ class JoinBatch(Protocol):
     ) -> Future[bool]: ...
 
 
-#: Called after each engine call with (model name, batch size, characters, seconds).
-BatchObserver = Callable[[str, int, int, float], None]
+#: Called after each engine call with (model name, batch size, characters, seconds, seconds to its first fragment).
+BatchObserver = Callable[[str, int, int, float, float], None]
 
 
 class _Wake:
@@ -130,6 +130,8 @@ def _deliver(group: list[Pending], index: int, wave: Waveform, rate: int) -> Non
 def _deliver_fragment(group: list[Pending], index: int, piece: Piece, rate: int) -> None:
     """Give the segment at ``index`` of ``group`` a fragment, while its caller still waits for it."""
     pending = group[index]
+    if piece.number == 0 and not pending.first_piece:
+        pending.first_piece = time.perf_counter()
     if pending.fragment is not None and not pending.future.done():
         pending.fragment(piece, rate)
 
@@ -422,8 +424,10 @@ class Batcher:
         # A joined segment has its waveform by now, unless its host died and the call was retried on another.
         _fail(call.joined, SynthesisError(f"the {spec.name} call it joined was lost (its model host died)"))
         if self._observe is not None:
+            firsts = [p.first_piece for p in group if p.first_piece > started]
+            first_s = min(firsts) - started if firsts else elapsed
             try:
-                self._observe(spec.name, len(made), sum(len(p.request.text) for p in made), elapsed)
+                self._observe(spec.name, len(made), sum(len(p.request.text) for p in made), elapsed, first_s)
             except Exception:  # observing must never break serving
                 log.exception("batch observer failed")
 

@@ -42,6 +42,8 @@ class Pending:
     submitted: float = field(default_factory=time.monotonic)
     #: When its waveform was handed over (time.perf_counter), 0 until then.
     made: float = 0.0
+    #: When its first fragment was (time.perf_counter), 0 until then.
+    first_piece: float = 0.0
 
 
 def compatible(a: int, b: int, *, max_ratio: float, slack: int = 8) -> bool:

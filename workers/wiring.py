@@ -45,13 +45,14 @@ REDIS_TIMEOUT_S = 30.0
 def batch_observer(stats: Stats) -> BatchObserver:
     """Return a callback recording each engine call in the metrics and the shared throughput stats."""
 
-    def observe(model: str, size: int, chars: int, seconds: float) -> None:
+    def observe(model: str, size: int, chars: int, seconds: float, first_s: float) -> None:
         BATCH_SIZE.labels(model).observe(size)
         SYNTHESIS_SECONDS.labels(model).observe(seconds)
         with contextlib.suppress(redis.RedisError):
-            solo = size == 1  # a segment made alone: the pace the first-audio check compares with
+            # A segment made alone: how soon its first audio came is what the first-audio check compares with.
+            solo = size == 1
             stats.record(chars=chars, busy_s=seconds, segments=size, calls=1, solo_chars=chars if solo else 0,
-                         solo_s=seconds if solo else 0.0)  # fmt: skip
+                         solo_s=first_s if solo else 0.0)  # fmt: skip
 
     return observe
 
