@@ -1,4 +1,5 @@
-"""The web page in a real headless Chromium: models listed, segments fetched and played while made, API keys."""
+"""The web page in a real headless Chromium: models listed, fragments played back to back as they arrive, API
+keys."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Callable, Iterable, Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +34,14 @@ FLAGS = (
     "--disable-sync",
     "--no-first-run",
 )
-# Four segments: enough that the last one must wait until the first has played (two are fetched ahead).
+# Four segments: all are made before the first has played, so each fragment is queued behind the one before.
 STORY = (
     "The old lighthouse stood alone on the cliff. "
     "Every night its beam swept across the dark water, warning ships away from the rocks below. "
     "The keeper climbed the stairs at dusk and came down again at dawn. "
     "One winter a storm broke the great lamp, and the keeper worked all night by candlelight to mend it."
 )
-LOOKAHEAD = 2
+PREFETCH = 2
 KEY = "browser-test-key-0123456789abcdef"
 
 
@@ -146,7 +148,19 @@ def test_the_page_fills_its_model_and_voice_pickers_from_the_registry(browser: A
     assert browser.execute_script("return document.getElementById('voice').options.length") >= 1
 
 
-def test_play_fetches_and_plays_the_segments_in_order_as_they_are_made(
+def _in_order(ids: list[str]) -> bool:
+    """Say whether fragment ids ("index.n") run 0.0, 0.1, …, 1.0, … with none repeated or skipped."""
+    expected = (0, 0)  # the next fragment of the segment being heard
+    for id_ in ids:
+        index, number = (int(part) for part in id_.split("."))
+        next_segment = number == 0 and index == expected[0] + 1 and expected[1] > 0
+        if (index, number) != expected and not next_segment:
+            return False
+        expected = (index, number + 1)
+    return True
+
+
+def test_play_plays_each_fragment_as_it_arrives_back_to_back_and_in_order(
     browser: Any, page_url: str, worker: object
 ) -> None:
     from selenium.webdriver.common.by import By
@@ -161,24 +175,29 @@ def test_play_fetches_and_plays_the_segments_in_order_as_they_are_made(
     playback = _wait_for(
         browser,
         "const p = window.ttsPlayback;"
-        "return (p.error || p.ended || (p.played.length >= 2 && p.fetched.length >= 4)) && p",
+        "return (p.error || p.ended || (p.played.length >= 2 && p.received.length >= 4)) && p",
         timeout=30,
     )
     assert playback["error"] is None
     assert playback["jobId"]
-    assert len(playback["fetched"]) >= 2
-    assert playback["fetched"] == list(range(len(playback["fetched"])))  # in order, none skipped
-    assert len(playback["played"]) >= 2
-    assert playback["fetched"] == sorted(playback["fetched"])
-    assert playback["played"] == list(range(len(playback["played"])))
-    # No segment is fetched more than LOOKAHEAD ahead of the one playing.
-    for position, entry in enumerate(playback["log"]):
-        kind, index = entry.split()
-        if kind == "fetched":
-            played_before = sum(e.startswith("played") for e in playback["log"][:position])
-            assert played_before >= int(index) - LOOKAHEAD, playback["log"]
+    assert playback["received"] == list(range(len(playback["received"]))) and len(playback["received"]) >= 2
+    assert playback["played"] == list(range(len(playback["played"]))) and len(playback["played"]) >= 2
+    fragments, heard = playback["fragments"], playback["heard"]
+    assert _in_order(fragments), fragments
+    assert heard == fragments[: len(heard)], "each fragment is heard once, in the order it came"
+    starts = [entry for entry in playback["log"] if entry.startswith("start with")]
+    assert starts and 1 <= int(starts[0].split()[-1]) <= PREFETCH, playback["log"]
+    # A fragment scheduled while the one before still played starts exactly where that one ends: no gap.
+    queued_behind = [
+        (before, after)
+        for before, after in pairwise(playback["scheduled"])
+        if after["now"] < before["at"] + before["duration"]
+    ]
+    assert queued_behind, "the story's later fragments came while its first still played"
+    for before, after in queued_behind:
+        assert after["at"] == pytest.approx(before["at"] + before["duration"], abs=1e-9), playback["scheduled"]
     status = browser.find_element(By.ID, "status").text
-    assert "fetched" in status
+    assert "received" in status
     assert "played" in status
 
 
@@ -213,14 +232,13 @@ def test_with_a_key_typed_in_the_page_plays_against_a_keyed_service_and_keeps_th
             timeout=30,
         )
         assert playback["error"] is None
-        assert playback["played"] == list(range(len(playback["fetched"])))
-        assert "segment" in playback["events"]
+        assert playback["played"] == playback["received"] == list(range(len(playback["received"])))
+        assert "fragment" in playback["events"] and "segment" in playback["events"]
         assert browser.find_element(By.ID, "download").is_displayed()
 
         api_calls = [r for r in log.requests[typed_at:] if r[1].startswith("/v1/")]
         assert {auth for *_, auth in api_calls} == {f"Bearer {KEY}"}
-        assert any(path.endswith("/events") for _, path, _, _ in api_calls)
-        assert any("/segments/" in path for _, path, _, _ in api_calls)
+        assert any(path.endswith("/events") and query == "fragments=1" for _, path, query, _ in api_calls)
         assert not [r for r in log.requests if KEY in r[1] or KEY in r[2]]  # never in a URL
 
         browser.get(page_url)  # a new visit finds the key kept
@@ -240,9 +258,9 @@ def test_speak_as_i_type_plays_each_sentence_while_the_rest_is_typed_and_play_en
     browser.find_element(By.ID, "live").click()
     text = browser.find_element(By.ID, "text")
     text.send_keys("Hello there. ")  # one piece per key: the first sentence is planned once its space arrives
-    first = _wait_for(browser, "const p = window.ttsPlayback; return p && (p.error || p.fetched.length >= 1) && p",
+    first = _wait_for(browser, "const p = window.ttsPlayback; return p && (p.error || p.scheduled.length) && p",
                       timeout=30)  # fmt: skip
-    assert first["error"] is None and first["fetched"] == [0], "the first sentence plays before the text is done"
+    assert first["error"] is None and first["scheduled"][0]["id"] == "0.0", "it plays before the text is done"
     text.send_keys("This is typed later. And the end.")
     browser.find_element(By.ID, "play").click()  # ends the text: the last sentence is spoken too
     playback = _wait_for(
@@ -251,7 +269,43 @@ def test_speak_as_i_type_plays_each_sentence_while_the_rest_is_typed_and_play_en
         timeout=60,
     )
     assert playback["error"] is None
-    assert playback["played"] == playback["fetched"] == [0, 1, 2]
+    assert playback["played"] == playback["received"] == [0, 1, 2]
+    assert playback["heard"] == playback["fragments"] and _in_order(playback["fragments"])
     job_id = playback["jobId"]
     texts = [t.decode() for t in redis_client.lrange(keys.texts(job_id), 0, -1)]
     assert texts == ["Hello there.", "This is typed later.", "And the end."]
+
+
+def test_a_segment_made_in_fragments_starts_playing_with_two_in_hand_and_plays_each_once_back_to_back(
+    browser: Any, page_url: str, app: Flask
+) -> None:
+    from tests.test_fragment_streams import RATE, Maker, app_store, new_job
+
+    store = app_store(app)
+    job_id = new_job(store, 2, "wav")
+    maker = Maker(store, job_id, {0: [7200, 7200, 7200, 4800], 1: [9600]})
+    maker.fragments(0, range(2))  # 0.6 s of segment 0, which is still being made
+    browser.get(page_url)
+    _wait_for(browser, "return document.getElementById('model').value", timeout=30)
+    browser.execute_script(
+        "api(`v1/jobs/${arguments[0]}`).then((job) => {"
+        "  current = new Playback(job, new AudioContext()); current.run(); })",
+        job_id,
+    )
+    started = _wait_for(browser, "const p = window.ttsPlayback; return (p.error || p.scheduled.length >= 2) && p",
+                        timeout=30)  # fmt: skip
+    assert started["error"] is None and started["jobId"] == job_id
+    assert [e["id"] for e in started["scheduled"]] == ["0.0", "0.1"] and started["received"] == []
+    assert "start with 2" in started["log"], "it waited for the second fragment, then played both"
+    maker.fragments(0, range(2, 3))
+    maker.segment(0)  # its last fragment comes with it
+    maker.segment(1)
+    playback = _wait_for(browser, "const p = window.ttsPlayback; return (p.error || p.ended) && p", timeout=30)
+    assert playback["error"] is None
+    assert playback["fragments"] == playback["heard"] == ["0.0", "0.1", "0.2", "0.3", "1.0"]
+    assert playback["played"] == playback["received"] == [0, 1]
+    durations = [round(e["duration"] * RATE) for e in playback["scheduled"]]
+    assert durations == [7200, 7200, 7200, 4800, 9600], "each fragment's audio, whole"
+    for before, after in pairwise(playback["scheduled"]):
+        if after["now"] < before["at"] + before["duration"]:
+            assert after["at"] == pytest.approx(before["at"] + before["duration"], abs=1e-9)

@@ -1,12 +1,14 @@
-// Hear a job while it is made: fetch segment 0 the moment it exists (?wait= long-poll), then the rest in
-// order, keeping at most LOOKAHEAD segments fetched ahead of the one playing, scheduled back to back with
-// the Web Audio API so there is no gap between sentences. A service that asks for an API key gets the one typed
-// into the page (kept in localStorage) as "Authorization: Bearer" on every request, the event stream included:
-// EventSource cannot send headers, so the stream is read with fetch() instead, and the key never goes in a URL.
+// Hear a job while it is made: its event stream (?fragments=1) brings each fragment of audio as the model makes it
+// (200-500 ms of 16-bit PCM, inline), and each is scheduled with the Web Audio API where the one before it ends, so
+// fragments and sentences follow without a gap. Playback starts once PREFETCH fragments are buffered (or a segment,
+// or the job, has ended), and again so after it ran dry: one fragment in hand absorbs the jitter of the next. A
+// dropped stream is asked for again with Last-Event-ID, which resumes at the next fragment. A service that asks for
+// an API key gets the one typed into the page (kept in localStorage) as "Authorization: Bearer" on every request,
+// the event stream included: EventSource cannot send headers, so the stream is read with fetch() instead, and the
+// key never goes in a URL.
 "use strict";
 
-const LOOKAHEAD = 2;
-const WAIT_S = 30;
+const PREFETCH = 2;
 const KEY_STORAGE = "tts-api-key";
 // How many times in a row the event stream may drop without delivering anything before the page gives up on it.
 const SSE_RECONNECTS = 5;
@@ -15,9 +17,13 @@ const $ = (id) => document.getElementById(id);
 let models = new Map();
 let current = null;
 
-// What happened, for people debugging and for tests: indices fetched and played (and both in the order
-// they happened, in log), and whether all played.
-window.ttsPlayback = { fetched: [], played: [], log: [], events: [], ended: false, jobId: null, error: null };
+// What happened, for people debugging and for tests: segments whose audio all arrived (received) and that were
+// played whole (played), each fragment received and heard ("index.n"), each fragment's place on the audio clock
+// (scheduled), all in the order they happened in log, and whether all played.
+const emptyPlayback = (jobId = null, error = null) => ({
+  received: [], played: [], fragments: [], heard: [], scheduled: [], log: [], events: [], ended: false, jobId, error,
+});
+window.ttsPlayback = emptyPlayback();
 
 class ApiError extends Error {
   constructor(status, code, message, retryAfter = null) {
@@ -152,6 +158,17 @@ function fillVoices() {
   }
 }
 
+// 16-bit little-endian PCM, base64, as an AudioBuffer (the context resamples it to its own rate as it plays).
+function audioBuffer(context, pcm16, sampleRate) {
+  const bytes = Uint8Array.from(atob(pcm16), (c) => c.charCodeAt(0));
+  const view = new DataView(bytes.buffer);
+  const samples = new Float32Array(bytes.length >> 1);
+  for (let i = 0; i < samples.length; i++) samples[i] = view.getInt16(2 * i, true) / 32768;
+  const buffer = context.createBuffer(1, samples.length, sampleRate);
+  buffer.copyToChannel(samples, 0);
+  return buffer;
+}
+
 class Playback {
   // A text stream's job (live typing) grows: its total is known once the stream closes (events say so).
   constructor(job, context) {
@@ -161,18 +178,29 @@ class Playback {
     this.context = context;
     this.abort = new AbortController();
     this.stopped = false;
+    this.streamEnded = false;
+    this.running = false; // audio is scheduled ahead of the clock; otherwise fragments wait for PREFETCH
     this.nextStart = 0;
     this.made = 0;
     this.audioSeconds = 0;
-    this.waiters = [];
-    this.state = { fetched: [], played: [], log: [], events: [], ended: false, jobId: job.id, error: null };
+    this.queue = []; // fragments received, not yet scheduled
+    this.segments = new Map(); // index -> {received, heard, complete}: a segment is played once all are heard
+    this.state = emptyPlayback(job.id);
     window.ttsPlayback = this.state;
     $("made").max = $("heard").max = this.open ? 1 : this.total;
-    this.follow();
   }
 
-  // Server-sent events tell how far the service has got. After a dropped connection the stream is asked for
-  // again with Last-Event-ID, so nothing is missed or repeated; an HTTP error ends it (as EventSource would).
+  // Follow the job's events until it ends; each fragment is played as it comes.
+  async run() {
+    try {
+      await this.follow();
+    } catch (error) {
+      if (!this.stopped) this.fail(error);
+    }
+  }
+
+  // Server-sent events bring the audio and tell how far the service has got. After a dropped connection the stream
+  // is asked for again with Last-Event-ID, so no fragment is missed or repeated; an HTTP error ends it.
   async follow() {
     let lastId = null;
     let failures = 0;
@@ -181,25 +209,19 @@ class Playback {
       try {
         const headers = authHeaders({ Accept: "text/event-stream" });
         if (lastId !== null) headers["Last-Event-ID"] = lastId;
-        const response = await fetch(this.job.urls.events, { headers, cache: "no-store", signal: this.abort.signal });
-        if (!response.ok) {
-          const error = await errorOf(response);
-          console.warn(`event stream: ${explain(error)}`);
-          return;
-        }
+        const url = `${this.job.urls.events}?fragments=1`;
+        const response = await fetch(url, { headers, cache: "no-store", signal: this.abort.signal });
+        if (!response.ok) throw await errorOf(response);
         for await (const event of readEvents(response.body)) {
           received = true;
           if (event.id !== null) lastId = event.id;
           if (this.onEvent(event.event, event.data)) return;
         }
       } catch (error) {
-        if (this.stopped) return;
+        if (this.stopped || error instanceof ApiError) throw error;
       }
       failures = received ? 0 : failures + 1;
-      if (failures > SSE_RECONNECTS) {
-        console.warn("event stream: it kept dropping; the made bar stops here");
-        return;
-      }
+      if (failures > SSE_RECONNECTS) throw new Error("the event stream kept dropping");
       await new Promise((resolve) => setTimeout(resolve, Math.min(200 * failures, 2000)));
     }
   }
@@ -214,93 +236,103 @@ class Playback {
         return {};
       }
     })();
+    if (name === "fragment") {
+      this.received(payload);
+      return false;
+    }
     if (name === "segment") {
       this.made = payload.index + 1;
       if (this.open && payload.segments_total != null) this.total = payload.segments_total;
+      this.segment(payload.index).complete = true;
+      this.state.received.push(payload.index);
+      this.state.log.push(`received ${payload.index}`);
+      this.pump();
+      this.checkPlayed(payload.index);
       this.show();
-      this.waiters = this.waiters.filter((waiter) => !waiter());
       return false;
     }
     if (!["done", "failed", "canceled", "expired"].includes(name)) return false;
+    this.streamEnded = true;
     if (this.open) {
       this.open = false;
       this.total = this.made;
-      this.waiters = this.waiters.filter((waiter) => !waiter());
-      if (this.state.played.length >= this.total) this.finish();
     }
+    this.pump();
+    if (this.state.played.length >= this.total) this.finish();
     if (name === "done") {
       $("download").href = this.job.urls.audio;
       $("download").hidden = false;
     } else if (!this.stopped) {
       this.fail(new Error(`the job ${name}: ${payload.error ?? "no reason given"}`));
     }
+    this.show();
     return true;
   }
 
-  async run() {
-    try {
-      for (let index = 0; index < this.total && !this.stopped; index++) {
-        await this.untilPlayed(index - LOOKAHEAD);
-        if (this.open) await this.untilMade(index); // a live text: wait until the segment is planned and made
-        if (this.stopped || index >= this.total) return;
-        const data = await this.fetchSegment(index);
-        this.state.fetched.push(index);
-        this.state.log.push(`fetched ${index}`);
-        const buffer = await this.context.decodeAudioData(data);
-        this.schedule(buffer, index);
-        this.show();
-      }
-    } catch (error) {
-      if (!this.stopped) this.fail(error);
-    }
+  segment(index) {
+    if (!this.segments.has(index)) this.segments.set(index, { received: 0, heard: 0, complete: false });
+    return this.segments.get(index);
   }
 
-  async fetchSegment(index) {
-    const url = `${this.job.urls.segment.replace("{index}", index)}?wait=${WAIT_S}`;
-    for (;;) {
-      try {
-        const response = await fetch(url, { headers: authHeaders(), signal: this.abort.signal });
-        if (response.ok) return await response.arrayBuffer();
-        const error = await errorOf(response, `segment ${index} failed`);
-        if (response.status !== 409 || error.code !== "not_ready") throw error;
-      } catch (error) {
-        if (this.stopped || error instanceof ApiError) throw error;
-        await new Promise((resolve) => setTimeout(resolve, 1000)); // a dropped connection: try again shortly
-      }
-    }
+  received(fragment) {
+    const id = `${fragment.index}.${fragment.fragment}`;
+    this.state.fragments.push(id);
+    this.state.log.push(`fragment ${id}`);
+    this.segment(fragment.index).received += 1;
+    const buffer = fragment.samples > 0 ? audioBuffer(this.context, fragment.pcm16, fragment.sample_rate) : null;
+    this.queue.push({ id, index: fragment.index, last: fragment.last, buffer });
+    this.pump();
   }
 
-  // Start each segment where the previous one ends, so sentences follow without a gap.
-  schedule(buffer, index) {
+  // Schedule what is queued: at once while audio is playing, else once PREFETCH fragments are in hand (or what is
+  // in hand ends a segment, or the job: nothing more is coming soon).
+  pump() {
+    if (this.stopped) return;
+    if (this.running && this.nextStart < this.context.currentTime) this.running = false; // it ran dry
+    if (!this.running) {
+      const ends = this.streamEnded || this.queue.some((f) => f.last || this.segment(f.index).complete);
+      if (this.queue.length < PREFETCH && !(ends && this.queue.length)) return;
+      this.running = true;
+      this.state.log.push(`start with ${this.queue.length}`);
+    }
+    while (this.queue.length) this.schedule(this.queue.shift());
+  }
+
+  // Start each fragment where the previous one ends, so fragments and sentences follow without a gap.
+  schedule(fragment) {
+    if (fragment.buffer === null) {
+      this.heard(fragment); // nothing to hear: an empty fragment only ends its segment
+      return;
+    }
     const source = this.context.createBufferSource();
-    source.buffer = buffer;
+    source.buffer = fragment.buffer;
     source.connect(this.context.destination);
-    const at = Math.max(this.context.currentTime + 0.05, this.nextStart);
+    const now = this.context.currentTime;
+    const at = Math.max(now + 0.05, this.nextStart);
     source.onended = () => {
-      if (this.stopped) return;
-      this.state.played.push(index);
-      this.state.log.push(`played ${index}`);
-      if (index === this.total - 1) this.finish();
-      this.show();
-      this.waiters = this.waiters.filter((waiter) => !waiter());
+      if (!this.stopped) this.heard(fragment);
     };
     source.start(at);
-    this.nextStart = at + buffer.duration;
-    this.audioSeconds += buffer.duration;
+    this.state.scheduled.push({ id: fragment.id, now, at, duration: fragment.buffer.duration });
+    this.nextStart = at + fragment.buffer.duration;
+    this.audioSeconds += fragment.buffer.duration;
   }
 
-  untilMade(index) {
-    return new Promise((resolve) => {
-      const check = () => (this.stopped || this.made > index || !this.open ? (resolve(), true) : false);
-      if (!check()) this.waiters.push(check);
-    });
+  heard(fragment) {
+    this.state.heard.push(fragment.id);
+    this.state.log.push(`heard ${fragment.id}`);
+    this.segment(fragment.index).heard += 1;
+    this.checkPlayed(fragment.index);
+    this.show();
   }
 
-  untilPlayed(count) {
-    return new Promise((resolve) => {
-      const check = () => (this.stopped || this.state.played.length >= count ? (resolve(), true) : false);
-      if (!check()) this.waiters.push(check);
-    });
+  // A segment is played once its end is known and every fragment of it was heard.
+  checkPlayed(index) {
+    const segment = this.segment(index);
+    if (!segment.complete || segment.heard < segment.received || this.state.played.includes(index)) return;
+    this.state.played.push(index);
+    this.state.log.push(`played ${index}`);
+    if (this.state.played.length >= this.total) this.finish();
   }
 
   show() {
@@ -310,12 +342,14 @@ class Playback {
     if (this.state.error || this.stopped) return;
     const verb = this.state.ended ? "Finished" : "Playing";
     setStatus(
-      `${verb}: made ${this.made}/${this.total === Infinity ? "…" : this.total} · fetched ${this.state.fetched.length} · ` +
-        `played ${this.state.played.length} · ${this.audioSeconds.toFixed(1)} s of audio`,
+      `${verb}: made ${this.made}/${this.total === Infinity ? "…" : this.total} · ` +
+        `received ${this.state.fragments.length} fragments · played ${this.state.played.length} · ` +
+        `${this.audioSeconds.toFixed(1)} s of audio`,
     );
   }
 
   finish() {
+    if (this.state.ended) return;
     this.state.ended = true;
     $("stop").disabled = true;
     this.context.close();
@@ -330,8 +364,7 @@ class Playback {
   stop() {
     if (this.stopped) return;
     this.stopped = true;
-    this.abort.abort(); // ends the segment fetches and the event stream
-    this.waiters.forEach((waiter) => waiter());
+    this.abort.abort(); // ends the event stream
     this.context.close();
     $("stop").disabled = true;
   }
@@ -360,7 +393,7 @@ async function play() {
   } catch (error) {
     context.close();
     const message = explain(error);
-    window.ttsPlayback = { fetched: [], played: [], log: [], events: [], ended: false, jobId: null, error: message };
+    window.ttsPlayback = emptyPlayback(null, message);
     setStatus(`Could not start: ${message}`, true);
   }
 }
