@@ -140,3 +140,11 @@ def test_say_writes_the_audio_as_it_comes_into_the_file_the_service_sends(
     assert not out.with_name(out.name + ".part").exists()
     err = capsys.readouterr().err
     assert "segments" in err and f"wrote {out}" in err
+
+
+def test_a_streaming_engines_fragments_through_the_client_are_its_whole_audio(base_url: str, tts: TTSClient) -> None:
+    job = tts.submit("今天天气很好。我们去公园散步吧。", model="chattts-tiny", format="pcm", cache=False)
+    got = list(tts.fragments(job["id"]))
+    assert [f.segment for f in got if f.last] == list(range(job["segments_total"]))
+    whole = requests.get(f"{base_url}/v1/jobs/{job['id']}/audio", timeout=30)
+    assert b"".join(f.pcm for f in got) == whole.content and len(got) > job["segments_total"]

@@ -423,3 +423,24 @@ def test_espeaks_speech_stream_is_its_stored_segments_joined(app: Flask, served:
     store = app_store(app)
     total = store.get(job_id).segments_total  # type: ignore[union-attr]
     assert total == 5 and response.data == b"".join(store.segment(job_id, i) or b"" for i in range(total))
+
+
+# --- end to end with the tiny ChatTTS, which streams: fragments as its worker writes them ------------------
+
+
+def test_a_streaming_engines_fragments_arrive_in_order_and_join_to_each_segment_end_to_end(
+    app: Flask, served: FlaskClient
+) -> None:
+    body = {"text": "今天天气很好。我们去公园散步吧。", "model": "chattts-tiny", "format": "pcm", "cache": False}
+    job = served.post("/v1/jobs", json=body).get_json()
+    events = sse(served, f"/v1/jobs/{job['id']}/events?fragments=1")
+    assert events[-1]["event"] == "done", events[-1]
+    store = app_store(app)
+    fragments = [e for e in events if e["event"] == "fragment"]
+    for index in range(job["segments_total"]):
+        mine = [e for e in fragments if e["data"]["index"] == index]
+        assert [e["data"]["fragment"] for e in mine] == list(range(len(mine)))
+        assert b"".join(pcm_of(e) for e in mine) == store.segment(job["id"], index)
+        ends = [i for i, e in enumerate(events) if e["id"] == str(index)]
+        assert ends and events[ends[0] - 1]["id"] == f"{index}.{len(mine) - 1}", "its end follows its last fragment"
+    assert len(fragments) > job["segments_total"], "the tiny ChatTTS makes its segments in several fragments"
