@@ -113,3 +113,54 @@ def test_a_malformed_schedule_is_refused(text: str) -> None:
 def test_a_window_without_lookahead_is_refused() -> None:
     with pytest.raises(ValueError):
         Window(lookahead=0)
+
+
+def test_while_its_listener_is_well_ahead_fragments_are_decoded_several_at_a_time() -> None:
+    calls: list[int] = []
+
+    def counted(hidden: torch.Tensor) -> np.ndarray:
+        calls.append(len(hidden))
+        return convolution_decode(hidden)
+
+    hidden = tokens(300)
+    still = 0.0  # a clock that stands still: an engine far faster than real time
+    cutter = TokenFragments(SIZES, Window(context=FIELD, lookahead=FIELD), counted, lead_s=1.0,
+                            clock=lambda: still)  # fmt: skip
+    made = []
+    for length in range(1, len(hidden)):
+        made += cutter.grown(hidden.narrow(0, 0, length))
+    made += cutter.ended(hidden)
+    np.testing.assert_array_equal(np.concatenate(made), convolution_decode(hidden))
+    assert all(SIZES.least * SAMPLES_PER_TOKEN - DECODE_SHORTFALL <= len(m) for m in made[1:])
+    assert len(calls) < len(made) / 2, "most decodes made several fragments"
+
+
+def test_a_segment_needed_only_later_is_decoded_once_and_cut_into_fragments() -> None:
+    calls: list[int] = []
+
+    def counted(hidden: torch.Tensor) -> np.ndarray:
+        calls.append(len(hidden))
+        return convolution_decode(hidden)
+
+    hidden = tokens(144)
+    cutter = TokenFragments(SIZES, Window(context=FIELD, lookahead=FIELD), counted, lead_s=1.0, slack_s=5.0,
+                            clock=lambda: 0.0)  # fmt: skip
+    made = []
+    for length in range(1, len(hidden)):
+        made += cutter.grown(hidden.narrow(0, 0, length))
+    made += cutter.ended(hidden)
+    assert calls == [144]
+    assert len(made[0]) == SIZES.first * SAMPLES_PER_TOKEN and len(made) > 5
+    np.testing.assert_array_equal(np.concatenate(made), convolution_decode(hidden))
+
+
+def test_a_listener_short_of_audio_gets_each_fragment_the_step_it_is_complete() -> None:
+    hidden = tokens(120)
+    now = [0.0]
+    cutter = TokenFragments(SIZES, Window(context=4, lookahead=4), convolution_decode, lead_s=1.0,
+                            clock=lambda: now[0])  # fmt: skip
+    for length in range(1, len(hidden)):
+        now[0] += 0.5  # an engine slower than real time: a token takes longer than it lasts
+        for fragment in cutter.grown(hidden.narrow(0, 0, length)):
+            assert len(fragment) in (SIZES.first * SAMPLES_PER_TOKEN, SIZES.steady * SAMPLES_PER_TOKEN)
+    assert cutter.count == 1 + (120 - SIZES.first - SIZES.least) // SIZES.steady

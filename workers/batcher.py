@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import queue
@@ -299,7 +300,7 @@ class Batcher:
             call.offered += len(group)
         log.debug("offering %d segment(s) to the call running on replica %d", len(group), replica)
         answer = self._join_batch(
-            group[0].spec, [p.request for p in group], replica, ready=functools.partial(_deliver, group),
+            group[0].spec, self._requests(group), replica, ready=functools.partial(_deliver, group),
             fragment=functools.partial(_deliver_fragment, group),
         )  # fmt: skip
         answer.add_done_callback(functools.partial(self._answered, call, group, inbox))
@@ -316,6 +317,12 @@ class Batcher:
         if not joined:
             for pending in group:
                 inbox.put(pending)  # never started: back in line
+
+    def _requests(self, group: list[Pending]) -> list[SynthesisRequest]:
+        """Return the group's requests, each with how long before its listener needs it (its fragments may come
+        together meanwhile, decoded at less cost)."""
+        now = self._clock()
+        return [dataclasses.replace(p.request, slack_s=max(0.0, self.planner.due(p) - now)) for p in group]
 
     def choose(self, items: list[Pending]) -> list[Pending]:
         """Return the next batch: the earliest deadline and the similar-length segments due soonest after it."""
@@ -400,7 +407,7 @@ class Batcher:
         try:
             # A segment's caller gets its audio the moment it is made, not when the longest of its batch is.
             waves, rate = self._run_batch(
-                spec, [p.request for p in group], replica, ready=functools.partial(_deliver, group),
+                spec, self._requests(group), replica, ready=functools.partial(_deliver, group),
                 fragment=functools.partial(_deliver_fragment, group),
             )  # fmt: skip
             expect_one_per_input(waves, group, what="engine")

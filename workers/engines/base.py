@@ -45,6 +45,9 @@ class SynthesisRequest:
     speed: float = 1.0
     seed: int | None = None
     mode: str = "balanced"
+    #: How long before its listener needs its first audio, in seconds: meanwhile an engine that cuts fragments may
+    #: decode several in one call, which costs less. It changes when fragments come, never the audio.
+    slack_s: float = 0.0
 
 
 def expect_one_per_input(outputs: Sized, inputs: Sized, *, what: str, unit: str = "waveforms") -> None:

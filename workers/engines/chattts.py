@@ -31,7 +31,7 @@ from workers.engines.chattts_files import check_weights
 from workers.engines.chattts_generate import generate, prepare
 from workers.engines.chattts_jit import cache_text_jit
 from workers.engines.errors import EngineLoadError, SynthesisError
-from workers.engines.fragments import SAMPLES_PER_TOKEN, TokenFragments, Window
+from workers.engines.fragments import SAMPLES_PER_TOKEN, FragmentSizes, TokenFragments, Window
 
 __all__ = ["ChatTTSEngine", "find_weights", "speed_prompt", "where_weights_go"]
 
@@ -80,6 +80,7 @@ class ChatTTSEngine(Engine):
         fragment_context: int = 8,
         fragment_lookahead: int = 8,
         fragment_crossfade: int = 0,
+        fragment_lead_s: float = 1.0,
     ) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, not {precision!r}")
@@ -96,6 +97,7 @@ class ChatTTSEngine(Engine):
         self._half_on_cpu = half_on_cpu  # None: only where the CPU multiplies that type natively
         # What each fragment is decoded with (workers/engines/fragments.py); ``make bench-fragments`` measures it.
         self._window = Window(context=fragment_context, lookahead=fragment_lookahead, crossfade=fragment_crossfade)
+        self._lead_s = fragment_lead_s
         self._chat: Any = None
         self._speakers: dict[str, str] = {}
 
@@ -213,7 +215,7 @@ class ChatTTSEngine(Engine):
         budgets = [self.token_budget(r.text) for r in batch]
         sizes = self.fragment_schedule.in_tokens(1000 * SAMPLES_PER_TOKEN / self.sample_rate)
         decode_one = functools.partial(self._decode, chat)
-        cutters = [TokenFragments(sizes, self._window, decode_one) for _ in batch]
+        cutters = [self._cutter(sizes, decode_one, r.slack_s) for r in batch]
         pieces: list[list[Waveform]] = [[] for _ in batch]
 
         def tell(index: int, made: list[Waveform], *, ended: bool) -> None:
@@ -239,7 +241,7 @@ class ChatTTSEngine(Engine):
                 return None
             waves.extend([None] * len(joined))
             budgets.extend(self.token_budget(r.text) for r in joined)
-            cutters.extend(TokenFragments(sizes, self._window, decode_one) for _ in joined)
+            cutters.extend(self._cutter(sizes, decode_one, r.slack_s) for r in joined)
             pieces.extend([] for _ in joined)
             return self._code_prompts(chat, joined, self._refined_texts(chat, joined), budgets[-len(joined) :])
 
@@ -261,6 +263,13 @@ class ChatTTSEngine(Engine):
         except Exception as e:
             raise SynthesisError(f"ChatTTS failed on a batch of {len(waves)}: {e}") from e
         return every_one_made(waves, what="ChatTTS")
+
+    def _cutter(
+        self, sizes: FragmentSizes, decode_one: Callable[[torch.Tensor], Waveform], slack_s: float
+    ) -> TokenFragments:
+        return TokenFragments(
+            sizes, self._window, decode_one, lead_s=self._lead_s, slack_s=slack_s, sample_rate=self.sample_rate
+        )
 
     def _speaker(self, voice: str | None) -> str | None:
         if voice is None:

@@ -9,12 +9,16 @@ choice of context and lookahead; the defaults come from there. An optional cross
 samples with the previous window's decode of them (its lookahead), which the previous fragment did not emit.
 
 Fragment sizes follow a schedule in milliseconds of audio: a short first one, so that a listener hears audio
-after a few tokens, then steady ones. The last of a segment is never shorter than ``least`` (the remainder is held
-back that long) unless the segment is, and never longer than the steady size (a longer remainder is cut in two).
+after a few tokens, then steady ones. Each is decoded the step it is complete unless its listener already has more
+than ``lead_s`` of the item's audio in hand (an engine far faster than real time, or a segment needed only later):
+then they wait, to be decoded together in one call, which costs little more than one of them alone. The last of a
+segment is never shorter than ``least`` (the remainder is held back that long) unless the segment is, and never
+longer than the steady size (a longer remainder is cut in two).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -60,38 +64,71 @@ class TokenFragments:
     The fragments, joined, are the item's audio: ``SAMPLES_PER_TOKEN`` per token, less ``DECODE_SHORTFALL``.
     """
 
-    def __init__(self, sizes: FragmentSizes, window: Window, decode: Decode) -> None:
+    def __init__(
+        self,
+        sizes: FragmentSizes,
+        window: Window,
+        decode: Decode,
+        *,
+        lead_s: float = 0.0,
+        slack_s: float = 0.0,
+        sample_rate: int = 24000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.sizes = sizes
         self.window = window
         self.decode = decode
+        # A listener with more than ``lead_s`` of this item's audio in hand, or as long before it needs the item at
+        # all (``slack_s`` from now), does not need the next fragment yet: fragments then wait, to be decoded
+        # together, in one call that costs far less than one each. 0: each is decoded the step it is complete.
+        self.lead_s = lead_s
+        self.sample_rate = sample_rate
+        self.clock = clock
         self.emitted = 0  # tokens whose samples are out
         self.count = 0  # fragments out
+        self._samples_out = 0
+        self._needed = clock() + slack_s  # when its listener needs its first audio
         self._tail: Samples | None = None  # the last window's decode of the samples just past its fragment
 
-    def _next_size(self) -> int:
-        return self.sizes.first if self.count == 0 else self.sizes.steady
+    def _size(self, count: int) -> int:
+        return self.sizes.first if count == 0 else self.sizes.steady
 
-    def _hold(self) -> int:
+    def _hold(self, count: int) -> int:
         """Return the tokens a fragment waits for beyond its own: its lookahead, and after the first, room for a
         last fragment of at least ``least``."""
-        return self.window.lookahead if self.count == 0 else max(self.window.lookahead, self.sizes.least)
+        return self.window.lookahead if count == 0 else max(self.window.lookahead, self.sizes.least)
+
+    def _complete(self, tokens: int) -> list[int]:
+        """Return the sizes of the fragments ``tokens`` hidden states complete, beyond those out."""
+        pieces: list[int] = []
+        emitted, count = self.emitted, self.count
+        while tokens - emitted >= self._size(count) + self._hold(count):
+            pieces.append(self._size(count))
+            emitted += pieces[-1]
+            count += 1
+        return pieces
+
+    def _ahead_s(self) -> float:
+        """Return how far its listener is from running out: the audio out, less what it played since it needed it."""
+        return self._samples_out / self.sample_rate + self._needed - self.clock()
 
     def grown(self, hidden: torch.Tensor) -> list[Samples]:
         """Return the fragments the item's hidden states so far (tokens, hidden size) complete (often none)."""
         if not self.sizes.streams:
             return []
-        made = []
-        while len(hidden) - self.emitted >= self._next_size() + self._hold():
-            made.append(self._cut(hidden, [self._next_size()], final=False))
-        return made
+        pieces = self._complete(len(hidden))
+        if not pieces:
+            return []
+        if self.lead_s and self._ahead_s() > self.lead_s:
+            return []  # its listener has enough: decode them together later
+        return self._cut(hidden, pieces, final=False)
 
     def ended(self, hidden: torch.Tensor) -> list[Samples]:
         """Return the item's remaining fragments, given all of its hidden states."""
-        total = len(hidden)
         pieces: list[int] = []
-        left = total - self.emitted
+        left = len(hidden) - self.emitted
         if self.sizes.streams:
-            size = self._next_size()
+            size = self._size(self.count)
             while left > size + self.sizes.least:
                 pieces.append(size)
                 left -= size
@@ -101,36 +138,32 @@ class TokenFragments:
                 left -= left // 2
         if left > 0 or (not pieces and self.count == 0):
             pieces.append(left)
-        return self._cuts(hidden, pieces)
+        return self._cut(hidden, pieces, final=True) if pieces else []
 
-    def _cuts(self, hidden: torch.Tensor, pieces: list[int]) -> list[Samples]:
-        if not pieces:
-            return []
-        return [self._cut(hidden, pieces, final=True)] if len(pieces) == 1 else self._split(hidden, pieces)
-
-    def _split(self, hidden: torch.Tensor, pieces: list[int]) -> list[Samples]:
-        """Cut the final pieces from one decode of their window."""
-        joined = self._cut(hidden, [sum(pieces)], final=True, count=len(pieces))
-        bounds = np.cumsum([0, *(p * SAMPLES_PER_TOKEN for p in pieces[:-1]), len(joined)])
-        bounds[-1] = max(bounds[-1], bounds[-2])
-        return [joined[bounds[i] : bounds[i + 1]] for i in range(len(pieces))]
-
-    def _cut(self, hidden: torch.Tensor, pieces: list[int], *, final: bool, count: int = 1) -> Samples:
-        """Decode the window around the next ``sum(pieces)`` tokens; return their samples (crossfaded in)."""
+    def _cut(self, hidden: torch.Tensor, pieces: list[int], *, final: bool) -> list[Samples]:
+        """Decode one window around the next ``pieces`` (token counts); return each one's samples, the first
+        crossfaded in."""
         first = self.emitted
         last = first + sum(pieces)
         low = max(0, first - self.window.context)
         high = len(hidden) if final else last + self.window.lookahead
         samples = self.decode(hidden.narrow(0, low, high - low))
-        start = (first - low) * SAMPLES_PER_TOKEN
-        stop = len(samples) if final else (last - low) * SAMPLES_PER_TOKEN
-        out = np.array(samples[start:stop], dtype=np.float32)
+        bounds = [(first - low) * SAMPLES_PER_TOKEN]
+        for size in pieces:
+            bounds.append(bounds[-1] + size * SAMPLES_PER_TOKEN)
+        if final:
+            bounds[-1] = len(samples)  # the decode's shortfall comes off the item's very end
+        bounds = [min(b, len(samples)) for b in bounds]
+        out = [np.array(samples[bounds[i] : bounds[i + 1]], dtype=np.float32) for i in range(len(pieces))]
         fade = self.window.crossfade
         if fade and self._tail is not None:
-            n = min(fade, len(out), len(self._tail))
+            head = out[0]
+            n = min(fade, len(head), len(self._tail))
             ramp = np.linspace(0.0, 1.0, n + 2, dtype=np.float32)[1:-1]
-            out[:n] = self._tail[:n] * (1 - ramp) + out[:n] * ramp
+            head[:n] = self._tail[:n] * (1 - ramp) + head[:n] * ramp
+        stop = bounds[-1]
         self._tail = None if final else np.array(samples[stop : stop + fade], dtype=np.float32)
         self.emitted = last
-        self.count += count
+        self.count += len(pieces)
+        self._samples_out += sum(len(o) for o in out)
         return out
