@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install install-dev install-bench constraints run worker test chaos lint tiny-model full-model bench-engine bench-real gpu-check bench bench-batch bench-cache bench-stream bench-schedule bench-workers bench-goodput bench-held bench-text bench-textstream soak docs docs-build docs-reference clean
+.PHONY: help install install-dev install-bench constraints run worker test chaos lint tiny-model full-model bench-engine bench-real bench-fragments gpu-check bench bench-batch bench-cache bench-stream bench-schedule bench-workers bench-goodput bench-held bench-text bench-textstream soak docs docs-build docs-reference clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/; s/\$$\$$/$$/g'
@@ -85,6 +85,11 @@ bench-goodput: install-bench  ## Open-loop Poisson arrivals at 0.25-1.5x the mea
 bench-held: install-bench  ## /healthz and POST /v1/jobs p50/p99 on `make run` while 1,000 event streams are held open.
 	scripts/ensure_redis_server.sh
 	$(PY) -m bench.held_connections $(BENCH_ARGS)
+
+bench-fragments: full-model install-bench  ## Audio in fragments: first audio, fragment lengths, gaps and jobs/s, on vs off, full-size and tiny ChatTTS (~15 min); then the join-quality table (WEIGHTS=dir for real weights).
+	scripts/ensure_redis_server.sh
+	$(PY) -m bench.fragments $(BENCH_ARGS)
+	$(PY) -m bench.fragment_joins $(if $(WEIGHTS),--weights $(WEIGHTS))
 
 bench-engine: full-model install-bench  ## The real-size engine on this machine: batch 1-32, stage shares, best torch threads and replicas; then the matrix-maths ceiling on batching (30 s).
 	$(PY) -m bench.engine_real $(BENCH_ARGS)

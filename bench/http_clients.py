@@ -135,6 +135,7 @@ class ServedClient:
                 "POST", "/v1/jobs", payload, {"Content-Type": "application/json"}
             )
             if status == 202:
+                result.admitted = time.monotonic()
                 job: dict[str, object] = json.loads(data)
                 return job
             retry_after = headers.get("Retry-After")

@@ -38,6 +38,8 @@ class JobResult:
     job_id: str | None = None
     #: The service's estimate, when it admitted the job, of the seconds until its first segment starts.
     start_estimate_s: float | None = None
+    #: When the service admitted it (time.monotonic()): after any refusals the client waited out.
+    admitted: float | None = None
 
     @property
     def ok(self) -> bool:

@@ -6,8 +6,9 @@ there, so its listener hears no repeat and no hole. The segment written at the e
 fragments already in the store, followed by this attempt's later ones. A fragment that cannot be written (the store
 at its limit, Redis away) is not retried: the ones after it wait in the segment, written whole at the end.
 
-A segment's only fragment (an engine that cannot stream, a short segment, fragments off) is not written on its own:
-the segment's write follows at once and holds it.
+A segment's last fragment (its only one too: an engine that cannot stream, a short segment, fragments off) is not
+written on its own: the segment's write follows at once and holds it, and a reader learns from it that the
+fragment is the segment's last.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class FragmentWriter:
             self._parts = []
         pcm = to_pcm16(piece.samples)
         self._parts.append(pcm)
-        if not self._writing or (piece.number == 0 and piece.last):
+        if not self._writing or piece.last:
             return
         if self.has_room is not None and not self.has_room():
             self._writing = False  # the segment's own write waits for room; fragments would only add to it
