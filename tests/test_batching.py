@@ -498,3 +498,26 @@ def test_a_call_past_its_own_segments_takes_an_urgent_joiner_only_while_no_other
     finally:
         release.set()
         batcher.close()
+
+
+def test_a_call_running_alone_gets_every_core_and_calls_side_by_side_share_them() -> None:
+    shares: list[tuple[int, int]] = []
+    started = threading.Barrier(2, timeout=5)
+
+    def engine(
+        spec: ModelSpec, batch: list[SynthesisRequest], replica: int = 0, **_: object
+    ) -> tuple[list[Waveform], int]:
+        if batch[0].text.startswith("pair"):
+            started.wait()
+        return [np.zeros(4, dtype=np.float32) for _ in batch], 16000
+
+    batcher = Batcher(engine, max_batch=1, max_wait_s=0.0, replicas=2, cores=2,
+                      share_cores=lambda spec, replica, threads: shares.append((replica, threads)))  # fmt: skip
+    batcher.submit(SPEC, SynthesisRequest(text="alone")).result(5)
+    assert shares[0][1] == 2, "alone, a call takes both cores"
+    shares.clear()
+    both = [batcher.submit(SPEC, SynthesisRequest(text=f"pair {i}")) for i in range(2)]
+    for future in both:
+        future.result(5)
+    assert (0, 1) in shares and (1, 1) in shares, "side by side, each has one"
+    batcher.close()

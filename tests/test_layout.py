@@ -67,3 +67,10 @@ def test_the_settings_read_auto_or_a_number_and_refuse_anything_else(monkeypatch
     monkeypatch.setenv("TTS_MODEL_REPLICAS", "many")
     with pytest.raises(SettingsInvalid, match="TTS_MODEL_REPLICAS"):
         load_settings()
+
+
+def test_auto_on_cpus_lets_a_call_running_alone_take_the_idle_hosts_cores() -> None:
+    assert resolve_layout("auto", "auto", gpus=0, cores=4).shared_cores == 4
+    assert resolve_layout("auto", "auto", gpus=0, cores=1).shared_cores == 0, "one host has nothing to share"
+    assert resolve_layout(2, 1, gpus=0, cores=2).shared_cores == 0, "a layout set by hand is kept as set"
+    assert resolve_layout("auto", "auto", gpus=1, cores=16).shared_cores == 0

@@ -58,6 +58,8 @@ class JoinBatch(Protocol):
     ) -> Future[bool]: ...
 
 
+#: Gives a replica's host this many torch threads: (model, replica, threads).
+ShareCores = Callable[[ModelSpec, int, int], None]
 #: Called after each engine call with (model name, batch size, characters, seconds, seconds to its first fragment).
 BatchObserver = Callable[[str, int, int, float, float], None]
 
@@ -169,9 +171,14 @@ class Batcher:
         observe: BatchObserver | None = None,
         clock: Callable[[], float] = time.time,
         join_batch: JoinBatch | None = None,
+        share_cores: ShareCores | None = None,
+        cores: int = 0,
     ) -> None:
         self._run_batch = run_batch
         self._join_batch = join_batch
+        # With ``cores`` to share among the replicas, the calls running split them: one alone takes them all.
+        self._share_cores = share_cores if cores > 1 and replicas > 1 else None
+        self.cores = cores
         self._running: dict[int, _Running] = {}
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
@@ -318,6 +325,18 @@ class Batcher:
             for pending in group:
                 inbox.put(pending)  # never started: back in line
 
+    def _spread(self, spec: ModelSpec) -> None:
+        """Share the cores among the calls running now: each gets an equal part, at least one."""
+        if self._share_cores is None:
+            return
+        with self._lock:
+            busy = sorted(self._running)
+        for replica in busy:
+            try:
+                self._share_cores(spec, replica, max(1, self.cores // len(busy)))
+            except Exception:  # sharing is an optimisation: a fault here must not fail the call
+                log.exception("could not share the cores out to replica %d", replica)
+
     def _requests(self, group: list[Pending]) -> list[SynthesisRequest]:
         """Return the group's requests, each with how long before its listener needs it (its fragments may come
         together meanwhile, decoded at less cost)."""
@@ -404,6 +423,7 @@ class Batcher:
         call = _Running(group, started)
         with self._lock:
             self._running[replica] = call
+        self._spread(spec)
         try:
             # A segment's caller gets its audio the moment it is made, not when the longest of its batch is.
             waves, rate = self._run_batch(
@@ -418,6 +438,7 @@ class Batcher:
         finally:
             with self._lock:
                 self._running.pop(replica, None)
+            self._spread(spec)
         elapsed = time.perf_counter() - started
         # The planner learns the call's time for what it was planned with: joiners may have kept it running.
         told = max((p.made for p in group), default=0.0)

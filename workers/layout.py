@@ -30,6 +30,9 @@ class Layout:
     replicas: int
     torch_threads: int
     reason: str
+    #: The cores the hosts share out by what is running: while fewer hosts are busy, each busy one takes more of
+    #: them (0: each keeps ``torch_threads``).
+    shared_cores: int = 0
 
     def describe(self) -> str:
         """Return the layout in one log line."""
@@ -74,7 +77,9 @@ def resolve_layout(replicas: int | str, torch_threads: int | str, *, gpus: int, 
     elif hosts_auto and threads_auto:
         hosts = min(MAX_CPU_HOSTS, cores)
         threads = cores // hosts  # one, unless there are more cores than hosts: then they are shared out
-        why = f"{cores} CPU core(s): one host per core, one thread each, at most {MAX_CPU_HOSTS} hosts"
+        why = (f"{cores} CPU core(s): one host per core, one thread each, at most {MAX_CPU_HOSTS} hosts; a call "
+               "running alone takes the idle hosts' cores")  # fmt: skip
+        return Layout(hosts, threads, "auto: " + why, shared_cores=hosts * threads if hosts > 1 else 0)
     elif hosts_auto:
         threads = int(torch_threads)
         # torch's default (0) takes every core: one host then

@@ -85,6 +85,8 @@ def _batcher(settings: Settings, layout: Layout, pool: ModelPool, stats: Stats, 
         replicas=layout.replicas,
         observe=batch_observer(stats),
         join_batch=pool.join if settings.batch_join else None,
+        share_cores=pool.share_cores,
+        cores=layout.shared_cores,
     )
 
 

@@ -126,6 +126,7 @@ class ModelHost:
         self._state = threading.Lock()  # guards _call
         self._call: _Call | None = None
         self._join_ids = itertools.count()
+        self._threads = 0  # the torch threads its next call runs on (0: its own)
         started = time.perf_counter()
         self.process.start()
         child.close()
@@ -197,9 +198,9 @@ class ModelHost:
         with self._lock:
             self.last_used = time.monotonic()
             until = self.last_used + timeout_s
-            self._send(("synth", [dataclasses.asdict(r) for r in requests]), "is gone")
             call = _Call(len(requests), told, fragment)
             with self._state:
+                self._send(("synth", [dataclasses.asdict(r) for r in requests], self._threads), "is gone")
                 self._call = call
             try:
                 reply = self._receive(timeout_s)
@@ -241,6 +242,16 @@ class ModelHost:
                 del call.pending[join_id]
                 joined.set_result(False)
         return joined
+
+    def share_cores(self, threads: int) -> None:
+        """Run torch on ``threads`` threads: from the running call's next decode step on, or from its next call."""
+        with self._state:
+            if threads == self._threads:
+                return
+            self._threads = threads
+            if self._call is not None and self._call.open and self.takes_arrivals:
+                with contextlib.suppress(HostCrashed):  # its call's own receive says so
+                    self._send(("threads", threads), "is gone")
 
     def _send(self, message: tuple[Any, ...], gone: str) -> None:
         with self._sends:

@@ -78,10 +78,8 @@ def host_main(
     setup_logging(log_level)
     # Ctrl-C reaches the whole process group; the worker decides when a host stops (or its pipe closes).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if torch_threads and spec.engine == "chattts":
-        import torch
-
-        torch.set_num_threads(torch_threads)
+    threads = _Threads(torch_threads if spec.engine == "chattts" else 0)
+    threads.set(torch_threads)
     log = logging.getLogger(f"workers.pool.host.{spec.name}")
     try:
         engine = build_engine(spec, device=device, builder=builder)
@@ -103,13 +101,17 @@ def host_main(
         if message[0] == "join":  # it came after the call it meant to join had ended
             conn.send(("refused", message[1]))
             continue
+        if message[0] == "threads":
+            threads.set(message[1])
+            continue
         requests = [SynthesisRequest(**fields) for fields in message[1]]
+        threads.set(message[2] if len(message) > 2 else torch_threads)
         try:
             # Each waveform goes back the moment it is made; "ok" ends the call.
             engine.synthesize_each(
                 requests,
                 lambda index, wave: conn.send(("part", index, wave)),
-                arrivals(conn),
+                arrivals(conn, threads),
                 lambda index, piece: conn.send(("fragment", index, piece)),
             )
             conn.send(("ok", memory_report()))
@@ -125,17 +127,39 @@ def host_main(
     engine.unload()
 
 
-def arrivals(conn: Connection) -> Arrivals:
+class _Threads:
+    """The torch threads this host runs on, changed as the worker shares its cores out (only a torch engine's)."""
+
+    def __init__(self, default: int) -> None:
+        self.default = default  # 0: leave torch's own
+        self.now = 0
+
+    def set(self, count: int) -> None:
+        """Run on ``count`` threads from the next operation on (0: the default)."""
+        count = count or self.default
+        if count and count != self.now and self.default:
+            import torch
+
+            torch.set_num_threads(count)
+            self.now = count
+
+
+def arrivals(conn: Connection, threads: _Threads | None = None) -> Arrivals:
     """Return what the engine asks between steps: the segments the worker sent to join this call, each acknowledged.
 
     An acknowledged segment's waveform comes back as a "part" numbered after those already in the call. While the
-    call runs the worker sends nothing else (it holds the host until the call ends).
+    call runs the worker sends nothing else but ``("threads", n)``: the cores this call may use from now on (more
+    while the worker's other hosts are idle).
     """
 
     def joined() -> list[SynthesisRequest]:
         requests: list[SynthesisRequest] = []
         while conn.poll(0):
             message = conn.recv()
+            if message[0] == "threads":
+                if threads is not None:
+                    threads.set(message[1])
+                continue
             if message[0] != "join":
                 raise RuntimeError(f"model host got {message[0]!r} in the middle of a call")
             conn.send(("joined", message[1]))

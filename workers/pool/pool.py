@@ -111,6 +111,13 @@ class ModelPool:
         pieces = None if fragment is None else functools.partial(_tell_fragment, fragment, host.sample_rate)
         return host.join(requests, functools.partial(_tell, ready, host.sample_rate), pieces)
 
+    def share_cores(self, spec: ModelSpec, replica: int, threads: int) -> None:
+        """Run a replica's host on ``threads`` torch threads from now on (its next call, if it has none running)."""
+        with self._lock:
+            host = self._hosts.get((spec.name, replica))
+        if host is not None:
+            host.share_cores(threads)
+
     def _host(self, spec: ModelSpec, key: HostKey) -> ModelHost:
         with self._lock:
             model_lock = self._model_locks.setdefault(key, threading.Lock())
