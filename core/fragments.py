@@ -28,7 +28,7 @@ WHOLE = FragmentSizes(0, 0, 0)
 class FragmentSchedule:
     """Fragment sizes in milliseconds of audio, engine-neutral; ``steady_ms`` 0 turns fragments off."""
 
-    first_ms: float = 250.0
+    first_ms: float = 150.0
     steady_ms: float = 400.0
     least_ms: float = 200.0
 
@@ -44,7 +44,7 @@ class FragmentSchedule:
             raise ValueError(wrong) from e
         if not 2 <= len(parts) <= 3 or min(parts) <= 0:
             raise ValueError(wrong)
-        least = parts[2] if len(parts) == 3 else min(parts[0], parts[1], cls.least_ms)
+        least = parts[2] if len(parts) == 3 else min(parts[1], cls.least_ms)  # the first may be shorter
         if least > parts[1]:
             raise ValueError(f"the shortest fragment ({least:g} ms) cannot be longer than the steady one")
         return cls(parts[0], parts[1], least)

@@ -41,7 +41,7 @@ class WorkerSettings(BaseSettings):
         "steps, when every model host is busy (ChatTTS only). Off: it waits for a call to end.",
     )
     fragment_ms: str = Field(
-        "250,400",
+        "150,400",
         description="How a segment's audio is cut as it is made, in milliseconds: the first fragment, then the "
         "steady ones (`first,steady[,shortest]`); `off` sends each segment whole.",
     )

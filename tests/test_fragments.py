@@ -100,6 +100,7 @@ def test_a_crossfade_keeps_the_length_and_blends_only_the_fragment_starts() -> N
 def test_the_schedule_in_milliseconds_becomes_tokens() -> None:
     sizes = FragmentSchedule.parse("250,400").in_tokens(512 / 24)
     assert sizes == FragmentSizes(first=12, steady=19, least=10)
+    assert FragmentSchedule.parse("150,400").in_tokens(512 / 24) == FragmentSizes(first=7, steady=19, least=10)
     assert not FragmentSchedule.parse("off").streams
     assert FragmentSchedule.parse("off").in_tokens(21.3) == WHOLE
 
