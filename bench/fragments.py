@@ -149,7 +149,7 @@ def run_stack(level_list: list[Level], fragments: str, out: Path, env: dict[str,
             client = FragmentClient(stack.api.url, model=model, timeout_s=level.window_s + 300)
             run = run_closed_loop(client, texts, callers=level.callers, warmup_s=3 if model == "chattts-tiny" else 0,
                                   window_s=level.window_s, drain_s=240, seed=n + 1)  # fmt: skip
-            row = {"model": model, "fragments": fragments, **summarize(run)}
+            row = {"model": model, "fragments": fragments, **summarize(run), "refused_by": dict(client.refusals)}
             print(f"  {model} fragments {fragments}, {level.callers} callers: {row}", flush=True)
             rows.append(row)
     finally:

@@ -6,6 +6,7 @@ import http.client
 import json
 import threading
 import time
+from collections import Counter
 from urllib.parse import urlsplit
 
 from bench.loadgen import JobResult
@@ -99,6 +100,8 @@ class ServedClient:
         self.priority = priority
         self._following: dict[int, str] = {}
         self._lock = threading.Lock()
+        #: Refusals this client retried, by the admission check that refused.
+        self.refusals: Counter[str] = Counter()
 
     def run_job(self, text: str, chars: int, seed: int) -> JobResult:
         """Submit ``text``, then play it as its segments arrive."""
@@ -147,6 +150,8 @@ class ServedClient:
                 return None
             if status in ADMISSION_STATUSES and retry_after is not None and time.monotonic() < deadline:
                 result.admissions += 1
+                with self._lock:
+                    self.refusals[refusing_check(data) or "other"] += 1
                 time.sleep(min(5.0, max(0.05, float(retry_after))))
                 continue
             result.error = f"POST {status}"

@@ -151,7 +151,7 @@ def test_a_segment_needed_only_later_is_decoded_once_and_cut_into_fragments() ->
         made += cutter.grown(hidden.narrow(0, 0, length))
     made += cutter.ended(hidden)
     assert calls == [144]
-    assert len(made[0]) == SIZES.first * SAMPLES_PER_TOKEN and len(made) > 5
+    assert len(made[0]) == SIZES.steady * SAMPLES_PER_TOKEN and len(made) > 5, "no short first: nobody waits"
     np.testing.assert_array_equal(np.concatenate(made), convolution_decode(hidden))
 
 

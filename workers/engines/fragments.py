@@ -82,6 +82,9 @@ class TokenFragments:
         # all (``slack_s`` from now), does not need the next fragment yet: fragments then wait, to be decoded
         # together, in one call that costs far less than one each. 0: each is decoded the step it is complete.
         self.lead_s = lead_s
+        if slack_s > 0 and sizes.streams:  # its listener is not waiting for it: no short first fragment
+            sizes = FragmentSizes(sizes.steady, sizes.steady, sizes.least)
+            self.sizes = sizes
         self.sample_rate = sample_rate
         self.clock = clock
         self.emitted = 0  # tokens whose samples are out
