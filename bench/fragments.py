@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import http.client
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -25,7 +24,6 @@ from bench.http_clients import ServedClient
 from bench.loadgen import STALL_EPSILON_S, JobResult, LevelRun, run_closed_loop
 from bench.report import RESULTS, cell, percentile, run_label, write_run
 from bench.stack_args import REAL_SIZE_MAX_CHARS, corpus_texts, default_layout, prepare_model
-from client.sse import parse_sse
 from core.settings_worker import WorkerSettings
 
 #: A gap a listener hears: shorter ones are scheduling noise.
@@ -52,31 +50,13 @@ class Heard:
 class FragmentClient(ServedClient):
     """Submit to the service and play the job's fragments from its event stream as they come."""
 
-    def _follow(self, job_id: str, result: JobResult) -> None:
-        conn = self.http.connect()
-        try:
-            conn.request("GET", f"/v1/jobs/{job_id}/events?fragments=1", headers={"Accept": "text/event-stream"})
-            response = conn.getresponse()
-            if response.status != 200:
-                result.error = f"events {response.status}"
-                return
-            for event in parse_sse(iter(response.readline, b"")):
-                name = event["event"]
-                if name == "fragment":
-                    now = time.monotonic()
-                    result.first_audio = result.first_audio or now
-                    result.segments.append((now, fragment_seconds(event["data"])))
-                elif name == "done":
-                    result.done = time.monotonic()
-                    return
-                elif name in ("failed", "canceled", "expired"):
-                    result.error = f"job {name}"
-                    return
-            result.error = "events ended early"
-        except (OSError, http.client.HTTPException) as e:
-            result.error = type(e).__name__
-        finally:
-            conn.close()
+    events_path = "/v1/jobs/{job_id}/events?fragments=1"
+
+    def _heard(self, name: str, data: dict[str, Any], result: JobResult) -> None:
+        if name == "fragment":
+            now = time.monotonic()
+            result.first_audio = result.first_audio or now
+            result.segments.append((now, fragment_seconds(data)))
 
 
 def fragment_seconds(data: dict[str, Any]) -> float:

@@ -157,29 +157,36 @@ class ServedClient:
             result.error = f"POST {status}"
             return None
 
+    #: The job's event stream, as this client listens to it.
+    events_path = "/v1/jobs/{job_id}/events"
+
     def _follow(self, job_id: str, result: JobResult) -> None:
         conn = self.http.connect()
         try:
-            conn.request("GET", f"/v1/jobs/{job_id}/events", headers={"Accept": "text/event-stream"})
+            conn.request("GET", self.events_path.format(job_id=job_id), headers={"Accept": "text/event-stream"})
             response = conn.getresponse()
             if response.status != 200:
                 result.error = f"events {response.status}"
                 return
             for event in parse_sse(iter(response.readline, b"")):
                 name = event["event"]
-                if name == "segment":
-                    self._fetch(event["data"], result)
-                    if result.error:
-                        return
-                elif name == "done":
+                if name == "done":
                     result.done = time.monotonic()
                     return
-                elif name in ("failed", "canceled", "expired"):
+                if name in ("failed", "canceled", "expired"):
                     result.error = f"job {name}"
+                    return
+                self._heard(name, event["data"], result)
+                if result.error:
                     return
             result.error = "events ended early"
         finally:
             conn.close()
+
+    def _heard(self, name: str, data: dict[str, object], result: JobResult) -> None:
+        """Act on one event of the job's stream before its end: fetch each segment announced."""
+        if name == "segment":
+            self._fetch(data, result)
 
     def _fetch(self, segment: dict[str, object], result: JobResult) -> None:
         status, headers, _, first = self.http.exchange("GET", str(segment["url"]))
