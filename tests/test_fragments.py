@@ -165,3 +165,17 @@ def test_a_listener_short_of_audio_gets_each_fragment_the_step_it_is_complete() 
         for fragment in cutter.grown(hidden.narrow(0, 0, length)):
             assert len(fragment) in (SIZES.first * SAMPLES_PER_TOKEN, SIZES.steady * SAMPLES_PER_TOKEN)
     assert cutter.count == 1 + (120 - SIZES.first - SIZES.least) // SIZES.steady
+
+
+def test_a_segment_whose_listener_is_playing_starts_with_a_steady_fragment() -> None:
+    made = fragments_of_opening(tokens(97), opening=False)
+    assert len(made[0]) == SIZES.steady * SAMPLES_PER_TOKEN
+    assert len(fragments_of_opening(tokens(97), opening=True)[0]) == SIZES.first * SAMPLES_PER_TOKEN
+
+
+def fragments_of_opening(hidden: torch.Tensor, *, opening: bool) -> list[np.ndarray]:
+    cutter = TokenFragments(SIZES, Window(context=FIELD, lookahead=FIELD), convolution_decode, opening=opening)
+    made = []
+    for length in range(1, len(hidden)):
+        made += cutter.grown(hidden.narrow(0, 0, length))
+    return made + cutter.ended(hidden)

@@ -339,9 +339,12 @@ class Batcher:
 
     def _requests(self, group: list[Pending]) -> list[SynthesisRequest]:
         """Return the group's requests, each with how long before its listener needs it (its fragments may come
-        together meanwhile, decoded at less cost)."""
+        together meanwhile, decoded at less cost) and whether its listener already plays the job."""
         now = self._clock()
-        return [dataclasses.replace(p.request, slack_s=max(0.0, self.planner.due(p) - now)) for p in group]
+        return [
+            dataclasses.replace(p.request, slack_s=max(0.0, self.planner.due(p) - now), playing=self.planner.early(p))
+            for p in group
+        ]
 
     def choose(self, items: list[Pending]) -> list[Pending]:
         """Return the next batch: the earliest deadline and the similar-length segments due soonest after it."""

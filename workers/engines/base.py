@@ -48,6 +48,8 @@ class SynthesisRequest:
     #: How long before its listener needs its first audio, in seconds: meanwhile an engine that cuts fragments may
     #: decode several in one call, which costs less. It changes when fragments come, never the audio.
     slack_s: float = 0.0
+    #: Its listener is already playing the job's earlier audio: its first fragment need not be the short one.
+    playing: bool = False
 
 
 def expect_one_per_input(outputs: Sized, inputs: Sized, *, what: str, unit: str = "waveforms") -> None:

@@ -215,7 +215,7 @@ class ChatTTSEngine(Engine):
         budgets = [self.token_budget(r.text) for r in batch]
         sizes = self.fragment_schedule.in_tokens(1000 * SAMPLES_PER_TOKEN / self.sample_rate)
         decode_one = functools.partial(self._decode, chat)
-        cutters = [self._cutter(sizes, decode_one, r.slack_s) for r in batch]
+        cutters = [self._cutter(sizes, decode_one, r) for r in batch]
         pieces: list[list[Waveform]] = [[] for _ in batch]
 
         def tell(index: int, made: list[Waveform], *, ended: bool) -> None:
@@ -241,7 +241,7 @@ class ChatTTSEngine(Engine):
                 return None
             waves.extend([None] * len(joined))
             budgets.extend(self.token_budget(r.text) for r in joined)
-            cutters.extend(self._cutter(sizes, decode_one, r.slack_s) for r in joined)
+            cutters.extend(self._cutter(sizes, decode_one, r) for r in joined)
             pieces.extend([] for _ in joined)
             return self._code_prompts(chat, joined, self._refined_texts(chat, joined), budgets[-len(joined) :])
 
@@ -265,11 +265,12 @@ class ChatTTSEngine(Engine):
         return every_one_made(waves, what="ChatTTS")
 
     def _cutter(
-        self, sizes: FragmentSizes, decode_one: Callable[[torch.Tensor], Waveform], slack_s: float
+        self, sizes: FragmentSizes, decode_one: Callable[[torch.Tensor], Waveform], request: SynthesisRequest
     ) -> TokenFragments:
         return TokenFragments(
-            sizes, self._window, decode_one, lead_s=self._lead_s, slack_s=slack_s, sample_rate=self.sample_rate
-        )
+            sizes, self._window, decode_one, lead_s=self._lead_s, slack_s=request.slack_s,
+            opening=not request.playing, sample_rate=self.sample_rate,
+        )  # fmt: skip
 
     def _speaker(self, voice: str | None) -> str | None:
         if voice is None:

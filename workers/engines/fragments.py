@@ -72,6 +72,7 @@ class TokenFragments:
         *,
         lead_s: float = 0.0,
         slack_s: float = 0.0,
+        opening: bool = True,
         sample_rate: int = 24000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -82,7 +83,7 @@ class TokenFragments:
         # all (``slack_s`` from now), does not need the next fragment yet: fragments then wait, to be decoded
         # together, in one call that costs far less than one each. 0: each is decoded the step it is complete.
         self.lead_s = lead_s
-        if slack_s > 0 and sizes.streams:  # its listener is not waiting for it: no short first fragment
+        if (slack_s > 0 or not opening) and sizes.streams:  # no listener waits for its first words: no short first
             sizes = FragmentSizes(sizes.steady, sizes.steady, sizes.least)
             self.sizes = sizes
         self.sample_rate = sample_rate
