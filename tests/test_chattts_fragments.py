@@ -24,7 +24,7 @@ def engine(tiny_model_dir: Path) -> Iterator[ChatTTSEngine]:
     torch.set_num_threads(1)
     loaded = ChatTTSEngine(weights_dir=tiny_model_dir, device="cpu", voices=VOICES, max_tokens=240,
                            fixed_token_budget=True, fragment_context=16, fragment_lookahead=16,
-                           fragment_lead_s=0.0)  # fmt: skip
+                           fragment_first_lookahead=16, fragment_lead_s=0.0)  # fmt: skip
     loaded.load()
     loaded.set_fragments(FragmentSchedule.parse("250,400"))
     yield loaded

@@ -179,3 +179,12 @@ def fragments_of_opening(hidden: torch.Tensor, *, opening: bool) -> list[np.ndar
     for length in range(1, len(hidden)):
         made += cutter.grown(hidden.narrow(0, 0, length))
     return made + cutter.ended(hidden)
+
+
+def test_the_first_fragment_may_look_ahead_less_than_the_rest() -> None:
+    cutter = TokenFragments(SIZES, Window(context=FIELD, lookahead=8, first_lookahead=2), convolution_decode)
+    hidden = tokens(80)
+    assert cutter.grown(hidden.narrow(0, 0, SIZES.first + 1)) == []
+    assert len(cutter.grown(hidden.narrow(0, 0, SIZES.first + 2))) == 1
+    made = fragments_of(hidden, SIZES, Window(context=FIELD, lookahead=FIELD, first_lookahead=FIELD))
+    np.testing.assert_array_equal(np.concatenate(made), convolution_decode(hidden))

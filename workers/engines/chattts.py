@@ -80,6 +80,7 @@ class ChatTTSEngine(Engine):
         fragment_context: int = 8,
         fragment_lookahead: int = 8,
         fragment_crossfade: int = 0,
+        fragment_first_lookahead: int = 4,
         fragment_lead_s: float = 1.0,
     ) -> None:
         if precision not in PRECISIONS:
@@ -96,7 +97,8 @@ class ChatTTSEngine(Engine):
         self._fixed_budget = fixed_token_budget
         self._half_on_cpu = half_on_cpu  # None: only where the CPU multiplies that type natively
         # What each fragment is decoded with (workers/engines/fragments.py); ``make bench-fragments`` measures it.
-        self._window = Window(context=fragment_context, lookahead=fragment_lookahead, crossfade=fragment_crossfade)
+        self._window = Window(context=fragment_context, lookahead=fragment_lookahead, crossfade=fragment_crossfade,
+                              first_lookahead=fragment_first_lookahead)  # fmt: skip
         self._lead_s = fragment_lead_s
         self._chat: Any = None
         self._speakers: dict[str, str] = {}
