@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
 import numpy as np
 import redis
 from flask.testing import FlaskClient
@@ -12,23 +9,13 @@ from flask.testing import FlaskClient
 from cache import keys
 from cache.jobstore import JobRequest, JobStore
 from core.audio import to_pcm16
+from tests.support.jobs import wait_done
 from workers.engines.base import Piece
 from workers.fragment_writer import FragmentWriter
 
 REQUEST = JobRequest(model="chattts-tiny", voice="default", speed=1.0, mode="balanced", format="wav",
                      priority="realtime", seed=None)  # fmt: skip
 RATE = 24000
-
-
-def _done(client: FlaskClient, job_id: str) -> dict[str, Any]:
-    until = time.monotonic() + 120
-    while True:
-        job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}").get_json()
-        if job["status"] in ("done", "failed", "canceled"):
-            assert job["status"] == "done", job
-            return job
-        assert time.monotonic() < until, job
-        time.sleep(0.05)
 
 
 def test_a_chattts_segment_is_written_in_fragments_that_join_into_it(
@@ -38,7 +25,8 @@ def test_a_chattts_segment_is_written_in_fragments_that_join_into_it(
     response = served.post("/v1/jobs", json={"text": text, "model": "chattts-tiny"})
     assert response.status_code == 202, response.get_data(as_text=True)
     job_id = response.get_json()["id"]
-    job = _done(served, job_id)
+    job = wait_done(served, job_id, timeout=120)
+    assert job["status"] == "done", job
     store = JobStore(redis_client, ttl=600)
     events = [
         {k.decode(): v.decode() for k, v in fields.items()} for _, fields in redis_client.xrange(keys.events(job_id))

@@ -188,3 +188,11 @@ def test_the_first_fragment_may_look_ahead_less_than_the_rest() -> None:
     assert len(cutter.grown(hidden.narrow(0, 0, SIZES.first + 2))) == 1
     made = fragments_of(hidden, SIZES, Window(context=FIELD, lookahead=FIELD, first_lookahead=FIELD))
     np.testing.assert_array_equal(np.concatenate(made), convolution_decode(hidden))
+
+
+def test_only_a_job_opening_fragment_looks_ahead_less() -> None:
+    window = Window(context=FIELD, lookahead=8, first_lookahead=2)
+    hidden = tokens(80)
+    playing = TokenFragments(SIZES, window, convolution_decode, opening=False)
+    assert playing.grown(hidden.narrow(0, 0, SIZES.steady + 7)) == []
+    assert len(playing.grown(hidden.narrow(0, 0, SIZES.steady + 8))) == 1

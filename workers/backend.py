@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
 from core.registry import ModelSpec
 from workers.batcher import Batcher
-from workers.engines.base import Piece, SynthesisRequest, Waveform
+from workers.engines.base import SegmentFragment, SynthesisRequest, Waveform
 from workers.planner import Due, Early
 from workers.pool.pool import ModelPool
 
@@ -22,7 +21,7 @@ class SynthesisBackend(Protocol):
         *,
         deadline: Due | None = None,
         early: Early = False,
-        fragment: Callable[[Piece, int], None] | None = None,
+        fragment: SegmentFragment | None = None,
     ) -> tuple[Waveform, int]:
         """Return the waveform and its sample rate; ``deadline``, ``early``: when it is needed (see Batcher);
         ``fragment`` is told its fragments and their rate as they are made (joined, they are the waveform)."""
@@ -52,7 +51,7 @@ class PooledBackend:
         *,
         deadline: Due | None = None,
         early: Early = False,
-        fragment: Callable[[Piece, int], None] | None = None,
+        fragment: SegmentFragment | None = None,
     ) -> tuple[Waveform, int]:
         """Wait for this segment's share of a batched engine call; give up after one hung call ahead plus its own."""
         future = self.batcher.submit(spec, request, deadline=deadline, early=early, fragment=fragment)

@@ -16,7 +16,15 @@ from typing import Protocol
 from core.errors import SynthesisError
 from core.policy import BatchTiming
 from core.registry import ModelSpec
-from workers.engines.base import Piece, RateFragment, RateReady, SynthesisRequest, Waveform, expect_one_per_input
+from workers.engines.base import (
+    Piece,
+    RateFragment,
+    RateReady,
+    SegmentFragment,
+    SynthesisRequest,
+    Waveform,
+    expect_one_per_input,
+)
 from workers.planner import BatchPlanner, Due, Early, Pending
 
 log = logging.getLogger(__name__)
@@ -202,7 +210,7 @@ class Batcher:
         *,
         deadline: Due | None = None,
         early: Early = False,
-        fragment: Callable[[Piece, int], None] | None = None,
+        fragment: SegmentFragment | None = None,
     ) -> Future[tuple[Waveform, int]]:
         """Queue one segment due at ``deadline`` (epoch seconds; none: now); resolve to its waveform and rate.
 
@@ -210,8 +218,7 @@ class Batcher:
         written before its deadline, not start at it: it is ordered ``lead`` engine calls earlier. ``fragment`` is
         told its fragments (and their rate) as they are made, before the future resolves.
         """
-        due = self._clock() if deadline is None else deadline
-        pending = Pending(spec, request, due, early, fragment=fragment)
+        pending = Pending(spec, request, self._clock() if deadline is None else deadline, early, fragment=fragment)
         self._queue_for(spec.name).put(pending)
         return pending.future
 

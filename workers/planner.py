@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from core.policy import BatchTiming
 from core.registry import ModelSpec
-from workers.engines.base import Piece, SynthesisRequest, Waveform
+from workers.engines.base import SegmentFragment, SynthesisRequest, Waveform
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class Pending:
     early: Early = False
     future: Future[tuple[Waveform, int]] = field(default_factory=Future)
     #: Told its fragments (and their rate) as they are made, before its future resolves; None: nobody listens.
-    fragment: Callable[[Piece, int], None] | None = None
+    fragment: SegmentFragment | None = None
     submitted: float = field(default_factory=time.monotonic)
     #: When its waveform was handed over (time.perf_counter), 0 until then.
     made: float = 0.0

@@ -34,6 +34,8 @@ class Piece:
 Fragment = Callable[[int, Piece], None]
 #: The same, past the model host, with the sample rate: (index, fragment, rate).
 RateFragment = Callable[[int, Piece, int], None]
+#: Told one segment's fragments and their rate, in order, as they are made.
+SegmentFragment = Callable[[Piece, int], None]
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ longer than the steady size (a longer remainder is cut in two).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,10 +69,6 @@ class Window:
         """Return the first fragment's lookahead."""
         return self.lookahead if self.first_lookahead is None else self.first_lookahead
 
-    def lookahead_of(self, number: int) -> int:
-        """Return the lookahead of fragment ``number`` of an item."""
-        return self.opening_lookahead if number == 0 else self.lookahead
-
 
 class TokenFragments:
     """One item's fragments: told its hidden states as they grow, it hands out each fragment's samples once.
@@ -98,9 +95,11 @@ class TokenFragments:
         # all (``slack_s`` from now), does not need the next fragment yet: fragments then wait, to be decoded
         # together, in one call that costs far less than one each. 0: each is decoded the step it is complete.
         self.lead_s = lead_s
-        if (slack_s > 0 or not opening) and sizes.streams:  # no listener waits for its first words: no short first
-            sizes = FragmentSizes(sizes.steady, sizes.steady, sizes.least)
-            self.sizes = sizes
+        # Only a listener waiting for a job's first words gets the short first fragment, and its short lookahead.
+        waited_for = opening and slack_s <= 0
+        if not waited_for:
+            self.sizes = dataclasses.replace(sizes, first=sizes.steady)
+        self._first_lookahead = window.opening_lookahead if waited_for else window.lookahead
         self.sample_rate = sample_rate
         self.clock = clock
         self.emitted = 0  # tokens whose samples are out
@@ -112,10 +111,13 @@ class TokenFragments:
     def _size(self, count: int) -> int:
         return self.sizes.first if count == 0 else self.sizes.steady
 
+    def _lookahead(self, count: int) -> int:
+        return self._first_lookahead if count == 0 else self.window.lookahead
+
     def _hold(self, count: int) -> int:
         """Return the tokens a fragment waits for beyond its own: its lookahead, and after the first, room for a
         last fragment of at least ``least``."""
-        return self.window.opening_lookahead if count == 0 else max(self.window.lookahead, self.sizes.least)
+        return self._lookahead(0) if count == 0 else max(self.window.lookahead, self.sizes.least)
 
     def _complete(self, tokens: int) -> list[int]:
         """Return the sizes of the fragments ``tokens`` hidden states complete, beyond those out."""
@@ -165,7 +167,7 @@ class TokenFragments:
         first = self.emitted
         last = first + sum(pieces)
         low = max(0, first - self.window.context)
-        high = len(hidden) if final else last + self.window.lookahead_of(self.count + len(pieces) - 1)
+        high = len(hidden) if final else last + self._lookahead(self.count + len(pieces) - 1)
         samples = self.decode(hidden.narrow(0, low, high - low))
         bounds = [(first - low) * SAMPLES_PER_TOKEN]
         for size in pieces:

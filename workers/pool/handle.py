@@ -15,7 +15,7 @@ from typing import Any
 from core.errors import EngineLoadError, HostCrashed, HostHung, SynthesisError
 from core.fragments import NO_FRAGMENTS, FragmentSchedule
 from core.registry import ModelSpec, engine_entry
-from workers.engines.base import Fragment, Piece, Ready, SynthesisRequest, Waveform, every_one_made
+from workers.engines.base import Fragment, Ready, SynthesisRequest, Waveform, every_one_made
 from workers.pool.host import host_main
 
 __all__ = ["HostCrashed", "HostHung", "ModelHost"]  # the errors' old home: pool.py and tests import them here
@@ -44,10 +44,6 @@ class _Route:
     fragment: Fragment | None
 
 
-def _no_fragment(index: int, piece: Piece) -> None:
-    """Take a fragment nobody asked for."""
-
-
 class _Call:
     """The call in flight on a host: where each part goes, and the joins not yet answered."""
 
@@ -65,7 +61,8 @@ class _Call:
         kind: str = reply[0]
         if kind == "fragment":
             route = self._route(reply[1])
-            (route.fragment or _no_fragment)(reply[1] - route.first, reply[2])
+            if route.fragment is not None:
+                route.fragment(reply[1] - route.first, reply[2])
             return False
         if kind == "part":
             index, wave = reply[1], reply[2]

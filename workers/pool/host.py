@@ -105,7 +105,7 @@ def host_main(
             threads.set(message[1])
             continue
         requests = [SynthesisRequest(**fields) for fields in message[1]]
-        threads.set(message[2] if len(message) > 2 else torch_threads)
+        threads.set(message[2])
         try:
             # Each waveform goes back the moment it is made; "ok" ends the call.
             engine.synthesize_each(
