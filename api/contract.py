@@ -57,7 +57,10 @@ class JobBody(BaseModel):
     voice: Name | None = Field(None, description="A voice of that model; its default when absent.")
     speed: Speed = 1.0
     mode: Mode = Field(
-        "balanced", description="quality: the model's slow path (a text-refinement pass); fast and balanced are alike."
+        "balanced",
+        description="What the model's variant trades: fast (int8, shortest fragments, CPU only), balanced (the model "
+        "as declared) or quality (fp32, the closest fragment joins, a text-refinement pass); /v1/models says what "
+        "each mode of each model runs.",
     )
     format: AudioFormat = Field("wav", description="The audio format of segments and the whole file.")
     priority: Priority | None = Field(None, description="The lane; long texts go to batch when absent.")
@@ -199,6 +202,15 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+class ModeView(BaseModel):
+    """What one mode of a model runs."""
+
+    model: str = Field(description="The variant serving it (model@mode; the model itself for balanced).")
+    precision: str = Field(description="fp32, fp16, bf16 or int8 (fp16/bf16 run in fp32 on CPUs without them).")
+    devices: list[str] = Field(description="The kinds of device it runs on: cpu, cuda.")
+    fragment_ms: str | None = Field(None, description="Its own fragment schedule; null: the service's.")
+
+
 class ModelView(BaseModel):
     """One registry entry."""
 
@@ -209,6 +221,7 @@ class ModelView(BaseModel):
     available: bool
     random_weights: bool = Field(False, description="A random-weight benchmark model: real compute, noise for audio.")
     voices: list[str]
+    modes: dict[str, ModeView] = Field(default_factory=dict, description="fast, balanced and quality: what each runs.")
 
 
 class ModelsView(BaseModel):

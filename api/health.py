@@ -9,6 +9,7 @@ from flask import Blueprint
 
 from api.services import services
 from core.errors import ServiceUnavailable
+from core.registry import DEVICE_KINDS, MODES, ModelSpec
 
 bp = Blueprint("health", __name__)
 
@@ -42,6 +43,16 @@ def readyz() -> dict[str, Any]:
     }
 
 
+def mode_view(variant: ModelSpec) -> dict[str, Any]:
+    """Say what a mode of a model runs: which variant, in what precision, on which devices, cut how."""
+    return {
+        "model": variant.name,
+        "precision": variant.precision,
+        "devices": list(variant.devices or DEVICE_KINDS),
+        "fragment_ms": variant.fragment_ms,  # None: the service's TTS_FRAGMENT_MS
+    }
+
+
 @bp.get("/v1/models")
 def list_models() -> dict[str, Any]:
     """List the registry's models, their voices and whether their weights are present."""
@@ -58,6 +69,7 @@ def list_models() -> dict[str, Any]:
                 "random_weights": spec.random_weights,
                 "voices": sorted(spec.voices),
                 "default_voice": spec.default_voice,
+                "modes": {mode: mode_view(spec.in_mode(mode)) for mode in MODES},
             }
             for spec in registry.models.values()
         ],

@@ -247,7 +247,7 @@ def get_audio(job_id: str) -> Response:
     headers = {"Content-Disposition": f'attachment; filename="{job_id}.{suffix}"', "X-Sample-Rate": str(rate)}
     data = cache_key = None
     if job_request.cache:
-        spec = svc.registry.get(job_request.model)
+        spec = svc.registry.get(job_request.model, job_request.mode)
         cache_key = file_key(segment_keys(spec, job_request, svc.store.texts(job_id)), fmt)
         data = svc.cache.get_file(cache_key)
     if data is not None:

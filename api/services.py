@@ -111,6 +111,11 @@ def _holds(client: redis.Redis, settings: Settings) -> StreamHolds:
     )
 
 
+def worker_device_kinds(workers: WorkerRegistry) -> frozenset[str]:
+    """Return the kinds of device the live workers' model hosts run on (from their heartbeats; empty: none known)."""
+    return frozenset(kind for w in workers.alive() for kind in w.get("device_kinds", ()))
+
+
 def build_services(settings: Settings) -> Services:
     """Connect to Redis and Celery and load the model registry."""
     pool = _request_pool(settings)
@@ -145,6 +150,7 @@ def build_services(settings: Settings) -> Services:
         reserve_audio=admission.reserve_audio,
         release_audio=admission.release_audio,
         text_streams=text_streams,
+        device_kinds=lambda: worker_device_kinds(workers),
     )
     return Services(
         settings=settings,

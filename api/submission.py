@@ -76,7 +76,8 @@ class Submitter:
     first segment starts; ``asker`` (caller, body digest) lets it tell a retry from a newcomer.
     ``reserve_audio(model, characters, lane)`` reserves the audio the job will write in the job store, raising StoreFull
     when there is no room for it, and ``release_audio(bytes)`` gives back a reservation no job was written for
-    (cache/reservations.py).
+    (cache/reservations.py). ``device_kinds()`` are the kinds of device the live workers run on (empty when none
+    is known): a mode whose model runs on none of them is refused.
     """
 
     settings: Settings
@@ -90,6 +91,7 @@ class Submitter:
     reserve_audio: Callable[[str, int, str], Reserved] | None = None
     release_audio: Callable[[int], None] | None = None
     text_streams: TextStreams | None = None
+    device_kinds: Callable[[], frozenset[str]] = frozenset
 
     def submit(
         self, job: JobBody, *, owner: str = "", cache_scope: str = "", caller: str | None = None,
@@ -121,8 +123,9 @@ class Submitter:
         return job_id
 
     def plan(self, job: JobBody, *, cache_scope: str) -> Planned:
-        """Resolve model and voice, and cut the text into segments (TextOverLimit, 413, before anything is written)."""
-        spec = self.registry.get(job.model)
+        """Resolve model, mode and voice, and cut the text into segments (TextOverLimit, 413, before anything is
+        written). ``spec`` is the model in the job's mode: its own host, pace and cache entries."""
+        spec = self.registry.get(job.model, job.mode, device_kinds=self.device_kinds())
         settings = self.settings
         tail = None
         if job.text_stream and self.text_streams is not None:
@@ -139,7 +142,7 @@ class Submitter:
         if not texts and tail is None:
             raise ValidationFailed("text", "has nothing a voice can speak (only symbols or emoji?)")
         request = JobRequest(
-            model=spec.name,
+            model=spec.model,
             voice=spec.resolve_voice(job.voice),
             speed=job.speed,
             mode=job.mode,

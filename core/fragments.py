@@ -67,3 +67,11 @@ class FragmentSchedule:
 
 #: Each segment is one fragment: its whole audio, when it is made.
 NO_FRAGMENTS = FragmentSchedule(0.0, 0.0, 0.0)
+
+
+def model_schedule(default: FragmentSchedule, own: str | None) -> FragmentSchedule:
+    """Return a model's schedule: its own (models.json's ``fragment_ms``) over ``default``, unless ``default`` is
+    off (TTS_FRAGMENT_MS=off turns fragments off for every model)."""
+    if own is None or not default.streams:
+        return default
+    return FragmentSchedule.parse(own)

@@ -12,10 +12,17 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from core.errors import NotFound
+from core.errors import NotFound, ValidationFailed
+from core.fragments import FragmentSchedule
 from core.settings import PROJECT_ROOT, Settings
 
-PRECISIONS = ("fp32", "fp16", "bf16")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+#: What a request may ask of a model: speed, the model as declared, or fidelity (api/contract.py's Mode).
+MODES = ("fast", "balanced", "quality")
+#: The mode that is the model as models.json declares it; a mode a model does not declare is served by it too.
+BALANCED = "balanced"
+#: The kinds of device a model may be limited to (``devices``); a worker tells the API its kind in its heartbeat.
+DEVICE_KINDS = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,40 @@ class ModelSpec:
     version: str = ""
     #: Built with random weights (for benchmarks and tests): its audio is noise, its cost is real.
     random_weights: bool = False
+    #: The device kinds (DEVICE_KINDS) it runs on; empty: any.
+    devices: tuple[str, ...] = ()
+    #: Its own fragment schedule ("first,steady" ms, core/fragments.py); None: TTS_FRAGMENT_MS's.
+    fragment_ms: str | None = None
+    #: The model it is a mode of ("" for a model of models.json itself) and the mode it serves.
+    base: str = ""
+    mode: str = BALANCED
+    #: Each declared mode's variant, by mode (a variant has none of its own).
+    modes: dict[str, ModelSpec] = field(default_factory=dict)
+
+    @property
+    def model(self) -> str:
+        """Return the name a caller knows it by: the model of models.json it is a mode of, or its own."""
+        return self.base or self.name
+
+    def runs_on(self, kind: str) -> bool:
+        """Say whether it runs on a device of ``kind`` ("cpu" or "cuda")."""
+        return not self.devices or kind in self.devices
+
+    def in_mode(self, mode: str | None, *, device_kinds: frozenset[str] = frozenset()) -> ModelSpec:
+        """Return the variant that serves ``mode`` (itself for balanced and for a mode it does not declare).
+
+        ``device_kinds`` are the kinds of device the workers run on, when known: a variant that runs on none of
+        them is refused (ValidationFailed, 422) with the modes that do.
+        """
+        variant = self.modes.get(mode or BALANCED, self)
+        if device_kinds and not any(variant.runs_on(kind) for kind in device_kinds):
+            usable = [m for m in MODES if any(self.modes.get(m, self).runs_on(k) for k in device_kinds)]
+            raise ValidationFailed(
+                "mode",
+                f"{mode!r} of model {self.name!r} runs in {variant.precision} on {'/'.join(variant.devices)} only, "
+                f"and the workers run on {'/'.join(sorted(device_kinds))}; use one of {usable}",
+            )
+        return variant
 
     def availability(self) -> Availability:
         """Say whether the model's weights are whole, as its engine checks them (engines without weights always are)."""
@@ -161,10 +202,18 @@ class Registry:
         self.models = models
         self.default = default
 
-    def get(self, name: str | None) -> ModelSpec:
-        """Return the spec for ``name`` (the default when None), or raise NotFound."""
+    def get(
+        self, name: str | None, mode: str | None = None, *, device_kinds: frozenset[str] = frozenset()
+    ) -> ModelSpec:
+        """Return the spec for ``name`` (the default when None) in ``mode``, or raise NotFound.
+
+        A variant's own name (``model@mode``) finds it too. ``device_kinds``: see ``ModelSpec.in_mode``.
+        """
         key = name or self.default
-        spec = self.models.get(key)
+        base, _, named_mode = key.partition("@")
+        spec = self.models.get(base)
+        if spec is not None and named_mode:
+            spec = spec.modes.get(named_mode)
         if spec is None:
             raise NotFound(f"unknown model {key!r}; known models: {sorted(self.models)}", field="model")
         availability = spec.availability()
@@ -175,7 +224,7 @@ class Registry:
                 else "see README 'Real ChatTTS weights'"
             )
             raise NotFound(f"model {key!r} is not available: {availability.reason} ({remedy})", field="model")
-        return spec
+        return spec if named_mode else spec.in_mode(mode, device_kinds=device_kinds)
 
 
 def _parse_spec(name: str, raw: dict[str, Any], variables: dict[str, str]) -> ModelSpec:
@@ -188,6 +237,9 @@ def _parse_spec(name: str, raw: dict[str, Any], variables: dict[str, str]) -> Mo
     precision = raw.get("precision", "fp32")
     if precision not in PRECISIONS:
         raise ValueError(f"model {name!r}: precision must be one of {PRECISIONS}")
+    devices = tuple(raw.get("devices", ()))
+    if not set(devices) <= set(DEVICE_KINDS):
+        raise ValueError(f"model {name!r}: devices must be among {DEVICE_KINDS}, not {list(devices)}")
     weights = raw.get("weights")
     weights_path = None
     if weights is not None:
@@ -206,10 +258,56 @@ def _parse_spec(name: str, raw: dict[str, Any], variables: dict[str, str]) -> Mo
         voices=dict(raw.get("voices", {"default": None})),
         options=dict(raw.get("options", {})),
         random_weights=bool(raw.get("random_weights", False)),
+        devices=devices,
+        fragment_ms=_fragment_ms(f"model {name!r}", raw.get("fragment_ms")),
     )
     if spec.default_voice not in spec.voices:
         raise ValueError(f"model {name!r}: default_voice {spec.default_voice!r} is not among its voices")
-    return replace(spec, version=model_version(spec, raw.get("version")))
+    spec = replace(spec, version=model_version(spec, raw.get("version")))
+    return replace(spec, modes={mode: _variant(spec, mode, fields) for mode, fields in raw.get("modes", {}).items()})
+
+
+#: What a mode of models.json may change of its model.
+_MODE_FIELDS = {"precision", "options", "devices", "fragment_ms", "memory_mb", "version"}
+
+
+def _variant(spec: ModelSpec, mode: str, fields: dict[str, Any]) -> ModelSpec:
+    """Return ``spec`` in ``mode``: a model of its own (its own host, pace and cache entries) named ``model@mode``."""
+    where = f"model {spec.name!r}, mode {mode!r}"
+    if mode not in MODES or mode == BALANCED:
+        raise ValueError(f"{where}: a mode is one of {[m for m in MODES if m != BALANCED]} (balanced is the model)")
+    unknown = set(fields) - _MODE_FIELDS
+    if unknown:
+        raise ValueError(f"{where}: a mode may set only {sorted(_MODE_FIELDS)}, not {sorted(unknown)}")
+    precision = fields.get("precision", spec.precision)
+    if precision not in PRECISIONS:
+        raise ValueError(f"{where}: precision must be one of {PRECISIONS}")
+    devices = tuple(fields.get("devices", spec.devices))
+    if not set(devices) <= set(DEVICE_KINDS):
+        raise ValueError(f"{where}: devices must be among {DEVICE_KINDS}, not {list(devices)}")
+    variant = replace(
+        spec,
+        name=f"{spec.name}@{mode}",
+        base=spec.name,
+        mode=mode,
+        precision=precision,
+        options={**spec.options, **fields.get("options", {})},
+        devices=devices,
+        fragment_ms=_fragment_ms(where, fields.get("fragment_ms", spec.fragment_ms)),
+        memory_mb=int(fields.get("memory_mb", spec.memory_mb)),
+        pinned=False,  # loaded when a request asks for it, evicted like any other
+        modes={},
+    )
+    return replace(variant, version=model_version(variant, fields.get("version")))
+
+
+def _fragment_ms(where: str, text: str | None) -> str | None:
+    if text is not None:
+        try:
+            FragmentSchedule.parse(str(text))
+        except ValueError as e:
+            raise ValueError(f"{where}: fragment_ms: {e}") from e
+    return None if text is None else str(text)
 
 
 #: Files up to this size are hashed; larger ones (weights) are named by path and size, to start fast.

@@ -72,7 +72,7 @@ def test_a_failing_observer_is_logged_and_the_ones_after_it_still_run(caplog: py
 def test_a_made_segment_keeps_its_lateness_against_the_deadline_in_its_metadata() -> None:
     meta = _made().meta()
     assert meta == {"duration_s": 0.01, "synth_s": 0.002, "worker": "w1", "finished_at": 101.0, "first_at": 101.0,
-                    "lateness_s": 0.5}  # fmt: skip
+                    "lateness_s": 0.5, "model": "espeak-en"}  # fmt: skip
 
 
 def test_a_segment_in_fragments_is_late_by_its_first_fragment_and_keeps_their_lengths() -> None:

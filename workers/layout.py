@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,9 @@ class Layout:
     #: The cores the hosts share out by what is running: while fewer hosts are busy, each busy one takes more of
     #: them (0: each keeps ``torch_threads``).
     shared_cores: int = 0
+    #: The kinds of device ("cpu", "cuda") its hosts run on; the heartbeat tells the API, which refuses a mode whose
+    #: model runs on none of them (core/registry.py).
+    device_kinds: tuple[str, ...] = ("cpu",)
 
     def describe(self) -> str:
         """Return the layout in one log line."""
@@ -60,6 +63,13 @@ def gpu_devices(device: str, visible: list[str]) -> int:
     if all(d == AUTO for d in listed):
         return 1 if visible else 0
     return sum(1 for d in listed if d.startswith("cuda") or (d == AUTO and visible))
+
+
+def device_kinds(device: str, visible: list[str]) -> tuple[str, ...]:
+    """Return the kinds of device ("cpu", "cuda") the device setting gives a worker's hosts (``auto``: a GPU when
+    ``visible`` shows one)."""
+    listed = [d.strip() for d in device.split(",") if d.strip()] or [AUTO]
+    return tuple(sorted({("cuda" if visible else "cpu") if d == AUTO else d.partition(":")[0] for d in listed}))
 
 
 def resolve_layout(replicas: int | str, torch_threads: int | str, *, gpus: int, cores: int) -> Layout:
@@ -95,5 +105,6 @@ def resolve_layout(replicas: int | str, torch_threads: int | str, *, gpus: int, 
 def machine_layout(replicas: int | str, torch_threads: int | str, device: str, visible: list[str]) -> Layout:
     """Return the layout for this machine (``visible``: the GPUs it shows), and log what ``auto`` chose."""
     layout = resolve_layout(replicas, torch_threads, gpus=gpu_devices(device, visible), cores=usable_cores())
+    layout = replace(layout, device_kinds=device_kinds(device, visible))
     log.info("layout: %s; TTS_MODEL_REPLICAS and TTS_TORCH_THREADS override it", layout.describe())
     return layout

@@ -83,6 +83,7 @@ class MadeSegment:
             "finished_at": round(self.finished_at, 4),
             "first_at": round(self.first_heard_at, 4),
             "lateness_s": round(self.lateness_s, 4),
+            "model": self.spec.name,  # the variant that made it (model@mode for a mode of its own)
         }
         if len(self.fragments) > 1:
             found["fragments"] = list(self.fragments)

@@ -65,6 +65,7 @@ class WorkerRuntime:
             {
                 "pid": os.getpid(),
                 "device": self.device,
+                "device_kinds": list(self.layout.device_kinds),  # the API refuses a mode no worker here can run
                 "hosts": self.layout.replicas,  # the API's pace estimate counts every worker's model hosts
                 "torch_threads": self.layout.torch_threads,
                 "models": self.backend.loaded_models(),

@@ -203,7 +203,7 @@ class SegmentSynthesizer:
     def _synthesize(self, job_id: str, index: int, record: JobRecord, text: str, plan: Timeline) -> MadeSegment:
         """Run the segment through the engine by its deadline, which moves with its listener meanwhile."""
         request = record.request
-        spec = self.registry.get(request.model)
+        spec = self.registry.get(request.model, request.mode)  # the mode's variant, in its own host
 
         def due() -> float:  # moves with the job's listener as its earlier segments arrive
             return plan.deadline(index)

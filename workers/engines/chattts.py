@@ -29,6 +29,7 @@ from workers.engines.base import (
 from workers.engines.chattts_assets import descriptor_config, find_weights, read_descriptor, where_weights_go
 from workers.engines.chattts_files import check_weights
 from workers.engines.chattts_generate import generate, prepare
+from workers.engines.chattts_int8 import int8_supported, quantize_linear_layers, quantized_bytes
 from workers.engines.chattts_jit import cache_text_jit
 from workers.engines.errors import EngineLoadError, SynthesisError
 from workers.engines.fragments import SAMPLES_PER_TOKEN, FragmentSizes, TokenFragments, Window
@@ -38,6 +39,8 @@ __all__ = ["ChatTTSEngine", "find_weights", "speed_prompt", "where_weights_go"]
 log = logging.getLogger(__name__)
 
 PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+#: The Llama's Linear layers in int8, the rest in fp32 (workers/engines/chattts_int8.py).
+INT8 = "int8"
 #: The CPU flags (Linux /proc/cpuinfo) of native half-precision matrix multiplies, per dtype.
 NATIVE_HALF_FLAGS = {torch.float16: ("avx512_fp16", "amx_fp16"), torch.bfloat16: ("avx512_bf16", "amx_bf16")}
 
@@ -83,8 +86,8 @@ class ChatTTSEngine(Engine):
         fragment_first_lookahead: int = 4,
         fragment_lead_s: float = 1.0,
     ) -> None:
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, not {precision!r}")
+        if precision not in PRECISIONS and precision != INT8:
+            raise ValueError(f"precision must be one of {[*sorted(PRECISIONS), INT8]}, not {precision!r}")
         for name, voice in (voices or {}).items():
             if not isinstance(voice, dict) or len(voice) != 1 or not voice.keys() <= {"speaker_seed", "spk_emb"}:
                 raise ValueError(f"voice {name!r} must be {{'speaker_seed': int}} or {{'spk_emb': str}}")
@@ -117,6 +120,8 @@ class ChatTTSEngine(Engine):
         """Load ChatTTS from the weights directory onto the device and cast its Llama to the precision."""
         import ChatTTS
 
+        if self._precision == INT8 and (why := int8_supported(self._device)) is not None:
+            raise EngineLoadError(why)
         cache_text_jit()
         # ChatTTS's loader hashes real weights itself; this finds missing, empty and truncated files first.
         availability = check_weights(self._weights_dir, hashes=False)
@@ -139,11 +144,14 @@ class ChatTTSEngine(Engine):
                 f"{where_weights_go(self._weights_dir)}"
             )
         chat.gpt.gpt.to(dtype=self._llama_dtype())
+        if self._precision == INT8:
+            swapped = quantize_linear_layers(chat.gpt.gpt)
+            log.info("ChatTTS's Llama runs its %d Linear layers in int8 (dynamic activations)", swapped)
         self._speakers = self._speaker_embeddings(chat)
         self._chat = chat
 
     def _llama_dtype(self) -> torch.dtype:
-        dtype = PRECISIONS[self._precision]
+        dtype = PRECISIONS.get(self._precision, torch.float32)  # int8's layers quantize from fp32
         if dtype is torch.float32 or not self._device.startswith("cpu"):
             return dtype
         native = cpu_multiplies_natively(dtype) if self._half_on_cpu is None else self._half_on_cpu
@@ -398,11 +406,12 @@ class ChatTTSEngine(Engine):
 
     def memory_estimate_mb(self) -> int:
         """Return the size of the model's weights in MiB, counted from the loaded tensors or the files."""
-        llama_bytes = PRECISIONS[self._precision].itemsize
+        llama_bytes = PRECISIONS.get(self._precision, torch.int8).itemsize
         total: float
         if self._chat is not None:
             modules = [self._chat.gpt.gpt, self._chat.embed, self._chat.decoder, self._chat.dvae, self._chat.vocos]
             total = sum(t.numel() * t.element_size() for m in modules for t in (*m.parameters(), *m.buffers()))
+            total += quantized_bytes(self._chat.gpt.gpt)  # int8 weights are packed, neither parameters nor buffers
         else:
             try:
                 _, root = find_weights(self._weights_dir)

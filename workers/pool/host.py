@@ -14,7 +14,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from core.fragments import NO_FRAGMENTS, FragmentSchedule
+from core.fragments import NO_FRAGMENTS, FragmentSchedule, model_schedule
 from core.logs import setup_logging
 from core.registry import ModelSpec
 from workers.engines.base import Arrivals, SynthesisRequest
@@ -66,10 +66,10 @@ def host_main(
     """Load the engine ``builder`` ("module:function") makes, say ready, then serve batches until told to stop.
 
     A batch is answered with ``("fragment", index, piece)`` messages as each item's fragments are made (cut on
-    ``fragments``) and a ``("part", index, waveform)`` message per item as each ends, then ``("ok", memory)``
-    (or ``("error", reason)``, after the parts of the items already made). While it runs, ``("join", id, requests)``
-    adds segments to it (answered ``("joined", id)``; their parts follow the batch's); one that comes too late, when
-    the call has ended, is answered ``("refused", id)``.
+    the model's own schedule, or ``fragments``), a ``("part", index, waveform)`` message per item as each ends,
+    then ``("ok", memory)`` (or ``("error", reason)``, after the parts of the items already made). While it runs,
+    ``("join", id, requests)`` adds segments to it (answered ``("joined", id)``; their parts follow the batch's);
+    one that comes too late, when the call has ended, is answered ``("refused", id)``.
     """
     # A host whose worker was killed would finish its batch for no one, on the CPU or GPU memory the
     # worker's replacement is loading its model into. (Not PR_SET_PDEATHSIG: it fires when the thread
@@ -83,7 +83,7 @@ def host_main(
     log = logging.getLogger(f"workers.pool.host.{spec.name}")
     try:
         engine = build_engine(spec, device=device, builder=builder)
-        engine.set_fragments(fragments)
+        engine.set_fragments(model_schedule(fragments, spec.fragment_ms))
         engine.load()
         engine.warmup()
     except Exception as e:

@@ -199,7 +199,7 @@ class ModelPool:
         return idle
 
     def loaded(self) -> list[dict[str, Any]]:
-        """Describe the loaded models: name, replica, the device asked for it, pid, memory, pinned."""
+        """Describe the loaded models: name, replica, the device asked for it, pid, memory, pinned, precision."""
         with self._lock:
             return [
                 {
@@ -210,6 +210,7 @@ class ModelPool:
                     "memory_mb": round(h.memory_mb, 1),
                     "gpu_mb": h.memory["gpu_mb"],
                     "pinned": h.spec.pinned,
+                    "precision": h.spec.precision,
                 }
                 for k, h in self._hosts.items()
             ]
