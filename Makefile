@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install install-dev install-bench constraints run worker test chaos lint tiny-model full-model bench-engine bench-real bench-fragments gpu-check bench bench-batch bench-cache bench-stream bench-schedule bench-workers bench-goodput bench-held bench-text bench-textstream soak docs docs-build docs-reference clean
+.PHONY: help install install-dev install-bench constraints run worker test chaos lint tiny-model full-model bench-engine bench-real bench-fragments bench-modes bench-int8 gpu-check bench bench-batch bench-cache bench-stream bench-schedule bench-workers bench-goodput bench-held bench-text bench-textstream soak docs docs-build docs-reference clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/; s/\$$\$$/$$/g'
@@ -91,9 +91,16 @@ bench-fragments: full-model install-bench  ## Audio in fragments: first audio, f
 	$(PY) -m bench.fragments $(BENCH_ARGS)
 	$(PY) -m bench.fragment_joins $(if $(WEIGHTS),--weights $(WEIGHTS))
 
-bench-engine: full-model install-bench  ## The real-size engine on this machine: batch 1-32, stage shares, best torch threads and replicas; then the matrix-maths ceiling on batching (30 s).
+bench-engine: full-model install-bench  ## The real-size engine on this machine: batch 1-32 in fp32 and int8, stage shares, best torch threads and replicas; then the matrix-maths ceiling on batching (30 s).
 	$(PY) -m bench.engine_real $(BENCH_ARGS)
 	$(PY) -m bench.matmul_ceiling
+
+bench-modes: full-model install-bench  ## fast (int8) beside balanced on the full-size ChatTTS, one stack at the defaults: 1/4/16 callers (~20 min).
+	scripts/ensure_redis_server.sh
+	$(PY) -m bench.modes $(BENCH_ARGS)
+
+bench-int8: full-model install-bench  ## int8 against fp32 on the same prompts and seeds: tokens agreed, logit KL and top-k, audio SNR (WEIGHTS=dir for real weights).
+	$(PY) -m bench.int8_divergence $(if $(WEIGHTS),--weights $(WEIGHTS))
 
 bench-real: full-model install-bench  ## The headline at real size (chattts-random, short texts, 120 s levels, ~30 min): 1/10/16/50 callers, baseline, batching off at 16.
 	scripts/ensure_redis_server.sh

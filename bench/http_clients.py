@@ -90,6 +90,7 @@ class ServedClient:
         timeout_s: float = 300,
         retry: bool = True,
         priority: str | None = None,
+        mode: str | None = None,
     ) -> None:
         self.http = Http(base_url, timeout_s=timeout_s)
         self.model = model
@@ -98,6 +99,7 @@ class ServedClient:
         self.timeout_s = timeout_s
         self.retry = retry  # False: a refusal ends the job, with its status and Retry-After recorded
         self.priority = priority
+        self.mode = mode  # None: the service's default (balanced)
         self._following: dict[int, str] = {}
         self._lock = threading.Lock()
         #: Refusals this client retried, by the admission check that refused.
@@ -131,6 +133,8 @@ class ServedClient:
         body["format"] = "wav"
         if self.priority:
             body["priority"] = self.priority
+        if self.mode:
+            body["mode"] = self.mode
         payload = json.dumps(body, ensure_ascii=False).encode()
         deadline = result.submitted + self.timeout_s
         while True:

@@ -370,6 +370,16 @@ class ChatTTSEngine(Engine):
             )  # fmt: skip
         return [h.narrow(0, 0, min(len(h), b)) for h, b in zip(hiddens, budgets, strict=True)]
 
+    def code_prompts(self, batch: list[SynthesisRequest]) -> decode.Joining:
+        """Return ``batch``'s speech-code prompts as a generation takes them (voices applied, a sampler per item):
+        what a measurement replays through ``chattts_generate.generate`` or a forward pass of its own."""
+        chat = self._chat
+        if chat is None:
+            raise SynthesisError("ChatTTSEngine.code_prompts called before load")
+        with torch.inference_mode():
+            budgets = [self.token_budget(r.text) for r in batch]
+            return self._code_prompts(chat, batch, self._refined_texts(chat, batch), budgets)
+
     def decode(self, hidden: torch.Tensor) -> Waveform:
         """Return the samples ChatTTS's decoder and vocoder make of hidden states (tokens, hidden size)."""
         if self._chat is None:
