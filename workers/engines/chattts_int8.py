@@ -46,9 +46,25 @@ def quantize_linear_layers(module: torch.nn.Module) -> int:
         warnings.simplefilter("ignore", category=FutureWarning)
         torch.ao.quantization.quantize_dynamic(module, _PER_CHANNEL, dtype=torch.qint8, inplace=True)  # type: ignore[no-untyped-call]
     after = sum(isinstance(m, torch.nn.Linear) for m in module.modules())
+    own_memory(module)
     gc.collect()
     give_back_freed_memory()
     return before - after
+
+
+def own_memory(module: torch.nn.Module) -> None:
+    """Copy ``module``'s remaining parameters and buffers out of the weights file they were mapped from.
+
+    The loader maps the weights file, and the file stays mapped while any tensor of it lives: the norms left
+    behind would keep the fp32 Linear weights that quantizing read resident (as file pages) for good.
+    """
+    with torch.no_grad():
+        for layer in module.modules():
+            for parameter in layer.parameters(recurse=False):
+                parameter.data = parameter.data.clone()
+            for name, buffer in list(layer.named_buffers(recurse=False)):
+                kept = name not in layer._non_persistent_buffers_set
+                layer.register_buffer(name, buffer.clone(), persistent=kept)
 
 
 def quantized_bytes(module: torch.nn.Module) -> int:
