@@ -2,8 +2,8 @@
 
     python -m bench.modes [--model chattts-random] [--callers 1,4,16] [--window 60]
 
-One stack starts at `make run`'s defaults with nothing changed. Each mode's model is loaded by one job before any
-level is measured (a mode's host loads when a request first asks for it). Then, for each number of callers, the
+One stack starts at `make run`'s defaults with nothing changed. Each mode's hosts are loaded by jobs before any
+level is measured (a mode's host loads when a call first needs it). Then, for each number of callers, the
 two modes take turns: closed-loop callers submit corpus texts (uncached, a fresh seed each) in that mode and listen
 to the job's server-sent ``fragment`` events, as the web page does. Per mode and level it reports jobs/s, audio
 seconds made per second, first audio (admitted submit → first fragment) p50/p95, fragment lengths and gaps.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +34,31 @@ def audio_per_s(run: LevelRun) -> float:
     return float(sum(length for r in done for _, length in r.segments)) / (run.window_end - run.window_start)
 
 
-def warm(url: str, model: str, texts: list[tuple[str, int]]) -> dict[str, float]:
-    """Make one job in each mode, so each mode's host is loaded (and warmed up) before anything is measured."""
+def hosts_of(stack: ServiceStack, variant: str) -> int:
+    """Return how many model hosts of ``variant`` the worker's heartbeat says are loaded."""
+    return sum(1 for host in stack.heartbeat().get("pool", []) if host["model"] == variant)
+
+
+def warm(stack: ServiceStack, model: str, texts: list[tuple[str, int]], replicas: int) -> dict[str, float]:
+    """Make jobs in each mode, several at once, until every one of its model hosts is loaded (a host loads when a
+    call first needs it), so no level measures a load."""
     took = {}
     for mode in MODES:
+        variant = model if mode == "balanced" else f"{model}@{mode}"
+        client = FragmentClient(stack.api.url, model=model, mode=mode, timeout_s=900)
         started = time.perf_counter()
-        result = FragmentClient(url, model=model, mode=mode, timeout_s=900).run_job(*texts[0], seed=0)
-        if not result.ok:
-            raise RuntimeError(f"the warm-up job in mode {mode} failed: {result.error or result.refused}")
+        for _ in range(5):
+            with ThreadPoolExecutor(2 * replicas) as pool:
+                jobs = [pool.submit(client.run_job, *texts[n], seed=n) for n in range(2 * replicas)]
+                results = [job.result() for job in jobs]
+            failed = [r for r in results if not r.ok]
+            if failed:
+                raise RuntimeError(f"a warm-up job in mode {mode} failed: {failed[0].error or failed[0].refused}")
+            if hosts_of(stack, variant) >= replicas:
+                break
         took[mode] = time.perf_counter() - started
-        print(f"  {mode}: loaded and made one job in {took[mode]:.0f}s", flush=True)
+        print(f"  {mode}: {hosts_of(stack, variant)} host(s) of {variant} loaded, warm in {took[mode]:.0f}s",
+              flush=True)  # fmt: skip
     return took
 
 
@@ -56,7 +72,7 @@ def run(model: str, callers: list[int], window_s: float, out: Path) -> tuple[lis
     rows = []
     try:
         stack.start(ready_timeout=600)
-        loads = warm(stack.api.url, model, texts)
+        loads = warm(stack, model, texts, default_layout().replicas)
         for n, count in enumerate(callers):
             for mode in MODES:
                 stack.wait_idle(timeout_s=300)
@@ -80,7 +96,7 @@ def document(rows: list[dict[str, Any]], *, model: str, loads: dict[str, float],
         "",
         f"`make run`'s default settings, nothing changed; {layout.replicas} model host(s) per mode of "
         f"{layout.torch_threads} torch thread(s); closed-loop listeners following the job's `fragment` events; each "
-        f"mode's host loaded by one job first (fast {loads.get('fast', 0):.0f} s, balanced "
+        f"mode's hosts loaded by jobs first (fast {loads.get('fast', 0):.0f} s, balanced "
         f"{loads.get('balanced', 0):.0f} s, load and job); {run_label()}; ran {time.perf_counter() - started:.0f} s.",
         "",
         "| callers | mode | jobs | jobs/s | audio s/s | first audio p50 / p95 s | first fragment ms | later fragments "
