@@ -118,7 +118,9 @@ def run_replicas(processes: list[Any], results: Any) -> list[Any]:
 def combine(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Sum one batch size's rows from replicas that ran side by side; rates divide by the longest one's time."""
     seconds = max(r["seconds"] for r in rows)
-    total = {key: sum(r[key] for r in rows) for key in ("segments", "chars", "tokens", "audio_s", "loaded_mb")}
+    total = {key: sum(r[key] for r in rows) for key in ("segments", "chars", "tokens", "audio_s")}
+    # Replicas' resident memory adds up; a row measured outside a replica has none.
+    total["loaded_mb"] = sum(r.get("loaded_mb", 0.0) for r in rows)
     stage_seconds = {stage: sum(r["stage_seconds"][stage] for r in rows) for stage in rows[0]["stage_seconds"]}
     busy = sum(r["seconds"] for r in rows)
     shares = {stage: s / busy for stage, s in stage_seconds.items()}

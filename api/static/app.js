@@ -378,7 +378,7 @@ async function play() {
   context.resume();
   $("download").hidden = true;
   const speed = Number($("speed").value);
-  const body = { text: $("text").value, model: $("model").value, voice: $("voice").value || undefined, speed };
+  const body = { text: $("text").value, model: $("model").value, voice: $("voice").value || undefined, mode: $("mode").value, speed };
   setStatus("Submitting…");
   try {
     const job = await api("v1/jobs", {
@@ -439,7 +439,7 @@ async function openLive() {
   const context = new AudioContext();
   context.resume();
   const speed = Number($("speed").value);
-  const body = { text: "", text_stream: true, model: $("model").value, voice: $("voice").value || undefined, speed };
+  const body = { text: "", text_stream: true, model: $("model").value, voice: $("voice").value || undefined, mode: $("mode").value, speed };
   const job = await api("v1/jobs", {
     method: "POST",
     headers: { "Content-Type": "application/json" },
