@@ -99,7 +99,7 @@ bench-modes: full-model install-bench  ## fast (int8) beside balanced on the ful
 	scripts/ensure_redis_server.sh
 	$(PY) -m bench.modes $(BENCH_ARGS)
 
-bench-int8: full-model install-bench  ## int8 against fp32 on the same prompts and seeds: tokens agreed, logit KL and top-k, audio SNR (WEIGHTS=dir for real weights).
+bench-int8: full-model install-bench  ## int8 against fp32 on the same prompts and seeds: tokens agreed, logit KL and top-k, audio SNR; with WEIGHTS=dir (real weights) also Whisper's character error rate of each.
 	$(PY) -m bench.int8_divergence $(if $(WEIGHTS),--weights $(WEIGHTS))
 
 bench-real: full-model install-bench  ## The headline at real size (chattts-random, short texts, 120 s levels, ~30 min): 1/10/16/50 callers, baseline, batching off at 16.

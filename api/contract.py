@@ -58,9 +58,9 @@ class JobBody(BaseModel):
     speed: Speed = 1.0
     mode: Mode = Field(
         "balanced",
-        description="What the model's variant trades: fast (int8, shortest fragments, CPU only), balanced (the model "
-        "as declared) or quality (fp32, the closest fragment joins, a text-refinement pass); /v1/models says what "
-        "each mode of each model runs.",
+        description="Which variant of the model serves the job. For ChatTTS: fast (int8, shortest fragments, CPU "
+        "only), balanced (the model as declared) or quality (fp32, the closest fragment joins, a text-refinement "
+        "pass). A model that declares no modes serves every mode itself; /v1/models says what each mode runs.",
     )
     format: AudioFormat = Field("wav", description="The audio format of segments and the whole file.")
     priority: Priority | None = Field(None, description="The lane; long texts go to batch when absent.")

@@ -125,7 +125,8 @@ class Submitter:
     def plan(self, job: JobBody, *, cache_scope: str) -> Planned:
         """Resolve model, mode and voice, and cut the text into segments (TextOverLimit, 413, before anything is
         written). ``spec`` is the model in the job's mode: its own host, pace and cache entries."""
-        spec = self.registry.get(job.model, job.mode, device_kinds=self.device_kinds())
+        model, mode = self.registry.named_mode(job.model, job.mode)
+        spec = self.registry.get(model, mode, device_kinds=self.device_kinds())
         settings = self.settings
         tail = None
         if job.text_stream and self.text_streams is not None:
@@ -145,7 +146,7 @@ class Submitter:
             model=spec.model,
             voice=spec.resolve_voice(job.voice),
             speed=job.speed,
-            mode=job.mode,
+            mode=mode,
             format=job.format,
             priority=self.policy.lane_for(len(job.text), job.priority),
             seed=job.seed,

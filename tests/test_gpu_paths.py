@@ -145,13 +145,17 @@ def test_the_stage_clock_times_every_stage_and_puts_chattts_back(engine: ChatTTS
 def test_the_engine_table_runs_a_pool_in_length_sorted_batches(engine: ChatTTSEngine) -> None:
     row = run_batches(engine, TEXTS * 2, batch=3, seconds=float("inf"), seed=1)
     assert row["segments"] == 6 and row["tokens"] == sum(engine.token_budget(t) for t in TEXTS * 2)
-    combined = combine([row])
+    combined = combine([{**row, "loaded_mb": 100.0}, {**row, "loaded_mb": 50.0}])  # two replicas side by side
+    assert combined["segments"] == 12 and combined["loaded_mb"] == 150.0
     assert combined["chars_per_s"] > 0 and abs(sum(combined["shares"].values()) - 1) < 1e-9
     args = {"pool": 6, "tokens_per_char": 6.0, "max_tokens": 48, "batch1_seconds": 1.0}
-    setting = {"threads": 1, "replicas": 1, "rows": [combined]}
-    markdown = document({"args": args, "settings": [setting], "settings_batches": [3], "pool_mean_chars": 7.0,
-                         "build_s": 0.0, "wall_s": 1.0, "best": {**combined, "threads": 1, "replicas": 1}})  # fmt: skip
-    assert "| 3 | 6 |" in markdown and "TTS_MODEL_REPLICAS=1" in markdown
+    setting = {"threads": 1, "replicas": 1, "precision": "fp32", "rows": [combined]}
+    int8 = {**setting, "precision": "int8", "rows": [{**combined, "tokens_per_s": 2 * combined["tokens_per_s"]}]}
+    markdown = document({"args": args, "settings": [setting], "precisions": [setting, int8], "settings_batches": [3],
+                         "pool_mean_chars": 7.0, "build_s": 0.0, "wall_s": 1.0,
+                         "best": {**combined, "threads": 1, "replicas": 1}})  # fmt: skip
+    assert "| fp32 | 3 | 12 |" in markdown and "| int8 | 3 | 12 |" in markdown and "| 2.00× |" in markdown
+    assert "TTS_MODEL_REPLICAS=1" in markdown
     assert settings_to_try(2) == [(2, 1), (1, 2)] and settings_to_try(1) == [(1, 1)]
 
 

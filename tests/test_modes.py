@@ -28,6 +28,7 @@ from workers.engines.base import SynthesisRequest
 from workers.engines.chattts import ChatTTSEngine
 from workers.engines.chattts_int8 import int8_supported, quantized_bytes
 from workers.engines.errors import EngineLoadError
+from workers.engines.factory import device_for
 from workers.pool.handle import ModelHost
 from workers.pool.pool import ModelPool
 
@@ -115,6 +116,39 @@ def test_a_fast_request_to_gpu_workers_is_refused_with_the_modes_they_serve(gpu_
     assert response.status_code == 422, response.get_data(as_text=True)
     error = response.get_json()["error"]
     assert error["field"] == "mode" and "use one of ['balanced', 'quality']" in error["message"]
+
+
+def test_a_variant_named_by_the_caller_is_its_model_in_its_mode(gpu_only_api: FlaskClient) -> None:
+    response = gpu_only_api.post("/v1/jobs", json={"text": SAID, "model": "chattts-tiny@quality"})
+    assert response.status_code == 202, response.get_data(as_text=True)
+    job = gpu_only_api.get(f"/v1/jobs/{response.get_json()['id']}").get_json()
+    assert (job["model"], job["mode"]) == ("chattts-tiny", "quality")
+    # Named, fast is still checked against the workers' devices.
+    refused = gpu_only_api.post("/v1/jobs", json={"text": SAID, "model": "chattts-tiny@fast"})
+    assert refused.status_code == 422 and refused.get_json()["error"]["field"] == "mode"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "field", "says"),
+    [
+        ({"model": "chattts-tiny@fast", "mode": "quality"}, 422, "mode", "names mode 'fast'"),
+        ({"model": "chattts-tiny@turbo"}, 404, "model", "what follows '@' is a mode"),
+    ],
+)
+def test_a_variant_name_that_contradicts_the_mode_or_names_no_mode_is_refused(
+    gpu_only_api: FlaskClient, body: dict[str, str], status: int, field: str, says: str
+) -> None:
+    response = gpu_only_api.post("/v1/jobs", json={"text": SAID, **body})
+    assert response.status_code == status, response.get_data(as_text=True)
+    error = response.get_json()["error"]
+    assert error["field"] == field and says in error["message"]
+
+
+def test_a_gpu_worker_runs_a_cpu_only_variant_on_its_cpu(tmp_path: Path, tiny_model_dir: Path) -> None:
+    registry = _registry(tmp_path, tiny_model_dir)
+    fast, balanced = registry.get("chattts-tiny", "fast"), registry.get("chattts-tiny")
+    assert device_for(fast, "cuda:1") == "cpu" and device_for(fast, "cpu") == "cpu"
+    assert device_for(balanced, "cuda:1") == "cuda:1"
 
 
 def test_the_model_list_says_what_each_mode_runs(served: FlaskClient) -> None:

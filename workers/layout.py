@@ -59,7 +59,7 @@ def gpu_devices(device: str, visible: list[str]) -> int:
     """Return how many GPUs the device setting gives a worker's hosts (0: it runs on CPUs).
 
     ``visible`` are the GPUs this machine shows, which ``auto`` takes; a listed device counts once each."""
-    listed = [d.strip() for d in device.split(",") if d.strip()]
+    listed = _listed(device)
     if all(d == AUTO for d in listed):
         return 1 if visible else 0
     return sum(1 for d in listed if d.startswith("cuda") or (d == AUTO and visible))
@@ -68,8 +68,14 @@ def gpu_devices(device: str, visible: list[str]) -> int:
 def device_kinds(device: str, visible: list[str]) -> tuple[str, ...]:
     """Return the kinds of device ("cpu", "cuda") the device setting gives a worker's hosts (``auto``: a GPU when
     ``visible`` shows one)."""
-    listed = [d.strip() for d in device.split(",") if d.strip()] or [AUTO]
-    return tuple(sorted({("cuda" if visible else "cpu") if d == AUTO else d.partition(":")[0] for d in listed}))
+    return tuple(
+        sorted({("cuda" if visible else "cpu") if d == AUTO else d.partition(":")[0] for d in _listed(device)})
+    )
+
+
+def _listed(device: str) -> list[str]:
+    """Return the devices of a device setting ("auto", "cpu", "cuda:0,cuda:1"): ``auto`` when it lists none."""
+    return [d.strip() for d in device.split(",") if d.strip()] or [AUTO]
 
 
 def resolve_layout(replicas: int | str, torch_threads: int | str, *, gpus: int, cores: int) -> Layout:

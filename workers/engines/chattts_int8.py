@@ -5,7 +5,7 @@ the heads that pick each token, the DVAE decoder and Vocos stay in full precisio
 logits and the audio is made from fp32 hidden states as before.
 
 The kernels are torch.ao's dynamic quantization (fbgemm/oneDNN on x86), deprecated in favour of torchao but
-still shipped with the pinned torch: ``make bench-engine``'s int8 kernels table says why they were chosen over
+still shipped with the pinned torch: the benchmarks page's "Why these int8 kernels" says why they were chosen over
 torchao's, whose CPU kernels pay only under ``torch.compile``, which would compile afresh for every batch size
 and cache length a decode loop that admits segments mid-call goes through.
 """
@@ -40,10 +40,12 @@ def quantize_linear_layers(module: torch.nn.Module) -> int:
     """Swap every Linear of ``module`` for its dynamic int8 version in place; return how many were swapped."""
     before = sum(isinstance(m, torch.nn.Linear) for m in module.modules())
     with warnings.catch_warnings():
-        # torch.ao says it is deprecated on every call; the pinned torch still ships it (see the module's note).
-        warnings.simplefilter("ignore", category=DeprecationWarning)
-        warnings.simplefilter("ignore", category=UserWarning)
-        warnings.simplefilter("ignore", category=FutureWarning)
+        # torch.ao says on every call that it and its quantized tensors are deprecated; the pinned torch still
+        # ships them (see the module's note). Other warnings pass.
+        warnings.filterwarnings("ignore", message=r"torch\.ao\.quantization is deprecated", category=DeprecationWarning)
+        warnings.filterwarnings(
+            "ignore", message=r"torch\.quantize_per_tensor, torch\.quantize_per_channel", category=UserWarning
+        )
         torch.ao.quantization.quantize_dynamic(module, _PER_CHANNEL, dtype=torch.qint8, inplace=True)  # type: ignore[no-untyped-call]
     after = sum(isinstance(m, torch.nn.Linear) for m in module.modules())
     own_memory(module)

@@ -33,7 +33,18 @@ def resolve_builder(path: str) -> EngineBuilder:
 
 def build_engine(spec: ModelSpec, *, device: str, builder: str | None = None) -> Engine:
     """Return an unloaded engine for ``spec`` on ``device``, made by ``builder`` (default: its engine's own)."""
-    return resolve_builder(builder or engine_entry(spec.engine).builder)(spec, device=device)
+    return resolve_builder(builder or engine_entry(spec.engine).builder)(spec, device=device_for(spec, device))
+
+
+def device_for(spec: ModelSpec, device: str) -> str:
+    """Return ``device``, or the first of the spec's own devices when it does not run there.
+
+    Segments go to whichever worker takes them, so a GPU worker of a mixed fleet may get one of a variant that
+    runs on CPUs only (fast: int8): it runs it on its own CPU rather than failing the segment.
+    """
+    if not spec.devices or resolve_device(device).partition(":")[0] in spec.devices:
+        return device
+    return spec.devices[0]
 
 
 def build_espeak(spec: ModelSpec, *, device: str) -> Engine:
