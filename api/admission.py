@@ -71,7 +71,8 @@ class Admission:
         self.retry_margin_s = settings.admission_retry_margin_s
         self.batch_share = settings.store_batch_share
         self.refusals = refusals
-        self._solo_s_per_char = 0.0  # the last pace of a segment made alone this process saw
+        # The last pace of a segment made alone this process saw: of any model ("") and of each model.
+        self._solo_s_per_char: dict[str, float] = {}
 
     def pace(self, *, hosts: int) -> tuple[float, float]:
         """Return the engines' recent pace: seconds per segment, all of them together, and seconds per engine
@@ -137,23 +138,32 @@ class Admission:
                 **kept,
             )
 
-    def estimated_first_audio_s(self, first_chars: int) -> float:
+    def estimated_first_audio_s(self, first_chars: int, model: str = "") -> float:
         """Return how long a first segment of ``first_chars`` would take to its first fragment, at the pace recent
-        first segments took, per character; 0 when too few were made lately to say."""
+        first segments of ``model`` (its variant's name) took, per character, or of every model's while it made too
+        few lately to say; 0 when they made too few too."""
         recent = self.stats.window(seconds=FIRST_AUDIO_WINDOW_S)
+        own = recent.of(model)
+        if own.firsts >= FIRST_AUDIO_SAMPLES:
+            return first_chars * own.first_audio_s_per_char
         if recent.firsts < FIRST_AUDIO_SAMPLES:
             return 0.0
         return first_chars * recent.first_audio_s_per_char
 
-    def alone_first_audio_s(self, first_chars: int) -> float:
+    def alone_first_audio_s(self, first_chars: int, model: str = "") -> float:
         """Return how long a segment of ``first_chars`` takes to its first fragment made alone, at the pace of the
-        last minute's one-segment engine calls (or of the last ones this process saw; 0 before any)."""
-        solo = self.stats.window().solo_s_per_char
-        if solo > 0:
-            self._solo_s_per_char = solo
-        return first_chars * self._solo_s_per_char
+        last minute's one-segment engine calls of ``model`` (or of the last ones this process saw), or of every
+        model's while it has none; 0 before any."""
+        recent = self.stats.window()
+        for key, window in (("", recent), (model, recent.of(model))):
+            if key == "" or model:
+                solo = window.solo_s_per_char
+                if solo > 0:
+                    self._solo_s_per_char[key] = solo
+        pace = self._solo_s_per_char.get(model, 0.0) if model else 0.0
+        return first_chars * (pace or self._solo_s_per_char.get("", 0.0))
 
-    def check_first_audio(self, first_chars: int, *, margin_s: float = 0.0) -> None:
+    def check_first_audio(self, first_chars: int, *, margin_s: float = 0.0, model: str = "") -> None:
         """Raise ServiceUnavailable (503) when a realtime job's first audio (its first segment's first fragment)
         would take longer than ``TTS_ADMISSION_FIRST_AUDIO_S`` to make, or, on engines that take longer than that
         alone, that much longer than alone (less ``margin_s``, the room kept for retries, down to half the limit at
@@ -168,12 +178,12 @@ class Admission:
         """
         if self.first_audio_s <= 0 or first_chars <= 0:
             return
-        estimate = self.estimated_first_audio_s(first_chars)
+        estimate = self.estimated_first_audio_s(first_chars, model)
         if estimate <= 0:
             return
         # Engines that make a first segment within the limit are held to it; slower ones (a big model on CPUs),
         # to the limit beyond what they take alone, so that a job alone is still let in.
-        alone = self.alone_first_audio_s(first_chars)
+        alone = self.alone_first_audio_s(first_chars, model)
         over = alone if alone > self.first_audio_s else 0.0
         kept_s = min(margin_s, self.first_audio_s / 2)
         if estimate - over > self.first_audio_s - kept_s:
@@ -252,7 +262,9 @@ class Admission:
         if self.reservations is not None:
             self.reservations.release(reserved)
 
-    def check_realtime(self, deadlines: Sequence[float], first_chars: int, *, hosts: int, asker: Asker) -> None:
+    def check_realtime(
+        self, deadlines: Sequence[float], first_chars: int, *, hosts: int, asker: Asker, model: str = ""
+    ) -> None:
         """Run both realtime checks; while refusals for want of capacity await their retries, with the margin kept
         for them, unless ``asker`` (caller, request digest) is one of those, back after its Retry-After. Remember
         a refused asker (nothing is kept when both checks are off, when no margin is set, or without an asker)."""
@@ -260,14 +272,14 @@ class Admission:
             return
         if self.refusals is None or asker is None or self.retry_margin_s <= 0:
             self.check_listeners(deadlines, hosts=hosts)
-            self.check_first_audio(first_chars)
+            self.check_first_audio(first_chars, model=model)
             return
         now = time.time()
         retry, pending = self.refusals.redeem(*asker, now=now)
         margin = self.retry_margin_s if pending and not retry else 0.0  # below capacity none are pending
         try:
             self.check_listeners(deadlines, hosts=hosts, margin_s=margin)
-            self.check_first_audio(first_chars, margin_s=margin)
+            self.check_first_audio(first_chars, margin_s=margin, model=model)
         except ServiceUnavailable as refused:
             # Refused for the margin alone, it is not awaited: only want of capacity keeps the margin up.
             awaited = KEPT_FOR_RETRIES not in refused.details
@@ -276,11 +288,14 @@ class Admission:
         if retry:
             ADMISSION_RETRIES_ADMITTED.inc()
 
-    def admit(self, lane: str, deadlines: Sequence[float] = (), first_chars: int = 0, asker: Asker = None) -> float:
+    def admit(
+        self, lane: str, deadlines: Sequence[float] = (), first_chars: int = 0, asker: Asker = None, model: str = ""
+    ) -> float:
         """Raise ServiceUnavailable (503, Retry-After) unless a job on ``lane`` can start in time; return its wait.
 
         ``deadlines`` are the playback deadlines of the job's segments still to make (the first one now when
-        none are given), and ``first_chars`` the length of its first segment when the engines must make it. A
+        none are given), ``first_chars`` the length of its first segment when the engines must make it, and
+        ``model`` the variant that makes it (its first audio is judged by that variant's pace). A
         realtime job is refused when it or an admitted stream would miss a deadline (``check_listeners``), its
         first segment would take too long to make (``check_first_audio``) or wait longer than the lane's limit
         (both checks keep a margin for retries: ``check_realtime``, with ``asker`` the caller and request digest);
@@ -296,7 +311,7 @@ class Admission:
             raise ServiceUnavailable(f"not accepting jobs: {verdict.reason}", retry_after=verdict.retry_after)
         due = deadlines[0] if deadlines else time.time()
         if lane == "realtime":
-            self.check_realtime(deadlines or [due], first_chars, hosts=hosts, asker=asker)
+            self.check_realtime(deadlines or [due], first_chars, hosts=hosts, asker=asker, model=model)
         wait = self.estimated_wait_s(due, hosts=hosts)
         limit = self.limits[lane]
         if wait > limit:

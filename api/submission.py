@@ -87,7 +87,8 @@ class Submitter:
     enqueue: Enqueue
     book: ScheduleBook
     policy: SchedulingPolicy
-    admit: Callable[[str, Sequence[float], int, Asker], float] | None = None
+    #: Admission (api/admission.Admission.admit): lane, deadlines, first segment's characters, asker, variant.
+    admit: Callable[[str, Sequence[float], int, Asker, str], float] | None = None
     reserve_audio: Callable[[str, int, str], Reserved] | None = None
     release_audio: Callable[[int], None] | None = None
     text_streams: TextStreams | None = None
@@ -191,7 +192,9 @@ class Submitter:
         if (looked.misses or planned.tail is not None) and self.admit is not None:
             window = looked.misses[: self.policy.window(planned.request.priority)]  # what enters the queue now
             first_chars = len(planned.texts[0]) if looked.misses and looked.misses[0] == 0 else 0
-            wait = self.admit(planned.request.priority, [deadlines[i] for i in window], first_chars, asker)
+            wait = self.admit(
+                planned.request.priority, [deadlines[i] for i in window], first_chars, asker, planned.spec.name
+            )
         reserved = NOTHING
         if self.reserve_audio is not None:  # last: a job refused for anything else reserves nothing
             chars = chars_at_speed_one(sum(len(t) for t in planned.texts), planned.request.speed)

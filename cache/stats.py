@@ -7,7 +7,8 @@ estimate queue waits (admission) and failure rates (circuit breaker).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 import redis
 
@@ -17,6 +18,11 @@ BUCKET_S = 1
 WINDOW_S = 60
 #: How old a window the API's admission and breaker may answer from (see ``Stats``).
 API_MAX_AGE_S = 0.5
+#: What a model's own figures are kept under in a bucket: "<model>|<figure>" (model names never hold it).
+MODEL_SEP = "|"
+#: The figures also kept per model: how fast its first audio comes, which differs by model and mode (a fast
+#: variant's first segments say nothing of a quality one's).
+PER_MODEL = ("firsts", "first_chars", "first_s", "solo_chars", "solo_s")
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,21 @@ class Window:
     #: call when it made one), the pace of a first audio made alone.
     solo_chars: float = 0.0
     solo_s: float = 0.0
+    #: The same window's PER_MODEL figures of each model (its variant's name) that recorded any.
+    by_model: Mapping[str, Window] = field(default_factory=dict)
+
+    @classmethod
+    def summed(cls, figures: Mapping[str, float]) -> Window:
+        """Return the window of a bucket sum's figures (missing ones are 0; models' figures are not read)."""
+        got = figures.get
+        return cls(chars=got("chars", 0.0), busy_s=got("busy_s", 0.0), segments=got("segments", 0.0),
+                   calls=got("calls", 0.0), ok=got("ok", 0.0), failed=got("failed", 0.0), firsts=got("firsts", 0.0),
+                   first_chars=got("first_chars", 0.0), first_s=got("first_s", 0.0),
+                   solo_chars=got("solo_chars", 0.0), solo_s=got("solo_s", 0.0))  # fmt: skip
+
+    def of(self, model: str) -> Window:
+        """Return ``model``'s own PER_MODEL figures in this window (nothing when it recorded none)."""
+        return self.by_model.get(model) or Window()
 
     @property
     def chars_per_busy_second(self) -> float:
@@ -89,10 +110,10 @@ class Stats:
 
     def record(
         self, *, chars: int = 0, busy_s: float = 0.0, segments: int = 0, calls: int = 0, ok: int = 0, failed: int = 0,
-        first_chars: int = 0, first_s: float = 0.0, solo_chars: int = 0, solo_s: float = 0.0,
+        first_chars: int = 0, first_s: float = 0.0, solo_chars: int = 0, solo_s: float = 0.0, model: str = "",
     ) -> None:  # fmt: skip
         """Add one engine call's work, or one segment's outcome (with a realtime first segment's characters and the
-        seconds it took to make), to the current bucket."""
+        seconds it took to make), to the current bucket; the PER_MODEL figures also under ``model`` when given."""
         key = keys.stats(int(time.time()) // BUCKET_S)
         pipe = self.redis.pipeline(transaction=False)
         for name, value in (("chars", chars), ("busy_s", busy_s), ("segments", segments), ("calls", calls),
@@ -101,6 +122,8 @@ class Stats:
                             ("solo_s", solo_s)):  # fmt: skip
             if value:
                 pipe.hincrbyfloat(key, name, value)
+                if model and name in PER_MODEL:
+                    pipe.hincrbyfloat(key, f"{model}{MODEL_SEP}{name}", value)
         pipe.expire(key, WINDOW_S * 3)
         pipe.execute()
 
@@ -121,7 +144,14 @@ class Stats:
         # Summed in Redis: one round trip and a few fields back, however long the window.
         flat = self._sum(args=[keys.STATS, *span])
         totals = {_text(flat[i]): float(flat[i + 1]) for i in range(0, len(flat), 2)}
-        window = Window(**{k: v for k, v in totals.items() if k in Window.__dataclass_fields__})
+        by_model: dict[str, dict[str, float]] = {}
+        for name, value in totals.items():
+            model, sep, figure = name.rpartition(MODEL_SEP)
+            if sep and figure in PER_MODEL:
+                by_model.setdefault(model, {})[figure] = value
+        window = replace(
+            Window.summed(totals), by_model={model: Window.summed(figures) for model, figures in by_model.items()}
+        )
         if self.max_age_s > 0:
             self._summed = {k: v for k, v in self._summed.items() if now - v[0] < self.max_age_s}
             self._summed[span] = (now, window)

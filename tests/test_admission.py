@@ -336,6 +336,35 @@ def test_on_engines_slower_than_the_limit_a_first_segment_is_judged_against_one_
     assert "longer than alone" in refused.value.message
 
 
+def test_each_variant_s_first_audio_is_judged_by_its_own_recent_first_segments(
+    paced: tuple[str, redis.Redis],
+) -> None:
+    isolated, client = paced
+    stats = Stats(client)
+    loaded = load_settings(redis_url=isolated, admission_first_audio_s=1.0, admission_retry_margin_s=0)
+    admission = Admission(stats=stats, breaker=_breaker(client), workers=WorkerRegistry(client, ttl_s=30),
+                          book=ScheduleBook(client, default_seconds_per_char=0.2), settings=loaded,
+                          policy=scheduling_policy(loaded))  # fmt: skip
+    now = time.time()
+    for _ in range(3):
+        stats.record(first_chars=20, first_s=4.0, model="big")  # 0.2 s a character
+        stats.record(first_chars=20, first_s=0.4, model="big@fast")  # 0.02 s a character
+    window = stats.window(seconds=FIRST_AUDIO_WINDOW_S)
+    assert window.firsts == 6 and window.of("big@fast").firsts == 3 and window.of("unheard").firsts == 0
+    admission.admit("realtime", [now], first_chars=20, model="big@fast")  # 0.4 s: its own pace, not the mix's
+    with pytest.raises(ServiceUnavailable) as refused:
+        admission.admit("realtime", [now], first_chars=20, model="big")
+    assert refused.value.details["estimated_first_audio_s"] == pytest.approx(4.0)
+    # A variant that made too few first segments lately is judged by every model's.
+    assert admission.estimated_first_audio_s(20, "big@quality") == pytest.approx(2.2)
+    # A variant slower than the limit alone is held to the limit beyond its own alone pace, not another's.
+    stats.record(chars=20, busy_s=3.9, segments=1, calls=1, solo_chars=20, solo_s=3.9, model="big")
+    stats.record(chars=20, busy_s=0.1, segments=1, calls=1, solo_chars=20, solo_s=0.1, model="big@fast")
+    assert admission.alone_first_audio_s(20, "big") == pytest.approx(3.9)
+    assert admission.alone_first_audio_s(20, "big@fast") == pytest.approx(0.1)
+    admission.admit("realtime", [now], first_chars=20, model="big")  # 4.0 s: 0.1 s longer than alone
+
+
 def test_the_api_passes_the_first_segments_length_to_the_first_audio_check(settings_env: dict[str, str]) -> None:
     isolated = settings_env["REDIS_URL"].rsplit("/", 1)[0] + "/3"
     client = redis.Redis.from_url(isolated)

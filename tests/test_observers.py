@@ -86,9 +86,9 @@ class _Tally:
     """Stands in for the stats' one method a metrics observer calls, keeping what it was given."""
 
     def __init__(self) -> None:
-        self.recorded: list[dict[str, float]] = []
+        self.recorded: list[dict[str, float | str]] = []
 
-    def record(self, **amounts: float) -> None:
+    def record(self, **amounts: float | str) -> None:
         self.recorded.append(amounts)
 
 
@@ -100,5 +100,5 @@ def test_only_a_realtime_jobs_first_segment_is_counted_for_the_first_audio_check
     metrics.written(replace(first, index=1), "written")
     metrics.written(replace(first, request=replace(REQUEST, priority="batch")), "written")
     metrics.written(first, "duplicate")
-    assert tally.recorded[0] == {"ok": 1, "first_chars": len("Hello."), "first_s": 0.002}
+    assert tally.recorded[0] == {"ok": 1, "first_chars": len("Hello."), "first_s": 0.002, "model": first.spec.name}
     assert [r["first_chars"] for r in tally.recorded[1:]] == [0, 0, 0], "a later, batch or repeated segment"

@@ -157,7 +157,7 @@ class SegmentMetrics(SegmentObserver):
         # A realtime first segment's making time: what admission's first-audio check reads.
         first = made.index == 0 and outcome == "written" and made.request.priority == "realtime"
         first_s = made.first_fragment_s if first else 0.0
-        self.stats.record(ok=1, first_chars=len(made.text) if first else 0, first_s=first_s)
+        self.stats.record(ok=1, first_chars=len(made.text) if first else 0, first_s=first_s, model=made.spec.name)
         AUDIO_SECONDS.labels(made.spec.name).inc(made.duration_s)
         if made.duration_s > 0:
             REAL_TIME_FACTOR.labels(made.spec.name).observe(made.synth_s / made.duration_s)

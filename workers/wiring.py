@@ -52,7 +52,7 @@ def batch_observer(stats: Stats) -> BatchObserver:
             # A segment made alone: how soon its first audio came is what the first-audio check compares with.
             solo = size == 1
             stats.record(chars=chars, busy_s=seconds, segments=size, calls=1, solo_chars=chars if solo else 0,
-                         solo_s=first_s if solo else 0.0)  # fmt: skip
+                         solo_s=first_s if solo else 0.0, model=model)  # fmt: skip
 
     return observe
 
