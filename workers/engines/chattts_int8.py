@@ -28,8 +28,8 @@ def int8_supported(device: str) -> str | None:
     """Return why int8 cannot run on ``device`` here, or None when it can."""
     if torch.device(device).type != "cpu":
         return (
-            f"int8 runs on the CPU only: on {device} it is not offered (no int8 kernel here is measured faster than "
-            "fp16 there); use mode balanced"
+            f"int8 runs on the CPU only: on {device} it is not offered (no GPU int8 kernel has been measured against "
+            "fp16 here; until one beats it, fp16 is the fast path there); use mode balanced"
         )
     if not torch.backends.quantized.supported_engines or torch.backends.quantized.supported_engines == ["none"]:
         return "this torch build has no quantized CPU kernels (fbgemm, oneDNN or qnnpack); use mode balanced"
