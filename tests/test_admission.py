@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -19,7 +20,7 @@ from cache.stats import API_MAX_AGE_S, Stats, Window
 from cache.workers import WorkerRegistry
 from core.errors import ServiceUnavailable
 from core.policy import scheduling_policy
-from core.settings import load_settings
+from core.settings import Settings, load_settings
 from tests.support.apps import api_app
 from tests.support.databases import spare_database
 from tests.support.processes import wait_for
@@ -281,15 +282,20 @@ def test_a_reader_given_a_max_age_answers_from_the_window_it_summed_that_recentl
     assert app.extensions["tts"].admission.stats.max_age_s == API_MAX_AGE_S, "the API's admission reads so"
 
 
+def _paced_admission(client: redis.Redis, stats: Stats, loaded: Settings, **parts: Any) -> Admission:
+    """Return an admission reading ``stats`` (first segments written by hand) under ``loaded`` settings."""
+    return Admission(stats=stats, breaker=_breaker(client), workers=WorkerRegistry(client, ttl_s=30),
+                     book=ScheduleBook(client, default_seconds_per_char=0.2), settings=loaded,
+                     policy=scheduling_policy(loaded), **parts)  # fmt: skip
+
+
 def test_a_realtime_job_is_refused_when_recent_first_segments_say_its_own_would_take_longer_than_the_limit(
     paced: tuple[str, redis.Redis],
 ) -> None:
     isolated, client = paced  # first segments written by hand
     stats = Stats(client)
     loaded = load_settings(redis_url=isolated, admission_first_audio_s=1.0, admission_retry_margin_s=0)
-    admission = Admission(stats=stats, breaker=_breaker(client), workers=WorkerRegistry(client, ttl_s=30),
-                          book=ScheduleBook(client, default_seconds_per_char=0.2), settings=loaded,
-                          policy=scheduling_policy(loaded))  # fmt: skip
+    admission = _paced_admission(client, stats, loaded)
     now = time.time()
     stats.record(first_chars=20, first_s=2.0)
     stats.record(first_chars=20, first_s=2.0)
@@ -307,10 +313,7 @@ def test_a_realtime_job_is_refused_when_recent_first_segments_say_its_own_would_
     admission.admit("realtime", [now], first_chars=8)  # a shorter first segment is made within the limit
     admission.admit("realtime", [now], first_chars=0)  # its first segment is cached: nothing to make
     admission.admit("batch", [now + 60], first_chars=20)  # the batch lane is not held to first audio
-    off = Admission(stats=stats, breaker=_breaker(client), workers=WorkerRegistry(client, ttl_s=30),
-                    book=ScheduleBook(client, default_seconds_per_char=0.2),
-                    settings=load_settings(redis_url=isolated, admission_first_audio_s=0),
-                    policy=scheduling_policy(loaded))  # fmt: skip
+    off = _paced_admission(client, stats, load_settings(redis_url=isolated, admission_first_audio_s=0))
     off.admit("realtime", [now], first_chars=20)  # 0 turns it off
 
 
@@ -321,9 +324,7 @@ def test_on_engines_slower_than_the_limit_a_first_segment_is_judged_against_one_
     stats = Stats(client)
     loaded = load_settings(redis_url=isolated, admission_retry_margin_s=0)
     assert loaded.admission_first_audio_s == 1.0, "on by default"
-    admission = Admission(stats=stats, breaker=_breaker(client), workers=WorkerRegistry(client, ttl_s=30),
-                          book=ScheduleBook(client, default_seconds_per_char=0.2), settings=loaded,
-                          policy=scheduling_policy(loaded))  # fmt: skip
+    admission = _paced_admission(client, stats, loaded)
     now = time.time()
     stats.record(chars=20, busy_s=5.0, segments=1, calls=1, solo_chars=20, solo_s=5.0)  # a big model on CPUs
     for _ in range(3):
@@ -342,9 +343,7 @@ def test_each_variant_s_first_audio_is_judged_by_its_own_recent_first_segments(
     isolated, client = paced
     stats = Stats(client)
     loaded = load_settings(redis_url=isolated, admission_first_audio_s=1.0, admission_retry_margin_s=0)
-    admission = Admission(stats=stats, breaker=_breaker(client), workers=WorkerRegistry(client, ttl_s=30),
-                          book=ScheduleBook(client, default_seconds_per_char=0.2), settings=loaded,
-                          policy=scheduling_policy(loaded))  # fmt: skip
+    admission = _paced_admission(client, stats, loaded)
     now = time.time()
     for _ in range(3):
         stats.record(first_chars=20, first_s=4.0, model="big")  # 0.2 s a character
@@ -454,9 +453,7 @@ def test_the_first_audio_check_keeps_a_margin_for_retries_of_at_most_half_its_li
     loaded = load_settings(
         redis_url=isolated, admission_first_audio_s=1.0, admission_retry_margin_s=0.25, admission_lateness_s=0
     )  # this test's subject is the first-audio check
-    admission = Admission(stats=stats, breaker=_breaker(client), workers=WorkerRegistry(client, ttl_s=30),
-                          book=ScheduleBook(client, default_seconds_per_char=0.2), settings=loaded,
-                          policy=scheduling_policy(loaded), refusals=Refusals(client))  # fmt: skip
+    admission = _paced_admission(client, stats, loaded, refusals=Refusals(client))
     now = time.time()
     Refusals(client).remember("ip-z", "refused", retry_after_s=60, now=now, pending=True)  # a retry awaited
     admission.admit("realtime", [now], first_chars=7, asker=("ip-a", "short"))  # 0.7 s: within 1 s less 0.25 s
