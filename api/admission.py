@@ -155,13 +155,9 @@ class Admission:
         last minute's one-segment engine calls of ``model`` (or of the last ones this process saw), or of every
         model's while it has none; 0 before any."""
         recent = self.stats.window()
-        for key, window in (("", recent), (model, recent.of(model))):
-            if key == "" or model:
-                solo = window.solo_s_per_char
-                if solo > 0:
-                    self._solo_s_per_char[key] = solo
-        pace = self._solo_s_per_char.get(model, 0.0) if model else 0.0
-        return first_chars * (pace or self._solo_s_per_char.get("", 0.0))
+        paces = {"": recent.solo_s_per_char, **({model: recent.of(model).solo_s_per_char} if model else {})}
+        self._solo_s_per_char.update({key: pace for key, pace in paces.items() if pace > 0})
+        return first_chars * (self._solo_s_per_char.get(model, 0.0) or self._solo_s_per_char.get("", 0.0))
 
     def check_first_audio(self, first_chars: int, *, margin_s: float = 0.0, model: str = "") -> None:
         """Raise ServiceUnavailable (503) when a realtime job's first audio (its first segment's first fragment)
