@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 import redis
 
@@ -51,11 +52,8 @@ class Window:
     @classmethod
     def summed(cls, figures: Mapping[str, float]) -> Window:
         """Return the window of a bucket sum's figures (missing ones are 0; models' figures are not read)."""
-        got = figures.get
-        return cls(chars=got("chars", 0.0), busy_s=got("busy_s", 0.0), segments=got("segments", 0.0),
-                   calls=got("calls", 0.0), ok=got("ok", 0.0), failed=got("failed", 0.0), firsts=got("firsts", 0.0),
-                   first_chars=got("first_chars", 0.0), first_s=got("first_s", 0.0),
-                   solo_chars=got("solo_chars", 0.0), solo_s=got("solo_s", 0.0))  # fmt: skip
+        known: dict[str, Any] = {f.name: figures[f.name] for f in fields(cls) if f.name in figures}
+        return cls(**known)
 
     def of(self, model: str) -> Window:
         """Return ``model``'s own PER_MODEL figures in this window (nothing when it recorded none)."""
