@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import ssl
 from typing import Any
+from urllib.parse import quote
 
 from core.settings import Settings
+from core.store_url import is_sentinel, parse_sentinel_url
 
 #: Lanes, in the order a worker consumes them: realtime before batch.
 QUEUES = ("realtime", "batch")
@@ -25,6 +27,23 @@ def queue_keys(lane: str) -> list[str]:
     return [lane if step == 0 else f"{lane}{PRIORITY_SEP}{step}" for step in PRIORITY_STEPS]
 
 
+def sentinel_broker(url: str) -> tuple[str, dict[str, Any]]:
+    """Return kombu's broker URL and transport options for a ``redis+sentinel://`` URL.
+
+    kombu names a Sentinel group its own way: one ``sentinel://`` URL per Sentinel, joined by ``;``, the
+    credentials and database on each, and the service as the ``master_name`` transport option.
+    """
+    target = parse_sentinel_url(url)
+    auth = ""
+    if target.username or target.password:
+        auth = quote(target.username or "", safe="") + ":" + quote(target.password or "", safe="") + "@"
+    hosts = ";".join(f"sentinel://{auth}{host}:{port}/{target.db}" for host, port in target.sentinels)
+    options: dict[str, Any] = {"master_name": target.service}
+    if target.sentinel_password:
+        options["sentinel_kwargs"] = {"password": target.sentinel_password}
+    return hosts, options
+
+
 def celery_settings(settings: Settings) -> dict[str, Any]:
     """Return Celery's lowercase settings for this deployment."""
     # A redelivered message is re-run after this long; keep it well above the
@@ -39,8 +58,12 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
         "priority_steps": list(PRIORITY_STEPS),
         "sep": PRIORITY_SEP,
     }
+    broker_url = settings.redis_url
+    if is_sentinel(broker_url):
+        broker_url, sentinel_options = sentinel_broker(broker_url)
+        transport.update(sentinel_options)
     conf: dict[str, Any] = {
-        "broker_url": settings.redis_url,
+        "broker_url": broker_url,
         "broker_transport_options": transport,
         "broker_connection_retry_on_startup": True,
         # Job state lives in the job store; Celery results would only duplicate it.

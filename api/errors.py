@@ -10,6 +10,7 @@ from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from api.contract import ErrorBody, ErrorDetail
+from cache.connect import NoReplicasError
 from core.errors import ServiceError, ServiceUnavailable, StoreFull, TooManyRequests
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,9 @@ def _http_error(error: HTTPException) -> Response:
 
 def _redis_down(error: redis.RedisError) -> Response:
     log.error("redis unavailable: %s", error)
+    if isinstance(error, NoReplicasError):
+        why = "the job store's primary refuses writes: none of its replicas answer it (it may be cut off while "
+        return _service_error(ServiceUnavailable(why + "Sentinel promotes another); retry shortly", retry_after=5))
     return _service_error(ServiceUnavailable("the job store (Redis) is unavailable; retry shortly", retry_after=5))
 
 

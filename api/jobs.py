@@ -71,6 +71,10 @@ def create_job() -> tuple[dict[str, Any], int, dict[str, str]]:
             submit=lambda new_id: submit_input(job_input, job_id=new_id),
             exists=lambda known: svc.store.get(known) is not None,
         )  # fmt: skip
+    svc.replication.ensure(
+        f"job {job_id}",
+        then=f"it may still run: poll /v1/jobs/{job_id}, or retry with the same Idempotency-Key, which returns it",
+    )
     view = job_view(_record(job_id))
     return as_json(view), 202, {"Location": view.urls.self}
 
@@ -99,6 +103,7 @@ def append_text(job_id: str) -> dict[str, Any]:
     answer = svc.text_streams.take(job_id, seq=piece.seq, text=piece.text, final=piece.final, owner=g.owner,
                                    store_full=svc.admission.store_full())  # fmt: skip
     refuse_piece(answer, job_id)
+    svc.replication.ensure(f"piece {piece.seq} of job {job_id}", then="send the piece again: a repeat is spoken once")
     record = svc.store.get(job_id) if not answer.open else None  # closed: say why (the common case reads less)
     stream = TextStreamView(open=answer.open, next_seq=answer.next_seq,
                             end_reason=record.text_end_reason if record else None)  # fmt: skip

@@ -13,9 +13,11 @@ from api.holds import StreamHolds
 from api.submission import Submitter
 from cache.breaker import CircuitBreaker
 from cache.budget import StoreBudget, build_budget, check_no_eviction
+from cache.connect import blocking_pool, redis_client
 from cache.events import EventHub
 from cache.jobstore import JobStore, store_of
 from cache.refusals import Refusals
+from cache.replication import Replication
 from cache.reservations import Reservations
 from cache.schedule import ScheduleBook
 from cache.sentences import SentenceCache, build_cache
@@ -53,6 +55,8 @@ class Services:
     policy: SchedulingPolicy
     submitter: Submitter
     text_streams: TextStreams
+    #: Waits until a job or piece about to be promised is on replicas (a no-op with none to wait for).
+    replication: Replication
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:
@@ -61,12 +65,12 @@ class Services:
             close()
 
 
-def _request_pool(settings: Settings) -> redis.BlockingConnectionPool:
+def _request_pool(settings: Settings) -> redis.ConnectionPool:
     """Return the bounded pool of Redis connections this process's requests share."""
     # Held streams run by the thousand (gevent): their Redis calls queue for a bounded set of connections instead
     # of opening one each (redis-py's default pool refuses past 100), and their waits share one loop (the hub).
     # A wait without the hub blocks in XREAD for up to max_wait_s: the socket must wait longer.
-    return redis.BlockingConnectionPool.from_url(
+    return blocking_pool(
         settings.redis_url,
         max_connections=settings.api_redis_connections,
         timeout=REDIS_CONNECTION_WAIT_S,
@@ -130,7 +134,7 @@ def build_services(settings: Settings) -> Services:
     admission = _admission(client, settings, workers=workers, book=book, budget=budget, policy=policy)
     # Every stream and long-poll of this process waits through one loop on one connection, not one each.
     # Its own connection: the request pool may be exhausted by the very streams the hub serves.
-    hub = EventHub(redis.Redis.from_url(settings.redis_url, health_check_interval=30, socket_timeout=30))
+    hub = EventHub(redis_client(settings.redis_url, health_check_interval=30, socket_timeout=30))
     store = store_of(client, settings, waiter=hub)
     cache = build_cache(settings)
     enqueue = celery_enqueue(celery)
@@ -169,6 +173,9 @@ def build_services(settings: Settings) -> Services:
         policy=policy,
         submitter=submitter,
         text_streams=text_streams,
+        replication=Replication(
+            client, replicas=settings.replicas_to_wait_for, timeout_ms=settings.redis_wait_timeout_ms
+        ),
         closers=[pool.disconnect, hub.close, cache.redis.connection_pool.disconnect, celery.close],
     )
 

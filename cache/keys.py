@@ -202,3 +202,8 @@ BREAKER = f"{PREFIX}:breaker"
 def streams(caller: str) -> str:
     """Return the key of a caller's open streams (a sorted set: slot id → when it lapses unless renewed, in ms)."""
     return f"{PREFIX}:streams:{caller}"
+
+
+#: A key rewritten before each Redis WAIT: WAIT counts the replicas that hold a connection's last write, so the
+#: write that comes right before it makes the wait cover everything written before it, by any client.
+REPLICATION_MARK = f"{PREFIX}:replication:mark"

@@ -21,6 +21,7 @@ from typing import Any
 import redis
 
 from cache import keys
+from cache.connect import blocking_pool
 from cache.jobstore import JobRequest
 from core.audio import PackedAudio
 from core.registry import ModelSpec
@@ -159,7 +160,7 @@ def build_cache(settings: Settings) -> SentenceCache:
     """Connect to the sentence cache's Redis (its own URL, or the job store's)."""
     # Short timeouts: a slow or absent cache must cost a miss, not a stalled request. A bounded pool that makes
     # a caller wait (up to a second) for a connection: an API under gevent runs lookups by the hundred at once.
-    pool = redis.BlockingConnectionPool.from_url(
+    pool = blocking_pool(
         settings.cache_redis_url or settings.redis_url,
         max_connections=settings.api_redis_connections,
         timeout=1.0,

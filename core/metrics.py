@@ -22,6 +22,11 @@ ADMISSION_RETRIES_ADMITTED = Counter(
     "tts_admission_retries_admitted_total",
     "Realtime requests let in on a retry after their Retry-After, judged without the margin kept for retries.",
 )
+REPLICA_CONFIRMATIONS = Counter(
+    "tts_replica_confirmations_total",
+    "Promises (202s, text pieces) the API waited on replicas for: confirmed in time, or short (answered 503).",
+    ["result"],
+)
 CACHE_LOOKUPS = Counter("tts_cache_lookups_total", "Sentence-cache lookups by result (hit, miss).", ["result"])
 QUEUE_DEPTH = Gauge("tts_queue_depth", "Segment tasks waiting per lane.", ["lane"], multiprocess_mode="mostrecent")
 SEGMENTS_OUTSTANDING = Gauge("tts_segments_outstanding",

@@ -10,8 +10,9 @@ its default and description), which the duplicate finder pairs; that is what a s
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field, ValidationError
+from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from core.errors import SettingsInvalid
@@ -19,6 +20,7 @@ from core.schedule import DeadlinePolicy
 from core.settings_api import ApiSettings
 from core.settings_jobs import JobSettings
 from core.settings_worker import WorkerSettings
+from core.store_url import check_store_url, is_sentinel
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,11 +34,24 @@ class Settings(JobSettings, ApiSettings, WorkerSettings):
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
         validation_alias=AliasChoices("REDIS_URL", "TTS_REDIS_URL"),
-        description="Broker and job store; needs maxmemory-policy noeviction. rediss:// and passwords work.",
+        description="Broker and job store; needs maxmemory-policy noeviction. rediss:// and passwords work; "
+        "a Sentinel group is redis+sentinel://host:26379[,host:26379...]/<service>[/<db>].",
     )
     cache_redis_url: str | None = Field(
         None,
         description="Redis for the sentence cache (may use allkeys-lru); unset shares REDIS_URL.",
+    )
+    redis_wait_replicas: Annotated[int, Field(ge=0, le=16)] | Literal["auto"] = Field(
+        "auto",
+        description="Replicas that must hold a job (Redis WAIT) before the API answers 202. `auto`: 1 when "
+        "REDIS_URL is a Sentinel group, else 0 (one Redis has no replica to wait for).",
+    )
+    redis_wait_timeout_ms: int = Field(
+        1000,
+        ge=10,
+        le=60_000,
+        description="How long the API waits for those replicas; past it the answer is 503 with Retry-After "
+        "(the job may still run: a retry with the same Idempotency-Key returns it).",
     )
     cache_enabled: bool = Field(True, description="Look up and store finished segments in the sentence cache.")
     cache_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="How long cached segments and files live.")
@@ -66,6 +81,18 @@ class Settings(JobSettings, ApiSettings, WorkerSettings):
         "each registers engines with core.registry.register_engine.",
     )
     log_level: str = Field("INFO", description="Python logging level.")
+
+    @field_validator("redis_url", "cache_redis_url")
+    @classmethod
+    def _store_url(cls, value: str | None) -> str | None:
+        return check_store_url(value) if value else value
+
+    @property
+    def replicas_to_wait_for(self) -> int:
+        """Return how many replicas must confirm a job before it is accepted (``auto`` resolved)."""
+        if self.redis_wait_replicas == "auto":
+            return 1 if is_sentinel(self.redis_url) else 0
+        return self.redis_wait_replicas
 
 
 def deadline_policy(settings: Settings) -> DeadlinePolicy:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
@@ -14,9 +16,10 @@ from devstack.local import free_port
 
 
 class RedisServer:
-    """A redis-server on an ephemeral port with its data in a temporary directory."""
+    """A redis-server on an ephemeral port with its data in a temporary directory; ``extra`` arguments go last
+    (a replica's ``--replicaof``, say)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, extra: Sequence[str] = ()) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed; run scripts/ensure_redis_server.sh")
@@ -25,6 +28,7 @@ class RedisServer:
         workdir.mkdir(parents=True, exist_ok=True)
         self.process: subprocess.Popen[bytes] | None = None
         self.binary = binary
+        self.extra = list(extra)
 
     @property
     def url(self) -> str:
@@ -35,7 +39,7 @@ class RedisServer:
         """Return the server's command line: AOF on, noeviction and no snapshots, as in production."""
         return [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
                 "--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction",
-                "--save", "", "--logfile", str(self.workdir / "redis.log")]  # fmt: skip
+                "--save", "", "--logfile", str(self.workdir / "redis.log"), *self.extra]  # fmt: skip
 
     def start(self) -> None:
         """Start the server and wait until it answers."""
@@ -63,6 +67,16 @@ class RedisServer:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait(10)
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): its sockets stay open and answer nothing, as a host that hangs does."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a frozen server run again (SIGCONT)."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGCONT)
 
     def restart(self) -> None:
         """Start the server again on the same port and directory, so it reloads its AOF."""

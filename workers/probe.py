@@ -17,6 +17,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from cache.connect import redis_client as store_client
 from cache.workers import WorkerRegistry
 from core.settings import load_settings
 
@@ -29,7 +30,7 @@ def redis_client(url: str) -> redis.Redis:
     """Return a client that tries each command once, briefly: the probe must answer within the kubelet's timeout."""
     # redis-py retries a refused connection 10 times with a growing backoff by default: seconds past that timeout,
     # and a probe that times out counts as failed, even the liveness probe that passes when Redis cannot be reached.
-    return redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3, retry=Retry(NoBackoff(), 0))
+    return store_client(url, socket_connect_timeout=3, socket_timeout=3, retry=Retry(NoBackoff(), 0))
 
 
 def started_at(pid: int) -> float | None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import redis
 
 from cache.budget import StoreBudget, build_budget, check_no_eviction
+from cache.connect import redis_client
 from cache.custody import BrokerKeys, Custody
 from cache.jobstore import JobStore, store_of
 from cache.reservations import Reservations
@@ -131,7 +132,7 @@ def _janitor(
 def job_store_client(url: str, *, timeout_s: float = REDIS_TIMEOUT_S) -> redis.Redis:
     """Return the worker's client of the job store: every call answers or raises (a RedisError) within
     ``timeout_s``, and a dead peer is found by TCP keepalive while the connection idles."""
-    return redis.Redis.from_url(
+    return redis_client(
         url, health_check_interval=30, socket_timeout=timeout_s, socket_connect_timeout=min(10.0, timeout_s),
         socket_keepalive=True,
     )  # fmt: skip

@@ -36,6 +36,8 @@ class Audit:
     recovery_p99_s: float | None = None  # fault → an affected job's end, 99th percentile
     recovery_s: float | None = None  # fault → every affected job ended
     ready_again_s: float | None = None  # fault → /readyz answering 200 for good
+    accepting_again_s: float | None = None  # fault → the first new job answered 202
+    refused_meanwhile: int | None = None  # submissions answered 503 between the fault and that 202
     notes: str = ""
     failures: dict[str, str] = field(default_factory=dict)  # job id → the reason it failed with
     problems: list[str] = field(default_factory=list)

@@ -18,6 +18,7 @@ MakeStack = Callable[..., Stack]
 def pytest_configure(config: pytest.Config) -> None:
     """Register the marker here too, so `--strict-markers` accepts it before pyproject lists it."""
     config.addinivalue_line("markers", "chaos: fault-injection scenarios (make chaos)")
+    config.addinivalue_line("markers", "failover: Sentinel failover scenarios (make chaos-failover)")
 
 
 @pytest.fixture
@@ -25,9 +26,9 @@ def make_stack(tmp_path: Path) -> Iterator[MakeStack]:
     """Return a factory of fresh stacks (Redis, workers, API app); every one is closed after the test."""
     stacks: list[Stack] = []
 
-    def make(*, worker_env: dict[str, str] | None = None, **api: Any) -> Stack:
+    def make(*, worker_env: dict[str, str] | None = None, sentinel: bool = False, **api: Any) -> Stack:
         try:
-            stack = Stack(tmp_path / f"stack-{len(stacks)}", worker_env=worker_env, **api)
+            stack = Stack(tmp_path / f"stack-{len(stacks)}", worker_env=worker_env, sentinel=sentinel, **api)
         except RuntimeError as e:
             if IN_CI or "redis-server" not in str(e):
                 raise

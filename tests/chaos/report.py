@@ -24,6 +24,8 @@ COLUMNS = (
     ("recovery_p99_s", "recovery p99 (s)"),
     ("recovery_s", "recovery, all (s)"),
     ("ready_again_s", "/readyz 200 again (s)"),
+    ("accepting_again_s", "202 again (s)"),
+    ("refused_meanwhile", "503s meanwhile"),
     ("seconds", "whole scenario (s)"),
     ("notes", "notes"),
 )

@@ -17,10 +17,12 @@ from flask.testing import FlaskClient
 
 from api import create_app
 from cache import keys
+from cache.connect import redis_client
 from cache.jobstore import TERMINAL, JobRequest, JobStore
 from devstack.local import ROOT
 from devstack.processes import descendants, kill_quietly
 from devstack.redis_server import RedisServer
+from devstack.sentinel import SentinelGroup
 from devstack.worker import WorkerProcess
 
 #: Worker settings every scenario shares. Every timer is `make run`'s default (heartbeat, reconciler interval
@@ -54,29 +56,40 @@ def write_registry(path: Path) -> Path:
 
 
 class Stack:
-    """A Redis, any number of workers and an in-process API app, all on fresh ports in ``workdir``."""
+    """A Redis (or, with ``sentinel``, a Sentinel group: a primary, two replicas, three Sentinels), any number of
+    workers and an in-process API app, all on fresh ports in ``workdir``."""
 
-    def __init__(self, workdir: Path, *, worker_env: Mapping[str, str] | None = None, **api: Any) -> None:
+    def __init__(
+        self, workdir: Path, *, worker_env: Mapping[str, str] | None = None, sentinel: bool = False, **api: Any
+    ) -> None:
         self.workdir = workdir
         self.redis_server = RedisServer(workdir / "redis")
-        self.redis_server.start()
+        self.group: SentinelGroup | None = None
+        if sentinel:
+            self.group = SentinelGroup(workdir / "redis-ha")
+            self.group.start()
+            url = self.group.url
+        else:
+            self.redis_server.start()
+            url = self.redis_server.url
         models_file = write_registry(workdir / "models.json")
         self.env = {
             **WORKER_ENV,
-            "REDIS_URL": self.redis_server.url,
+            "REDIS_URL": url,
             "TTS_MODELS_FILE": str(models_file),
             # No ChatTTS weights here, whatever the machine has: a pinned ChatTTS would load at start-up.
             "TTS_CHATTTS_WEIGHTS_DIR": str(workdir / "no-chattts"),
             **(worker_env or {}),
         }
-        self.redis = redis.Redis.from_url(self.redis_server.url)
+        # Through the Sentinels when there are some: the scenario's own reads follow a failover as the service's do.
+        self.redis = redis_client(url, socket_timeout=5, socket_connect_timeout=2)
         self.store = JobStore(self.redis, ttl=3600)
         self.workers: list[WorkerProcess] = []
         self._orphans: set[int] = set()
         self._stopped: set[int] = set()  # pids of workers this stack ended on purpose
         self.exits: list[tuple[int, int]] = []  # (pid, exit status) of workers that ended on their own
         config = {
-            "redis_url": self.redis_server.url,
+            "redis_url": url,
             "models_file": models_file,
             "default_model": "espeak-en",
             "chattts_weights_dir": workdir / "no-chattts",
@@ -85,7 +98,7 @@ class Stack:
         try:
             self.app: Flask = create_app(config)
         except Exception:
-            self.redis_server.stop()  # the fixture never sees a stack that failed to build
+            self._stop_redis()  # the fixture never sees a stack that failed to build
             raise
 
     def client(self) -> FlaskClient:
@@ -236,4 +249,9 @@ class Stack:
         services = self.app.extensions["tts"]
         for client in (self.redis, services.redis, services.cache.redis):  # else their sockets leak to the GC
             client.close()
+        self._stop_redis()
+
+    def _stop_redis(self) -> None:
+        if self.group is not None:
+            self.group.stop()
         self.redis_server.stop()
