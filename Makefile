@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install install-dev install-bench constraints run worker test chaos lint tiny-model full-model bench-engine bench-real bench-fragments bench-modes bench-int8 gpu-check bench bench-batch bench-cache bench-stream bench-schedule bench-workers bench-goodput bench-held bench-text bench-textstream soak docs docs-build docs-reference clean
+.PHONY: help install install-dev install-bench constraints run worker redis-ha test chaos chaos-failover lint tiny-model full-model bench-engine bench-real bench-fragments bench-modes bench-int8 gpu-check bench bench-batch bench-cache bench-stream bench-schedule bench-workers bench-goodput bench-held bench-text bench-textstream soak docs docs-build docs-reference clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/; s/\$$\$$/$$/g'
@@ -46,14 +46,22 @@ tiny-model: install  ## Build the tiny random-weight ChatTTS into $$TTS_TINY_MOD
 full-model: install  ## Build the random-weight ChatTTS at its real sizes (1.1 GB, seeded, no download) into models/chattts-random.
 	$(PY) -m workers.engines.chattts_random --preset full models/chattts-random
 
-test: install-dev  ## Run the whole test suite against a Redis and workers it starts itself.
+test: install-dev  ## Run the whole test suite against a Redis and workers it starts itself (of the failover scenarios, the primary's loss; all of them: make chaos-failover).
 	scripts/ensure_redis_server.sh
 	scripts/ensure_chromium.sh
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not failover_more" $(PYTEST_ARGS)
 
 chaos: install-dev  ## Run the fault-injection scenarios and print the table (zero lost jobs expected).
 	scripts/ensure_redis_server.sh
 	$(PY) -m pytest tests/chaos -m chaos -p no:cacheprovider -q; status=$$?; $(PY) -m tests.chaos.report; exit $$status
+
+chaos-failover: install-dev  ## Run the service on a Sentinel group (primary, 2 replicas, 3 Sentinels); kill the primary, freeze it past the failover, kill a Sentinel; print the table.
+	scripts/ensure_redis_server.sh
+	$(PY) -m pytest tests/chaos -m failover -p no:cacheprovider -q; status=$$?; $(PY) -m tests.chaos.report; exit $$status
+
+redis-ha: install  ## Start a local Sentinel group (a primary, two replicas, three Sentinels) and print the REDIS_URL for `make run`.
+	scripts/ensure_redis_server.sh
+	$(PY) -m devstack.sentinel
 
 bench: install-bench  ## The headline benchmark: after vs before at 1, 10 and 50 callers (table + chart).
 	scripts/ensure_redis_server.sh

@@ -189,7 +189,8 @@ if [ -n "$redis_program" ]; then
   for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
   echo "==> Redis on $REDIS_URL (data in $RUN_DIR/redis, AOF on, noeviction, maxmemory $REDIS_MAXMEMORY)"
 else
-  echo "==> using Redis at ${REDIS_URL%%@*}... (REDIS_URL)"
+  # Its credentials stay out of the output: the URL is shown with them masked.
+  echo "==> using Redis at $(printf %s "$REDIS_URL" | sed -E 's#://[^@/]*@#://***@#') (REDIS_URL)"
 fi
 # Started once Redis answers, so that neither begins with a refused connection; side by side,
 # since each start waits out its program's startsecs.

@@ -19,6 +19,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """Register the marker here too, so `--strict-markers` accepts it before pyproject lists it."""
     config.addinivalue_line("markers", "chaos: fault-injection scenarios (make chaos)")
     config.addinivalue_line("markers", "failover: Sentinel failover scenarios (make chaos-failover)")
+    config.addinivalue_line("markers", "failover_more: failover scenarios the suite leaves to make chaos-failover")
 
 
 @pytest.fixture

@@ -109,6 +109,7 @@ def test_the_primary_killed_mid_work_fails_over_and_loses_nothing(make_stack: Ma
     assert audit.recovery_s is not None and audit.recovery_s <= DONE_WITHIN_S, audit.row()
 
 
+@pytest.mark.failover_more
 def test_a_primary_frozen_past_the_failover_comes_back_stale_and_loses_nothing(make_stack: MakeStack) -> None:
     stack = make_stack(sentinel=True)
     assert stack.group is not None
@@ -140,6 +141,7 @@ def test_a_primary_frozen_past_the_failover_comes_back_stale_and_loses_nothing(m
     assert not prober.other, f"answers other than 202 or 503 with Retry-After: {prober.other}"
 
 
+@pytest.mark.failover_more
 def test_a_sentinel_killed_mid_work_changes_nothing(make_stack: MakeStack) -> None:
     stack = make_stack(sentinel=True)
     assert stack.group is not None

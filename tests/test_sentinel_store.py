@@ -1,0 +1,157 @@
+"""A Sentinel group goes wherever a Redis URL goes, and the API promises only what a replica holds.
+
+The failover itself (a primary killed, frozen, a Sentinel killed) is in tests/chaos/test_failover.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from flask import Flask
+
+from api import create_app
+from api.services import build_services
+from cache import keys
+from cache.connect import SentinelBlockingPool, redis_client
+from cache.workers import WorkerRegistry
+from celery_config import celery_settings, queue_keys
+from core.errors import SettingsInvalid
+from core.settings import load_settings
+from core.store_url import SentinelUrl, parse_sentinel_url
+from devstack.redis_server import RedisServer
+from devstack.sentinel import SentinelGroup
+from tests.conftest import IN_CI
+
+
+def test_a_sentinel_url_names_its_sentinels_service_database_and_passwords() -> None:
+    url = "redis+sentinel://app:p%40ss@s1:26379,s2:26380,[::1]/tts/3?sentinel_password=guard"
+    assert parse_sentinel_url(url) == SentinelUrl(
+        sentinels=(("s1", 26379), ("s2", 26380), ("::1", 26379)),
+        service="tts",
+        db=3,
+        username="app",
+        password="p@ss",
+        sentinel_password="guard",
+    )
+    assert parse_sentinel_url("redis+sentinel://s1/tts").db == 0
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis+sentinel://s1:26379", "names the service"),
+        ("redis+sentinel:///tts/0", "at least one Sentinel"),
+        ("redis+sentinel://s1:port/tts", "no Sentinel address"),
+        ("redis+sentinel://s1/tts/zero", "no number"),
+        ("redis+sentinel://s1/tts?socket_timeout=1", "only sentinel_password"),
+        ("http://redis.example/0", "redis+sentinel://"),
+    ],
+)
+def test_a_malformed_store_url_is_refused_at_start_saying_what_it_may_be(url: str, says: str) -> None:
+    with pytest.raises(SettingsInvalid) as refused:
+        load_settings(redis_url=url)
+    assert "REDIS_URL" in str(refused.value) and says in str(refused.value)
+
+
+def test_the_api_waits_for_one_replica_under_sentinel_and_for_none_with_one_redis() -> None:
+    assert load_settings(redis_url="redis+sentinel://s1/tts").replicas_to_wait_for == 1
+    assert load_settings(redis_url="redis://127.0.0.1:6379/0").replicas_to_wait_for == 0
+    assert load_settings(redis_url="redis://127.0.0.1:6379/0", redis_wait_replicas=2).replicas_to_wait_for == 2
+
+
+def test_the_broker_gets_one_sentinel_url_per_sentinel_and_the_service_as_master_name() -> None:
+    conf = celery_settings(load_settings(redis_url="redis+sentinel://:pw@s1:1,s2:2/tts/4?sentinel_password=g"))
+    assert conf["broker_url"] == "sentinel://:pw@s1:1/4;sentinel://:pw@s2:2/4"
+    options = conf["broker_transport_options"]
+    assert options["master_name"] == "tts" and options["sentinel_kwargs"] == {"password": "g"}
+    assert options["queue_order_strategy"] == "priority", "the lanes keep their order under Sentinel"
+
+
+def _server(workdir: Path) -> RedisServer:
+    try:
+        server = RedisServer(workdir)
+    except RuntimeError as e:
+        if IN_CI:
+            raise
+        pytest.skip(str(e))
+    server.start()
+    return server
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelGroup]:
+    """Run a Sentinel group (a primary, two replicas, three Sentinels) for this module."""
+    _server(tmp_path_factory.mktemp("probe")).stop()  # skips where no redis-server is installed
+    group = SentinelGroup(tmp_path_factory.mktemp("redis-ha"))
+    group.start()
+    yield group
+    group.stop()
+
+
+def _app(url: str, settings_env: dict[str, str], **settings: object) -> Flask:
+    WorkerRegistry(redis_client(url), ttl_s=60).beat("stand-in-worker", {})  # admission needs a live worker
+    return create_app({"redis_url": url, "models_file": Path(settings_env["TTS_MODELS_FILE"]),
+                       "tiny_model_dir": Path(settings_env["TTS_TINY_MODEL_DIR"]), "default_model": "espeak-en",
+                       **settings})  # fmt: skip
+
+
+def test_every_client_reaches_the_primary_the_sentinels_name(group: SentinelGroup) -> None:
+    services = build_services(load_settings(redis_url=group.url, default_model="espeak-en"))
+    try:
+        assert isinstance(services.redis.connection_pool, SentinelBlockingPool), "the requests' pool stays bounded"
+        clients = {"job store": services.redis, "sentence cache": services.cache.redis, "event hub": services.hub.redis}
+        for name, client in clients.items():
+            client.set(f"written-by:{name}", 1)
+            assert redis.Redis(port=group.primary().port).exists(f"written-by:{name}"), name
+    finally:
+        services.close()
+
+
+def test_a_job_through_a_sentinel_url_is_answered_202_once_a_replica_holds_it(
+    group: SentinelGroup, settings_env: dict[str, str]
+) -> None:
+    app = _app(group.url, settings_env)
+    try:
+        answer = app.test_client().post("/v1/jobs", json={"text": "Kept on two machines. At least."})
+        assert answer.status_code == 202, answer.get_data(as_text=True)
+        job = answer.get_json()
+        primary = group.primary().port
+        replicas = [redis.Redis(port=node.port) for node in group.nodes if node.port != primary]
+        assert any(r.exists(keys.job(job["id"])) for r in replicas), "202 came before any replica held the job"
+        queued = sum(int(redis.Redis(port=primary).llen(key)) for key in queue_keys("realtime"))
+        assert queued >= job["segments_total"], "the broker took the tasks through the Sentinels too"
+    finally:
+        app.extensions["tts"].close()
+
+
+def test_a_job_no_replica_confirms_in_time_is_answered_503_saying_how_to_find_it(
+    tmp_path: Path, settings_env: dict[str, str]
+) -> None:
+    server = _server(tmp_path / "alone")  # no replica: WAIT 1 times out
+    app = _app(server.url, settings_env, redis_wait_replicas=1, redis_wait_timeout_ms=50)
+    try:
+        answer = app.test_client().post("/v1/jobs", json={"text": "Nobody copies this."})
+        assert answer.status_code == 503 and answer.headers["Retry-After"] == "5"
+        message = answer.get_json()["error"]["message"]
+        assert "0 of the 1 replicas" in message and "Idempotency-Key" in message, message
+    finally:
+        app.extensions["tts"].close()
+        server.stop()
+
+
+def test_a_primary_that_lost_its_replicas_refuses_writes_and_the_api_answers_503(
+    tmp_path: Path, settings_env: dict[str, str]
+) -> None:
+    server = _server(tmp_path / "cut-off")
+    app = _app(server.url, settings_env)
+    redis.Redis(port=server.port).config_set("min-replicas-to-write", 1)  # as every node of a Sentinel group runs
+    try:
+        answer = app.test_client().post("/v1/jobs", json={"text": "Cut off from its replicas."})
+        assert answer.status_code == 503 and "Retry-After" in answer.headers
+        assert "none of its replicas answer" in answer.get_json()["error"]["message"]
+    finally:
+        app.extensions["tts"].close()
+        server.stop()
