@@ -57,7 +57,7 @@ chaos: install-dev  ## Run the fault-injection scenarios and print the table (ze
 
 chaos-failover: install-dev  ## Run the service on a Sentinel group (primary, 2 replicas, 3 Sentinels); kill the primary, freeze it past the failover, kill a Sentinel; print the table.
 	scripts/ensure_redis_server.sh
-	$(PY) -m pytest tests/chaos -m failover -p no:cacheprovider -q; status=$$?; $(PY) -m tests.chaos.report; exit $$status
+	$(PY) -m pytest tests/chaos -m failover -p no:cacheprovider -q; status=$$?; $(PY) -m tests.chaos.report --failover; exit $$status
 
 redis-ha: install  ## Start a local Sentinel group (a primary, two replicas, three Sentinels) and print the REDIS_URL for `make run`.
 	scripts/ensure_redis_server.sh

@@ -1,6 +1,7 @@
 """Print the fault scenarios' latest results as a markdown table: ``python -m tests.chaos.report [file]``.
 
-From the default results file (``make chaos``), the table is also published to docs/benchmarks/results/chaos.md.
+From the default results file (``make chaos``), the table is also published to docs/benchmarks/results/chaos.md;
+``--failover`` tabulates only the Sentinel scenarios (``make chaos-failover``) and publishes them to failover.md.
 """
 
 from __future__ import annotations
@@ -54,16 +55,22 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: The Sentinel failover scenarios' names begin with this (tests/chaos/test_failover.py).
+FAILOVER_PREFIX = "l"
+
+
 def main(argv: list[str]) -> int:
     """Print the table (and publish it, from the default file); say so when there are no results yet."""
-    path = Path(argv[0]) if argv else RESULTS
-    rows = latest_rows(path)
+    failover = "--failover" in argv
+    files = [arg for arg in argv if arg != "--failover"]
+    path = Path(files[0]) if files else RESULTS
+    rows = [row for row in latest_rows(path) if not failover or row["scenario"].startswith(FAILOVER_PREFIX)]
     if not rows:
-        print(f"no chaos results in {path}; run `make chaos`")
+        print(f"no chaos results in {path}; run `make {'chaos-failover' if failover else 'chaos'}`")
         return 1
     print(table(rows))
-    if not argv:
-        publish("chaos", table(rows))
+    if not files:
+        publish("failover" if failover else "chaos", table(rows))
     return 0
 
 

@@ -99,7 +99,7 @@ def test_the_primary_killed_mid_work_fails_over_and_loses_nothing(make_stack: Ma
     prober.start()
     promoted_s = stack.group.wait_new_primary(old.port)
     prober.join(ANSWERS_WITHIN_S + 5)
-    audit = run_to_end(stack, "e. Redis primary SIGKILL (Sentinel failover)", job_ids + prober.accepted, started,
+    audit = run_to_end(stack, "l1. Sentinel: primary SIGKILL", job_ids + prober.accepted, started,
                        timeout=DONE_WITHIN_S, fault_at=fault_at)  # fmt: skip
     audit.accepting_again_s, audit.refused_meanwhile = prober.accepting_again_s, prober.refused
     audit.notes = f"killed at {progress}; a replica promoted after {promoted_s:.1f} s; the old primary stays down"
@@ -128,7 +128,7 @@ def test_a_primary_frozen_past_the_failover_comes_back_stale_and_loses_nothing(m
         time.sleep(0.02)
     demoted_s = time.monotonic() - demoted_after
     prober.join(60)
-    audit = run_to_end(stack, "f. Redis primary SIGSTOP past the failover, resumed (stale primary)",
+    audit = run_to_end(stack, "l2. Sentinel: primary SIGSTOP past the failover, resumed",
                        job_ids + prober.accepted, started, timeout=DONE_WITHIN_S, fault_at=fault_at)  # fmt: skip
     audit.accepting_again_s, audit.refused_meanwhile = prober.accepting_again_s, prober.refused
     # What it applied are commands its clients sent before or while it froze: it runs them as it wakes, before it
@@ -150,7 +150,7 @@ def test_a_sentinel_killed_mid_work_changes_nothing(make_stack: MakeStack) -> No
     fault_at = time.time()
     stack.group.kill_sentinel(stack.group.sentinel_ports[0])
     after = submit(stack, workload(jobs=3, first_seed=200))  # the service takes jobs on, as if nothing happened
-    audit = run_to_end(stack, "g. one Sentinel SIGKILL", job_ids + after, started, fault_at=fault_at)
+    audit = run_to_end(stack, "l3. Sentinel: one Sentinel SIGKILL", job_ids + after, started, fault_at=fault_at)
     assert stack.group.primary_port() == primary, "losing one Sentinel of three moved the primary"
     audit.accepting_again_s, audit.refused_meanwhile = 0.0, 0
     audit.notes = f"killed at {progress}; 3 more jobs accepted after it, each at once; the primary stayed"
