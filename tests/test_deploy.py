@@ -24,6 +24,7 @@ from cache.workers import WorkerRegistry
 from celery_config import QUEUES
 from core.apikeys import KeyConfigError, parse_api_keys
 from core.settings import Settings
+from core.store_url import parse_sentinel_url
 from tests.support.databases import spare_database
 from tests.support.processes import wait_for
 from tests.support.servers import RedisServer, free_port
@@ -55,8 +56,49 @@ def _walk(node: Any) -> Iterator[tuple[Any, Any]]:
             yield from _walk(item)
 
 
-def _compose() -> dict[str, Any]:
-    return yaml.safe_load((DEPLOY / "compose.yaml").read_text(encoding="utf-8"))
+def _compose(name: str = "compose.yaml") -> dict[str, Any]:
+    return yaml.safe_load((DEPLOY / name).read_text(encoding="utf-8"))
+
+
+def _sentinel_compose() -> dict[str, dict[str, Any]]:
+    """Return the services of compose.yaml with compose.sentinel.yaml over it, merged as compose merges them."""
+    services: dict[str, dict[str, Any]] = _compose()["services"]
+    for name, override in _compose("compose.sentinel.yaml")["services"].items():
+        merged = dict(services.get(name, {}))
+        for key, value in override.items():
+            both_maps = isinstance(value, dict) and isinstance(merged.get(key), dict)
+            merged[key] = {**merged[key], **value} if both_maps else value
+        services[name] = merged
+    return services
+
+
+def _interpolate(text: str, **env: str) -> str:
+    """Return ``text`` as compose passes it on: ``${VAR...}`` from ``env`` (or its default), ``$$`` as ``$``."""
+
+    def value(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(3) or ""
+        return env.get(name, default if match.group(2) == ":-" else "")
+
+    return re.sub(r"\$\{(\w+)(?:(:[-?])([^}]*))?\}", value, text.replace("$$", "\0")).replace("\0", "$")
+
+
+def _directives(conf: str) -> dict[str, str]:
+    """Map each directive of a Redis or Sentinel config (all its words but the last) to its last word."""
+    lines = [line.split() for line in conf.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return {" ".join(words[:-1]): words[-1] for words in lines}
+
+
+def _conf_lines(script: str) -> dict[str, str]:
+    """Return the directives of the config a start script writes (its here-document)."""
+    body = re.search(r"<<EOF\n(.*?)\n\s*EOF$", script, re.DOTALL | re.MULTILINE)
+    assert body, "the script writes no config"
+    return _directives(body.group(1))
+
+
+def _compose_script(service: dict[str, Any]) -> str:
+    command = service["command"]
+    assert command[:2] == ["sh", "-c"], command
+    return _interpolate(command[2], REDIS_PASSWORD="pw")
 
 
 def _k8s_docs() -> list[dict[str, Any]]:
@@ -104,10 +146,11 @@ def _settings_env_names() -> set[str]:
 def _deploy_env_names() -> dict[str, str]:
     """Map every TTS_* / REDIS_URL variable the deploy files set to where it is set."""
     found: dict[str, str] = {}
-    for service, spec in _compose()["services"].items():
-        env = spec.get("environment") or {}
-        keys = env if isinstance(env, dict) else [item.split("=", 1)[0] for item in env]
-        found.update({key: f"compose.yaml:{service}" for key in keys})
+    for name in ("compose.yaml", "compose.sentinel.yaml"):
+        for service, spec in _compose(name)["services"].items():
+            env = spec.get("environment") or {}
+            keys = env if isinstance(env, dict) else [item.split("=", 1)[0] for item in env]
+            found.update({key: f"{name}:{service}" for key in keys})
     for doc in _k8s_docs():
         where = f"k8s {doc['kind']}/{doc['metadata']['name']}"
         if doc["kind"] in ("ConfigMap", "Secret"):
@@ -417,3 +460,144 @@ def test_the_probe_reads_when_a_process_started() -> None:
     mine = probe.started_at(os.getpid())
     assert mine is not None and mine <= begun
     assert probe.started_at(child.pid) is None, "reaped: no such process"
+
+
+# The job store as a Sentinel group: deploy/compose.sentinel.yaml, deploy/k8s/redis-sentinel.yaml, systemd.
+#: What every data node of a Sentinel group runs with: any of them may become the primary.
+DATA_NODE_SETTINGS = {
+    "min-replicas-to-write": "1",
+    "min-replicas-max-lag": "5",
+    "maxmemory-policy": "noeviction",
+    "appendonly": "yes",
+    "appendfsync": "everysec",
+}
+#: What every Sentinel runs with (after `sentinel monitor <group> <primary> 6379` comes the quorum).
+SENTINEL_SETTINGS = {
+    "sentinel resolve-hostnames": "yes",
+    "sentinel announce-hostnames": "yes",
+    "sentinel down-after-milliseconds tts": "5000",
+    "sentinel failover-timeout tts": "30000",
+    "sentinel parallel-syncs tts": "1",
+}
+SENTINEL_SERVICES = ("sentinel-1", "sentinel-2", "sentinel-3")
+
+
+def _k8s_scripts() -> dict[str, str]:
+    return dict(_k8s()[("ConfigMap", "redis-scripts")]["data"])
+
+
+def _compose_data_nodes() -> dict[str, dict[str, Any]]:
+    return {name: spec for name, spec in _sentinel_compose().items() if "redis-server" in str(spec.get("command"))}
+
+
+def test_the_sentinel_override_runs_a_primary_two_replicas_and_three_sentinels() -> None:
+    services = _sentinel_compose()
+    assert sorted(_compose_data_nodes()) == ["redis", "redis-2", "redis-3", "redis-cache"]
+    sentinels = sorted(name for name, spec in services.items() if "redis-sentinel" in str(spec.get("command")))
+    assert sentinels == list(SENTINEL_SERVICES)
+    members = ("redis", "redis-2", "redis-3", *SENTINEL_SERVICES)
+    for name in members:
+        assert services[name]["hostname"] == name, "members announce the name the others resolve"
+        assert services[name]["image"] == services["redis-cache"]["image"]
+    volumes = {services[name]["volumes"][0].split(":")[0] for name in members}
+    assert len(volumes) == len(members), "every member keeps its own data or Sentinel file"
+
+
+def test_every_data_node_of_the_sentinel_group_refuses_writes_without_a_replica_and_never_evicts() -> None:
+    nodes = {name: spec for name, spec in _compose_data_nodes().items() if name != "redis-cache"}
+    for name, spec in nodes.items():
+        conf = _conf_lines(_compose_script(spec))
+        assert {key: conf.get(key) for key in DATA_NODE_SETTINGS} == DATA_NODE_SETTINGS, name
+        assert conf["replica-announce-ip"] == "$me" and conf["masterauth"] == '"$REDISCLI_AUTH"', name
+    k8s = _conf_lines(_k8s_scripts()["redis.sh"])
+    assert {key: k8s.get(key) for key in DATA_NODE_SETTINGS} == DATA_NODE_SETTINGS
+    assert k8s["replica-announce-ip"] == "$ME" and k8s["masterauth"] == '"$REDISCLI_AUTH"'
+    systemd = (DEPLOY / "systemd" / "redis-tts.conf").read_text(encoding="utf-8")
+    for key in ("min-replicas-to-write 1", "min-replicas-max-lag 5", "masterauth"):
+        assert f"\n# {key}" in systemd, key
+    # The sentence cache may evict: losing it loses only cached audio.
+    cache = _sentinel_compose()["redis-cache"]
+    assert cache == _compose()["services"]["redis-cache"] and "allkeys-lru" in str(cache["command"])
+
+
+def test_every_sentinel_watches_the_group_with_the_same_quorum_and_timings() -> None:
+    scripts = [_compose_script(_sentinel_compose()[name]) for name in SENTINEL_SERVICES]
+    scripts.append(_k8s_scripts()["sentinel.sh"].replace("$SERVICE", "tts"))
+    systemd = _directives((DEPLOY / "systemd" / "sentinel-tts.conf").read_text(encoding="utf-8"))
+    for conf in [*map(_conf_lines, scripts), systemd]:
+        assert {key: conf.get(key) for key in SENTINEL_SETTINGS} == SENTINEL_SETTINGS
+        monitor = next(key for key in conf if key.startswith("sentinel monitor tts "))
+        assert monitor.split()[-1] == "6379" and conf[monitor] == "2", "quorum 2 of 3"
+
+
+def test_the_api_worker_and_flower_of_the_sentinel_override_find_the_primary_through_the_sentinels() -> None:
+    services = _sentinel_compose()
+    for name in ("api", "worker-gpu0"):
+        url = _interpolate(services[name]["environment"]["REDIS_URL"], REDIS_PASSWORD="pw")
+        assert url.startswith("redis+sentinel://"), name
+        group = parse_sentinel_url(url)
+        assert group.sentinels == tuple((host, 26379) for host in SENTINEL_SERVICES)
+        assert (group.service, group.db, group.password, group.sentinel_password) == ("tts", 0, "pw", "pw")
+        waits_for = {services[name]["depends_on"].get(sentinel, {}).get("condition") for sentinel in SENTINEL_SERVICES}
+        assert waits_for == {"service_healthy"}, name
+        cache_url = services[name]["environment"]["TTS_CACHE_REDIS_URL"]
+        assert cache_url == _compose()["services"][name]["environment"]["TTS_CACHE_REDIS_URL"], "one cache Redis"
+    # Flower runs Celery's own CLI: kombu's Sentinel transport, the group named in its transport options.
+    flower = services["flower"]
+    broker = _interpolate(flower["environment"]["CELERY_BROKER_URL"], REDIS_PASSWORD="pw")
+    assert broker.split(";") == [f"sentinel://:pw@{host}:26379/0" for host in SENTINEL_SERVICES]
+    assert '"master_name": "tts"' in _compose_script(flower)
+
+
+def test_the_k8s_sentinel_group_is_three_pods_one_per_node_disrupted_one_at_a_time() -> None:
+    docs = _k8s()
+    redis_set = docs[("StatefulSet", "redis")]["spec"]
+    assert redis_set["replicas"] == 3, "common.sh names three pods"
+    assert "for i in 0 1 2;" in _k8s_scripts()["common.sh"]
+    pod = redis_set["template"]["spec"]
+    labels = redis_set["template"]["metadata"]["labels"]
+    (rule,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert (
+        rule["topologyKey"] == "kubernetes.io/hostname"
+        and rule["labelSelector"]["matchLabels"].items() <= labels.items()
+    )
+    budget = docs[("PodDisruptionBudget", "redis")]["spec"]
+    assert budget["maxUnavailable"] == 1 and budget["selector"]["matchLabels"].items() <= labels.items()
+    assert [claim["metadata"]["name"] for claim in redis_set["volumeClaimTemplates"]] == ["data"]
+    headless = docs[("Service", redis_set["serviceName"])]["spec"]
+    assert headless["clusterIP"] == "None" and headless["publishNotReadyAddresses"] is True
+    assert "redis-headless" in _k8s_scripts()["common.sh"] and redis_set["serviceName"] == "redis-headless"
+    sentinel_port = docs[("Service", "redis-sentinel")]["spec"]["ports"]
+    assert [(p["port"], p["targetPort"]) for p in sentinel_port] == [(26379, "sentinel")]
+    containers = {c["name"]: c for c in pod["containers"]}
+    assert set(containers) == {"redis", "sentinel"}
+    for container in containers.values():
+        assert {"name": "data", "mountPath": "/data"} in container["volumeMounts"]
+        secret = next(e for e in container["env"] if e["name"] == "REDISCLI_AUTH")["valueFrom"]["secretKeyRef"]
+        assert secret["key"] in docs[("Secret", secret["name"])]["stringData"]
+    assert containers["redis"]["lifecycle"]["preStop"]["exec"]["command"] == ["sh", "/scripts/prestop.sh"]
+    assert pod["terminationGracePeriodSeconds"] > 30, "the preStop switchover waits up to 30 s"
+
+
+def test_every_sentinel_url_the_k8s_files_show_names_the_sentinel_service_and_the_group() -> None:
+    files = ("redis-sentinel.yaml", "redis-secret.example.yaml")
+    texts = [(DEPLOY / "k8s" / name).read_text(encoding="utf-8") for name in files]
+    urls = [url.rstrip('".,)').strip('"') for text in texts for url in re.findall(r"redis\+sentinel://\S+", text)]
+    shown = [url for url in urls if "@" in url and "<release>" not in url]  # not the Bitnami chart's, nor "..."
+    assert len(shown) >= 3
+    for url in shown:
+        group = parse_sentinel_url(url)
+        assert (group.sentinels, group.service, group.db) == ((("redis-sentinel", 26379),), "tts", 0), url
+        assert group.sentinel_password == group.password, "the Sentinels take the data nodes' password"
+    assert "SERVICE=tts" in _k8s_scripts()["common.sh"]
+
+
+@pytest.mark.parametrize("script", ["compose:redis", "compose:sentinel-1", "compose:flower", "redis.sh", "sentinel.sh",
+                                    "prestop.sh", "common.sh"])  # fmt: skip
+def test_every_redis_start_script_is_valid_sh(script: str) -> None:
+    if script.startswith("compose:"):
+        text = _compose_script(_sentinel_compose()[script.split(":", 1)[1]])
+    else:
+        text = _k8s_scripts()[script]
+    checked = subprocess.run(["sh", "-n"], input=text, capture_output=True, text=True, check=False)
+    assert checked.returncode == 0, checked.stderr
