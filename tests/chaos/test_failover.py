@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import pytest
 import redis
 
+from tests.chaos.audit import Audit
 from tests.chaos.conftest import MakeStack
 from tests.chaos.stack import Stack
 from tests.chaos.test_faults import conclude, run_to_end, submit, workload
@@ -82,6 +83,14 @@ def _in_flight(stack: Stack) -> tuple[list[str], float, str]:
     return job_ids, started, f"{written} written, {attempted - written} in flight"
 
 
+def conclude_followed(audit: Audit, stack: Stack) -> None:
+    """Conclude as every scenario does, and insist that the workers followed the failover without a restart."""
+    exits = ", ".join(f"a worker exited {code}" for _, code in stack.exits)
+    audit.notes += f"; {exits or 'no worker restarted'}"
+    conclude(audit, stack)
+    assert not stack.exits, f"a worker had to be restarted to follow the failover: {audit.notes}"
+
+
 def _writes_applied(node_port: int) -> int:
     """Return how many changes a data node has made to its data since it started, less the keys it expired
     (INFO's changes since the last save: this configuration never saves a snapshot)."""
@@ -103,7 +112,7 @@ def test_the_primary_killed_mid_work_fails_over_and_loses_nothing(make_stack: Ma
                        timeout=DONE_WITHIN_S, fault_at=fault_at)  # fmt: skip
     audit.accepting_again_s, audit.refused_meanwhile = prober.accepting_again_s, prober.refused
     audit.notes = f"killed at {progress}; a replica promoted after {promoted_s:.1f} s; the old primary stays down"
-    conclude(audit, stack)
+    conclude_followed(audit, stack)
     assert not prober.other, f"answers other than 202 or 503 with Retry-After: {prober.other}"
     assert prober.accepting_again_s is not None and prober.accepting_again_s <= ANSWERS_WITHIN_S, audit.row()
     assert audit.recovery_s is not None and audit.recovery_s <= DONE_WITHIN_S, audit.row()
@@ -137,7 +146,7 @@ def test_a_primary_frozen_past_the_failover_comes_back_stale_and_loses_nothing(m
     audit.notes = (f"frozen at {progress}; a replica promoted after {promoted_s:.1f} s; resumed then, it applied "
                    f"{applied_while_stale} writes queued while frozen, then refused writes until made a replica "
                    f"{demoted_s:.1f} s later")  # fmt: skip
-    conclude(audit, stack)
+    conclude_followed(audit, stack)
     assert not prober.other, f"answers other than 202 or 503 with Retry-After: {prober.other}"
 
 
@@ -154,4 +163,4 @@ def test_a_sentinel_killed_mid_work_changes_nothing(make_stack: MakeStack) -> No
     assert stack.group.primary_port() == primary, "losing one Sentinel of three moved the primary"
     audit.accepting_again_s, audit.refused_meanwhile = 0.0, 0
     audit.notes = f"killed at {progress}; 3 more jobs accepted after it, each at once; the primary stayed"
-    conclude(audit, stack)
+    conclude_followed(audit, stack)
