@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help install install-dev install-bench constraints run worker redis-ha test chaos chaos-failover lint tiny-model full-model bench-engine bench-real bench-fragments bench-modes bench-int8 gpu-check bench bench-batch bench-cache bench-stream bench-schedule bench-workers bench-goodput bench-held bench-text bench-textstream soak docs docs-build docs-reference clean
+.PHONY: help install install-dev install-bench constraints run worker redis-ha test chaos chaos-failover lint tiny-model full-model bench-engine bench-real bench-fragments bench-modes bench-int8 bench-store gpu-check bench bench-batch bench-cache bench-stream bench-schedule bench-workers bench-goodput bench-held bench-text bench-textstream soak docs docs-build docs-reference clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/; s/\$$\$$/$$/g'
@@ -54,6 +54,10 @@ test: install-dev  ## Run the whole test suite against a Redis and workers it st
 chaos: install-dev  ## Run the fault-injection scenarios and print the table (zero lost jobs expected).
 	scripts/ensure_redis_server.sh
 	$(PY) -m pytest tests/chaos -m chaos -p no:cacheprovider -q; status=$$?; $(PY) -m tests.chaos.report; exit $$status
+
+bench-store: install-bench  ## The job store's ceiling: the service's write path on one Redis with an engine that makes audio at once; Redis CPU, network and memory per audio second, and the GPUs one primary serves (~2 min).
+	scripts/ensure_redis_server.sh
+	$(PY) -m bench.store $(BENCH_ARGS)
 
 chaos-failover: install-dev  ## Run the service on a Sentinel group (primary, 2 replicas, 3 Sentinels); kill the primary, freeze it past the failover, kill a Sentinel; print the table.
 	scripts/ensure_redis_server.sh

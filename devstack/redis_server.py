@@ -57,10 +57,14 @@ class RedisServer:
                 time.sleep(0.05)
 
     def stop(self) -> None:
-        """Stop the server."""
+        """Stop the server; one that will not end within 10 s (a replica refuses to shut down while it writes
+        its first AOF file) is killed."""
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
-            self.process.wait(10)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
 
     def kill(self) -> None:
         """End the server with SIGKILL, as a crash would: no final AOF flush, no shutdown save."""
