@@ -83,12 +83,22 @@ def _in_flight(stack: Stack) -> tuple[list[str], float, str]:
     return job_ids, started, f"{written} written, {attempted - written} in flight"
 
 
-def conclude_followed(audit: Audit, stack: Stack) -> None:
-    """Conclude as every scenario does, and insist that the workers followed the failover without a restart."""
+def run_with(prober: Prober, scenario: str, job_ids: list[str], started: float, fault_at: float) -> Audit:
+    """Wait for the workload's jobs and those the prober got accepted to end; audit them all."""
+    audit = run_to_end(prober.stack, scenario, job_ids + prober.accepted, started, timeout=DONE_WITHIN_S,
+                       fault_at=fault_at)  # fmt: skip
+    audit.accepting_again_s, audit.refused_meanwhile = prober.accepting_again_s, prober.refused
+    return audit
+
+
+def conclude_followed(audit: Audit, stack: Stack, prober: Prober | None = None) -> None:
+    """Conclude as every scenario does, and insist that the workers followed the failover without a restart and
+    that callers meanwhile got 202, or 503 with Retry-After, and nothing else."""
     exits = ", ".join(f"a worker exited {code}" for _, code in stack.exits)
     audit.notes += f"; {exits or 'no worker restarted'}"
     conclude(audit, stack)
     assert not stack.exits, f"a worker had to be restarted to follow the failover: {audit.notes}"
+    assert prober is None or not prober.other, f"answers other than 202 or 503 with Retry-After: {prober.other}"
 
 
 def _writes_applied(node_port: int) -> int:
@@ -108,12 +118,9 @@ def test_the_primary_killed_mid_work_fails_over_and_loses_nothing(make_stack: Ma
     prober.start()
     promoted_s = stack.group.wait_new_primary(old.port)
     prober.join(ANSWERS_WITHIN_S + 5)
-    audit = run_to_end(stack, "l1. Sentinel: primary SIGKILL", job_ids + prober.accepted, started,
-                       timeout=DONE_WITHIN_S, fault_at=fault_at)  # fmt: skip
-    audit.accepting_again_s, audit.refused_meanwhile = prober.accepting_again_s, prober.refused
+    audit = run_with(prober, "l1. Sentinel: primary SIGKILL", job_ids, started, fault_at)
     audit.notes = f"killed at {progress}; a replica promoted after {promoted_s:.1f} s; the old primary stays down"
-    conclude_followed(audit, stack)
-    assert not prober.other, f"answers other than 202 or 503 with Retry-After: {prober.other}"
+    conclude_followed(audit, stack, prober)
     assert prober.accepting_again_s is not None and prober.accepting_again_s <= ANSWERS_WITHIN_S, audit.row()
     assert audit.recovery_s is not None and audit.recovery_s <= DONE_WITHIN_S, audit.row()
 
@@ -137,17 +144,14 @@ def test_a_primary_frozen_past_the_failover_comes_back_stale_and_loses_nothing(m
         time.sleep(0.02)
     demoted_s = time.monotonic() - demoted_after
     prober.join(60)
-    audit = run_to_end(stack, "l2. Sentinel: primary SIGSTOP past the failover, resumed",
-                       job_ids + prober.accepted, started, timeout=DONE_WITHIN_S, fault_at=fault_at)  # fmt: skip
-    audit.accepting_again_s, audit.refused_meanwhile = prober.accepting_again_s, prober.refused
+    audit = run_with(prober, "l2. Sentinel: primary SIGSTOP past the failover, resumed", job_ids, started, fault_at)
     # What it applied are commands its clients sent before or while it froze: it runs them as it wakes, before it
     # counts its replicas again. They are lost with its data when it becomes a replica; the audit shows that
     # nothing a caller was promised went with them (the janitor re-made any segment the new primary lacked).
     audit.notes = (f"frozen at {progress}; a replica promoted after {promoted_s:.1f} s; resumed then, it applied "
                    f"{applied_while_stale} writes queued while frozen, then refused writes until made a replica "
                    f"{demoted_s:.1f} s later")  # fmt: skip
-    conclude_followed(audit, stack)
-    assert not prober.other, f"answers other than 202 or 503 with Retry-After: {prober.other}"
+    conclude_followed(audit, stack, prober)
 
 
 @pytest.mark.failover_more
