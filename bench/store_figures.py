@@ -17,10 +17,9 @@ COUNTS = ("segments", "audio_s", "fragments", "jobs", "refused", "errors")
 
 
 @dataclass(frozen=True)
-class Reading:
-    """Redis's counters and the drivers' at one moment."""
+class Counters:
+    """Redis's counters and the drivers': their values at a moment (Reading), or their change (Window)."""
 
-    at: float  # time.monotonic()
     cpu_s: float  # Redis's main thread, user and system
     used_memory: int
     net_in: int
@@ -32,6 +31,13 @@ class Reading:
     jobs: float
     refused: float
     errors: float
+
+
+@dataclass(frozen=True)
+class Reading(Counters):
+    """Redis's counters and the drivers' at one moment."""
+
+    at: float  # time.monotonic()
 
     @classmethod
     def of(cls, info: Mapping[str, Any], counts: Sequence[float], at: float) -> Reading:
@@ -52,26 +58,15 @@ def _per(amount: float, unit: float) -> float | None:
 
 
 @dataclass(frozen=True)
-class Window:
-    """What Redis and the drivers did between two readings (each field: the change over the window)."""
+class Window(Counters):
+    """What Redis and the drivers did between two readings (each counter: its change over the window)."""
 
     seconds: float
-    cpu_s: float
-    used_memory: int
-    net_in: int
-    net_out: int
-    commands: int
-    segments: float
-    audio_s: float
-    fragments: float
-    jobs: float
-    refused: float
-    errors: float
 
     @classmethod
     def between(cls, before: Reading, after: Reading) -> Window:
         """Return the change from ``before`` to ``after``."""
-        changes = {f.name: getattr(after, f.name) - getattr(before, f.name) for f in fields(Reading) if f.name != "at"}
+        changes = {f.name: getattr(after, f.name) - getattr(before, f.name) for f in fields(Counters)}
         return cls(seconds=after.at - before.at, **changes)
 
     @property
