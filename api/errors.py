@@ -66,10 +66,18 @@ def _http_error(error: HTTPException) -> Response:
 
 def _redis_down(error: redis.RedisError) -> Response:
     log.error("redis unavailable: %s", error)
-    if isinstance(error, NoReplicasError):
-        why = "the job store's primary refuses writes: none of its replicas answer it (it may be cut off while "
-        return _service_error(ServiceUnavailable(why + "Sentinel promotes another); retry shortly", retry_after=5))
     return _service_error(ServiceUnavailable("the job store (Redis) is unavailable; retry shortly", retry_after=5))
+
+
+def _no_replicas(error: NoReplicasError) -> Response:
+    log.error("the job store's primary refuses writes: %s", error)
+    return _service_error(
+        ServiceUnavailable(
+            "the job store's primary refuses writes: none of its replicas answer it (it may be cut off while "
+            "Sentinel promotes another); retry shortly",
+            retry_after=5,
+        )
+    )
 
 
 def _store_full(error: redis.OutOfMemoryError) -> Response:
@@ -91,5 +99,6 @@ def init_app(app: Flask) -> None:
     app.register_error_handler(ServiceError, _service_error)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(redis.RedisError, _redis_down)
+    app.register_error_handler(NoReplicasError, _no_replicas)
     app.register_error_handler(redis.OutOfMemoryError, _store_full)
     app.register_error_handler(Exception, _unexpected)

@@ -44,7 +44,14 @@ class SentinelGroup:
         self.sentinel_ports = [free_port() for _ in range(sentinels)]
         self.sentinels: dict[int, redis.Redis] = {}
         self._processes: dict[int, subprocess.Popen[bytes]] = {}
+        self._clients: dict[int, redis.Redis] = {}
         self.binary = self.nodes[0].binary
+
+    def client(self, port: int) -> redis.Redis:
+        """Return a client of the data node on ``port`` itself, not of whichever is primary (one per node, kept)."""
+        if port not in self._clients:
+            self._clients[port] = redis.Redis(port=port, socket_timeout=2)
+        return self._clients[port]
 
     @property
     def url(self) -> str:
@@ -85,7 +92,7 @@ class SentinelGroup:
         """Return whether every replica is in sync and every Sentinel knows the primary, replicas and others."""
         try:
             for node in self.nodes[1:]:
-                info = redis.Redis(port=node.port, socket_timeout=2).info("replication")
+                info = self.client(node.port).info("replication")
                 if info.get("master_link_status") != "up":
                     return False
             for client in self.sentinels.values():
@@ -126,7 +133,7 @@ class SentinelGroup:
             port = self.primary_port()
             if port is not None and port != old:
                 with contextlib.suppress(redis.RedisError):
-                    if redis.Redis(port=port, socket_timeout=1).info("replication").get("role") == "master":
+                    if self.client(port).info("replication").get("role") == "master":
                         return time.monotonic() - started
             time.sleep(0.05)
         raise TimeoutError(f"no new primary within {timeout:.0f} s; logs in {self.workdir}")
@@ -146,7 +153,7 @@ class SentinelGroup:
             with contextlib.suppress(Exception):
                 process.terminate()
                 process.wait(10)
-        for client in self.sentinels.values():
+        for client in [*self.sentinels.values(), *self._clients.values()]:
             client.close()
         for node in self.nodes:
             node.resume()

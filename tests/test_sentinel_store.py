@@ -5,8 +5,9 @@ The failover itself (a primary killed, frozen, a Sentinel killed) is in tests/ch
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import redis
@@ -24,6 +25,8 @@ from core.store_url import SentinelUrl, parse_sentinel_url
 from devstack.redis_server import RedisServer
 from devstack.sentinel import SentinelGroup
 from tests.conftest import IN_CI
+
+T = TypeVar("T")
 
 
 def test_a_sentinel_url_names_its_sentinels_service_database_and_passwords() -> None:
@@ -70,13 +73,18 @@ def test_the_broker_gets_one_sentinel_url_per_sentinel_and_the_service_as_master
     assert options["queue_order_strategy"] == "priority", "the lanes keep their order under Sentinel"
 
 
-def _server(workdir: Path) -> RedisServer:
+def _installed(build: Callable[[], T]) -> T:
+    """Return what ``build`` makes of redis-server's processes; skip locally, fail in CI, where none is installed."""
     try:
-        server = RedisServer(workdir)
+        return build()
     except RuntimeError as e:
         if IN_CI:
             raise
         pytest.skip(str(e))
+
+
+def _server(workdir: Path) -> RedisServer:
+    server = _installed(lambda: RedisServer(workdir))
     server.start()
     return server
 
@@ -84,8 +92,7 @@ def _server(workdir: Path) -> RedisServer:
 @pytest.fixture(scope="module")
 def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelGroup]:
     """Run a Sentinel group (a primary, two replicas, three Sentinels) for this module."""
-    _server(tmp_path_factory.mktemp("probe")).stop()  # skips where no redis-server is installed
-    group = SentinelGroup(tmp_path_factory.mktemp("redis-ha"))
+    group = _installed(lambda: SentinelGroup(tmp_path_factory.mktemp("redis-ha")))
     group.start()
     yield group
     group.stop()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import pytest
 import redis
 
+from devstack.sentinel import SentinelGroup
 from tests.chaos.audit import Audit
 from tests.chaos.conftest import MakeStack
 from tests.chaos.stack import Stack
@@ -72,21 +73,34 @@ class Prober:
         self._stop.set()
 
 
-def _in_flight(stack: Stack) -> tuple[list[str], float, str]:
-    """Start a worker, submit the standard workload with its models paused, and wait until part of it is in
-    flight; return the job ids, when they were submitted (monotonic), and how far they had come."""
+@dataclass(frozen=True)
+class Underway:
+    """A stack on a Sentinel group with the standard workload part made: the moment a fault is injected."""
+
+    stack: Stack
+    group: SentinelGroup
+    job_ids: list[str]
+    started: float  # when the workload was submitted (monotonic)
+    progress: str  # how far it had come
+
+
+def _underway(make_stack: MakeStack) -> Underway:
+    """Build a stack on a Sentinel group, start a worker, submit the standard workload with its models paused,
+    and wait until part of it is in flight."""
+    stack = make_stack(sentinel=True)
+    assert stack.group is not None
     worker = stack.start_worker()
     started = time.monotonic()
     with stack.models_paused(worker):
         job_ids = submit(stack, workload())
     written, attempted = stack.wait_in_flight(job_ids)
-    return job_ids, started, f"{written} written, {attempted - written} in flight"
+    return Underway(stack, stack.group, job_ids, started, f"{written} written, {attempted - written} in flight")
 
 
-def run_with(prober: Prober, scenario: str, job_ids: list[str], started: float, fault_at: float) -> Audit:
+def run_with(prober: Prober, scenario: str, underway: Underway, fault_at: float) -> Audit:
     """Wait for the workload's jobs and those the prober got accepted to end; audit them all."""
-    audit = run_to_end(prober.stack, scenario, job_ids + prober.accepted, started, timeout=DONE_WITHIN_S,
-                       fault_at=fault_at)  # fmt: skip
+    audit = run_to_end(underway.stack, scenario, underway.job_ids + prober.accepted, underway.started,
+                       timeout=DONE_WITHIN_S, fault_at=fault_at)  # fmt: skip
     audit.accepting_again_s, audit.refused_meanwhile = prober.accepting_again_s, prober.refused
     return audit
 
@@ -101,70 +115,68 @@ def conclude_followed(audit: Audit, stack: Stack, prober: Prober | None = None) 
     assert prober is None or not prober.other, f"answers other than 202 or 503 with Retry-After: {prober.other}"
 
 
-def _writes_applied(node_port: int) -> int:
+def _writes_applied(node: redis.Redis) -> int:
     """Return how many changes a data node has made to its data since it started, less the keys it expired
     (INFO's changes since the last save: this configuration never saves a snapshot)."""
-    info = redis.Redis(port=node_port, socket_timeout=2).info()
+    info = node.info()
     return int(info["rdb_changes_since_last_save"]) - int(info["expired_keys"])
 
 
 def test_the_primary_killed_mid_work_fails_over_and_loses_nothing(make_stack: MakeStack) -> None:
-    stack = make_stack(sentinel=True)
-    assert stack.group is not None
-    job_ids, started, progress = _in_flight(stack)
-    old = stack.group.primary()
-    fault_at, prober = time.time(), Prober(stack)
+    underway = _underway(make_stack)
+    old = underway.group.primary()
+    fault_at, prober = time.time(), Prober(underway.stack)
     old.kill()
     prober.start()
-    promoted_s = stack.group.wait_new_primary(old.port)
+    promoted_s = underway.group.wait_new_primary(old.port)
     prober.join(ANSWERS_WITHIN_S + 5)
-    audit = run_with(prober, "l1. Sentinel: primary SIGKILL", job_ids, started, fault_at)
-    audit.notes = f"killed at {progress}; a replica promoted after {promoted_s:.1f} s; the old primary stays down"
-    conclude_followed(audit, stack, prober)
+    audit = run_with(prober, "l1. Sentinel: primary SIGKILL", underway, fault_at)
+    audit.notes = (f"killed at {underway.progress}; a replica promoted after {promoted_s:.1f} s; the old primary "
+                   "stays down")  # fmt: skip
+    conclude_followed(audit, underway.stack, prober)
     assert prober.accepting_again_s is not None and prober.accepting_again_s <= ANSWERS_WITHIN_S, audit.row()
     assert audit.recovery_s is not None and audit.recovery_s <= DONE_WITHIN_S, audit.row()
 
 
 @pytest.mark.failover_more
 def test_a_primary_frozen_past_the_failover_comes_back_stale_and_loses_nothing(make_stack: MakeStack) -> None:
-    stack = make_stack(sentinel=True)
-    assert stack.group is not None
-    job_ids, started, progress = _in_flight(stack)
-    old = stack.group.primary()
-    fault_at, prober = time.time(), Prober(stack)
-    applied_before = _writes_applied(old.port)  # the few writes between this read and the freeze count as stale
+    underway = _underway(make_stack)
+    old = underway.group.primary()
+    stale = underway.group.client(old.port)
+    fault_at, prober = time.time(), Prober(underway.stack)
+    applied_before = _writes_applied(stale)  # the few writes between this read and the freeze count as stale
     old.pause()
     prober.start()
-    promoted_s = stack.group.wait_new_primary(old.port)
+    promoted_s = underway.group.wait_new_primary(old.port)
     old.resume()
     demoted_after, applied_while_stale = time.monotonic(), 0
-    while redis.Redis(port=old.port, socket_timeout=2).info("replication")["role"] == "master":
-        applied_while_stale = _writes_applied(old.port) - applied_before
+    while stale.info("replication")["role"] == "master":
+        applied_while_stale = _writes_applied(stale) - applied_before
         assert time.monotonic() - demoted_after < 30, "the Sentinels never turned the stale primary into a replica"
         time.sleep(0.02)
     demoted_s = time.monotonic() - demoted_after
     prober.join(60)
-    audit = run_with(prober, "l2. Sentinel: primary SIGSTOP past the failover, resumed", job_ids, started, fault_at)
+    audit = run_with(prober, "l2. Sentinel: primary SIGSTOP past the failover, resumed", underway, fault_at)
     # What it applied are commands its clients sent before or while it froze: it runs them as it wakes, before it
     # counts its replicas again. They are lost with its data when it becomes a replica; the audit shows that
     # nothing a caller was promised went with them (the janitor re-made any segment the new primary lacked).
-    audit.notes = (f"frozen at {progress}; a replica promoted after {promoted_s:.1f} s; resumed then, it applied "
-                   f"{applied_while_stale} writes queued while frozen, then refused writes until made a replica "
-                   f"{demoted_s:.1f} s later")  # fmt: skip
-    conclude_followed(audit, stack, prober)
+    audit.notes = (f"frozen at {underway.progress}; a replica promoted after {promoted_s:.1f} s; resumed then, it "
+                   f"applied {applied_while_stale} writes queued while frozen, then refused writes until made a "
+                   f"replica {demoted_s:.1f} s later")  # fmt: skip
+    conclude_followed(audit, underway.stack, prober)
 
 
 @pytest.mark.failover_more
 def test_a_sentinel_killed_mid_work_changes_nothing(make_stack: MakeStack) -> None:
-    stack = make_stack(sentinel=True)
-    assert stack.group is not None
-    job_ids, started, progress = _in_flight(stack)
-    primary = stack.group.primary_port()
+    underway = _underway(make_stack)
+    stack, group = underway.stack, underway.group
+    primary = group.primary_port()
     fault_at = time.time()
-    stack.group.kill_sentinel(stack.group.sentinel_ports[0])
+    group.kill_sentinel(group.sentinel_ports[0])
     after = submit(stack, workload(jobs=3, first_seed=200))  # the service takes jobs on, as if nothing happened
-    audit = run_to_end(stack, "l3. Sentinel: one Sentinel SIGKILL", job_ids + after, started, fault_at=fault_at)
-    assert stack.group.primary_port() == primary, "losing one Sentinel of three moved the primary"
+    audit = run_to_end(stack, "l3. Sentinel: one Sentinel SIGKILL", underway.job_ids + after, underway.started,
+                       fault_at=fault_at)  # fmt: skip
+    assert group.primary_port() == primary, "losing one Sentinel of three moved the primary"
     audit.accepting_again_s, audit.refused_meanwhile = 0.0, 0
-    audit.notes = f"killed at {progress}; 3 more jobs accepted after it, each at once; the primary stayed"
+    audit.notes = f"killed at {underway.progress}; 3 more jobs accepted after it, each at once; the primary stayed"
     conclude_followed(audit, stack)
