@@ -8,7 +8,7 @@ from typing import Any
 
 from flask import Flask
 
-from api import access, errors, health, jobs, metrics, openapi, speech, voice_socket, web
+from api import access, errors, health, jobs, metrics, openapi, served, speech, voice_socket, web
 from api.services import Services, build_services, init_app
 from core.logs import setup_logging
 from core.settings import load_settings
@@ -27,6 +27,7 @@ def create_app(test_config: Mapping[str, Any] | None = None, *, services: Servic
     errors.init_app(app)
     metrics.init_app(app)
     access.init_app(app)
+    served.init_app(app, app.extensions["tts"].replication)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(health.bp)
     app.register_blueprint(speech.bp)

@@ -11,6 +11,7 @@ from werkzeug.exceptions import HTTPException
 
 from api.contract import ErrorBody, ErrorDetail
 from cache.connect import NoReplicasError
+from cache.replication import RETRY_AFTER_S, Unreplicated
 from core.errors import ServiceError, ServiceUnavailable, StoreFull, TooManyRequests
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,16 @@ def _no_replicas(error: NoReplicasError) -> Response:
     )
 
 
+def unreplicated(error: Unreplicated) -> Response:
+    """Answer 503 for what the job store could not confirm is on a replica (it is failing over)."""
+    log.warning("the job store did not confirm an answer: %s", error)
+    return _service_error(
+        ServiceUnavailable(
+            f"the job store could not confirm this answer: {error}; retry shortly", retry_after=RETRY_AFTER_S
+        )
+    )
+
+
 def _store_full(error: redis.OutOfMemoryError) -> Response:
     log.warning("the job store refused a write at its memory limit: %s", error)
     return _service_error(
@@ -100,5 +111,6 @@ def init_app(app: Flask) -> None:
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(redis.RedisError, _redis_down)
     app.register_error_handler(NoReplicasError, _no_replicas)
+    app.register_error_handler(Unreplicated, unreplicated)
     app.register_error_handler(redis.OutOfMemoryError, _store_full)
     app.register_error_handler(Exception, _unexpected)

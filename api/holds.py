@@ -37,6 +37,10 @@ class Hold:
         self._renewed = time.monotonic()
         self._released = False
 
+    def confirm(self) -> None:
+        """Return once what the stream read for its next chunk is on a replica (api/served.py)."""
+        self._holds.confirm()
+
     @property
     def write_timeout_s(self) -> float:
         """How long each write of the held response may take (its holds' setting)."""
@@ -83,8 +87,10 @@ class StreamHolds:
         ttl_s: float,
         write_timeout_s: float = 30.0,
         keepalive_s: float = 15.0,
+        confirm: Callable[[], None] | None = None,
     ) -> None:
         self.streams = streams
+        self.confirm = confirm or (lambda: None)  # before a chunk goes out: what it read is on a replica
         # What a caller at its limit is told to wait: a stream that ends frees its slot at once, but one whose client
         # left is noticed at a write that fails, which an event stream's keep-alives reach by the second of them
         # (a growing audio stream looks at its client at each). A long-poll holds its slot for its wait.
@@ -148,9 +154,11 @@ def held(hold: Hold, chunks: Iterable[T]) -> Iterator[T]:
     Every chunk renews: each was taken by the client before the server asked for the next (a write that stalls
     ends the response at the socket's timeout), and an empty one is a growing stream's idle turn, taken after it
     looked that its client is still connected. A chunk over ``WRITE_PIECE_BYTES`` goes out in pieces of that size.
+    Under a Sentinel group a chunk goes out only once what was read to make it is confirmed (api/served.py).
     """
     try:
         for chunk in chunks:
+            hold.confirm()  # raises Unreplicated: the stream breaks off, and its client resumes from the primary
             hold.keep()
             if isinstance(chunk, bytes) and len(chunk) > WRITE_PIECE_BYTES:
                 view = memoryview(chunk)

@@ -103,8 +103,9 @@ def _admission(
     )  # fmt: skip
 
 
-def _holds(client: redis.Redis, settings: Settings) -> StreamHolds:
-    """Return the count of streams and long-polls held open, per caller and for this process."""
+def _holds(client: redis.Redis, settings: Settings, replication: Replication) -> StreamHolds:
+    """Return the count of streams and long-polls held open, per caller and for this process; each chunk they send
+    waits for ``replication``'s confirmation (api/served.py)."""
     return StreamHolds(
         CallerStreams(client, ttl_s=settings.stream_slot_ttl_s),
         per_caller=settings.max_streams_per_caller,
@@ -112,6 +113,7 @@ def _holds(client: redis.Redis, settings: Settings) -> StreamHolds:
         ttl_s=settings.stream_slot_ttl_s,
         write_timeout_s=settings.stream_write_timeout_s,
         keepalive_s=settings.stream_keepalive_s,
+        confirm=replication.confirm_noted,
     )
 
 
@@ -168,14 +170,12 @@ def build_services(settings: Settings) -> Services:
         book=book,
         budget=budget,
         hub=hub,
-        holds=_holds(client, settings),
+        holds=_holds(client, settings, store.replication),
         keys=settings.key_ring,
         policy=policy,
         submitter=submitter,
         text_streams=text_streams,
-        replication=Replication(
-            client, replicas=settings.replicas_to_wait_for, timeout_ms=settings.redis_wait_timeout_ms
-        ),
+        replication=store.replication,
         closers=[pool.disconnect, hub.close, cache.redis.connection_pool.disconnect, celery.close],
     )
 

@@ -36,6 +36,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -53,6 +54,7 @@ from api.streaming import Ended, Fragment, Idle, Ready, follow, follow_fragments
 from api.text_pieces import refuse_piece
 from api.timeouts import within
 from api.validation import contract_error
+from cache.nodes import close_log, open_log
 from cache.records import PieceResult
 from cache.text_streams import PieceAnswer
 from core.audio import encode
@@ -118,24 +120,28 @@ def _whole_writes() -> None:
 class _Socket:
     """One connection's sends, serialised: the reader's errors and the follower's audio share the socket."""
 
-    def __init__(self, ws: Server) -> None:
+    def __init__(self, ws: Server, confirm: Callable[[], None]) -> None:
         self.ws = ws
+        self.confirm = confirm  # what a send says was read from a node that a replica confirmed (api/served.py)
         self._lock = threading.Lock()
         self._open = True
         self._ended = False
 
     def event(self, kind: str, **data: Any) -> None:
+        self.confirm()
         with self._lock:
             self._send_json(kind, data)
 
     def end(self, kind: str, **data: Any) -> None:
         """Send how the job ended (``done``, ``failed``, ``canceled``), and remember that the client has it."""
+        self.confirm()
         with self._lock:
             self._send_json(kind, data)
             self._ended = True
 
     def audio(self, kind: str, payload: bytes, **data: Any) -> None:
         """Send an event that announces audio (``bytes``), then the audio as one binary frame."""
+        self.confirm()
         with self._lock:
             self._send_json(kind, {**data, "bytes": len(payload)})
             self.ws.send(payload)
@@ -218,6 +224,7 @@ FRAGMENT_FILES = frozenset({"wav", "flac"})
 
 def _follow(svc: Services, job_id: str, out: _Socket, *, fragments: bool = False) -> None:
     """Send each segment (or, with ``fragments``, each fragment) as it is made, then how the job ended."""
+    open_log()  # this thread's replies, confirmed before each send
     try:
         if fragments:
             _send_fragments(svc, job_id, out)
@@ -227,6 +234,11 @@ def _follow(svc: Services, job_id: str, out: _Socket, *, fragments: bool = False
         return
     except OSError as e:  # the client reset the connection, or took nothing for stream_write_timeout_s
         log.info("voice socket of job %s: its audio could not be sent (%s); the connection ends", job_id, e)
+    except redis.RedisError as e:  # Unreplicated too: the store fails over
+        log.warning("voice socket of job %s: the job store is unavailable (%s)", job_id, e)
+        _send_error(out, ServiceUnavailable("the job store is unavailable; retry shortly", retry_after=1))
+    finally:
+        close_log()
 
 
 def _send_segments(svc: Services, job_id: str, out: _Socket) -> None:
@@ -281,7 +293,8 @@ def _open(svc: Services, first: dict[str, Any]) -> str:
 @sock.route("/v1/jobs/stream", bp=bp)  # type: ignore[untyped-decorator]
 def voice_socket(ws: Server) -> None:
     """Open a text stream, take its pieces as messages, and send its audio back on the same connection."""
-    svc, out = services(), _Socket(ws)
+    svc = services()
+    out = _Socket(ws, svc.replication.confirm_noted)
     job_id = None
     try:
         with svc.holds.hold(g.caller) as hold:

@@ -4,7 +4,8 @@ Every process builds its Redis clients here, so a ``redis+sentinel://`` URL (cor
 ``redis://`` one does. A Sentinel-managed client asks the Sentinels for the primary when it connects, and drops
 its connections when they name another, or when the server it reaches answers READONLY (a primary demoted to
 replica): a failover is followed without a restart, at the price of the commands in flight at that moment,
-which fail with a ConnectionError like any dropped connection.
+which fail with a ConnectionError like any dropped connection. Its connections note which node each reply came
+from (cache/nodes.py), so that a confirmation can tell a reply of the primary from one of a stale node.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import redis
 from redis._parsers.base import BaseParser
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
+from cache.nodes import NodeNotingConnection
 from core.store_url import SentinelUrl, is_sentinel, parse_sentinel_url
 
 
@@ -51,7 +53,8 @@ def sentinel_of(target: SentinelUrl, options: dict[str, Any]) -> Sentinel:
 
 def _primary(url: str, options: dict[str, Any]) -> redis.Redis:
     target = parse_sentinel_url(url)
-    auth = {"db": target.db, "username": target.username, "password": target.password}
+    auth = {"db": target.db, "username": target.username, "password": target.password,
+            "connection_class": NodeNotingConnection}  # fmt: skip
     primary = sentinel_of(target, options).master_for(target.service, **auth, **options)  # type: ignore[no-untyped-call]
     return cast(redis.Redis, primary)
 

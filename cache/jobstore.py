@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import redis
-from redis.typing import EncodableT, FieldT
+from redis.commands.core import Script
+from redis.typing import EncodableT, FieldT, KeyT
 
 from cache import keys, scripts
 from cache.events import EventWaiter
@@ -26,6 +27,7 @@ from cache.records import (
     StartState,
     WriteResult,
 )
+from cache.replication import Replication
 from core.audio import PackedAudio
 from core.settings import Settings
 
@@ -60,8 +62,12 @@ class JobStore(JobReads):
         codec: str = "flac",
         outbox_grace_s: float = OUTBOX_GRACE_S,
         waiter: EventWaiter | None = None,
+        replication: Replication | None = None,
     ) -> None:
         self.redis = client
+        # With replicas to wait for, what a worker builds on (a segment, a fragment, a job's end) is written with a
+        # WAIT: a write an old primary takes after a failover is refused, and made again (cache/replication.py).
+        self.replication = replication or Replication(client, replicas=0, timeout_ms=0)
         self.waiter = waiter  # shares one blocked connection among every wait (cache/events.py); None blocks here
         self.ttl = ttl  # a finished job's record
         self.audio_ttl = min(ttl, audio_ttl or ttl)  # a finished job's audio
@@ -234,7 +240,7 @@ class JobStore(JobReads):
         for index, (audio, rate, meta) in sorted(segments.items()):
             script_keys, args = self._write_args(job_id, index, audio, rate, meta, worker="", advance=False)
             self._write_segment(keys=script_keys, args=args, client=pipe)
-        return [WriteResult(int(reply[0])) for reply in pipe.execute()]
+        return [WriteResult(int(reply[0])) for reply in self.replication.execute(pipe)]
 
     def write_segment(
         self,
@@ -257,7 +263,7 @@ class JobStore(JobReads):
         script_keys, args = self._write_args(
             job_id, index, audio, sample_rate, meta, worker=worker, advance=advance, learn=learn
         )
-        result, next_index = self._write_segment(keys=script_keys, args=args)
+        result, next_index = self._durable(self._write_segment, script_keys, args)
         return SegmentWrite(WriteResult(int(result)), None if int(next_index) < 0 else int(next_index))
 
     def write_fragment(self, job_id: str, index: int, number: int, pcm: bytes, *, sample_rate: int) -> FragmentResult:
@@ -265,11 +271,20 @@ class JobStore(JobReads):
 
         A store at its memory limit raises ``redis.OutOfMemoryError`` having changed nothing.
         """
-        reply = self._write_fragment(
-            keys=[keys.job(job_id), keys.audio(job_id), keys.fragments(job_id), keys.events(job_id)],
-            args=[index, number, pcm, sample_rate, f"{time.time():.6f}", self.audio_ttl],
+        reply = self._durable(
+            self._write_fragment,
+            [keys.job(job_id), keys.audio(job_id), keys.fragments(job_id), keys.events(job_id)],
+            [index, number, pcm, sample_rate, f"{time.time():.6f}", self.audio_ttl],
         )
         return FragmentResult(int(reply))
+
+    def _durable(self, script: Script, script_keys: Sequence[KeyT], args: Sequence[EncodableT]) -> Any:
+        """Run a script; with replicas to wait for, in one round trip with its WAIT (Replication.execute)."""
+        if not self.replication.replicas:
+            return script(keys=script_keys, args=args)
+        pipe = self.redis.pipeline(transaction=False)
+        script(keys=script_keys, args=args, client=pipe)
+        return self.replication.execute(pipe)[0]
 
     def hold(self, worker: str, job_id: str, index: int) -> None:
         """Record that a segment was delivered to ``worker`` (START_SEGMENT records it again)."""
@@ -311,14 +326,14 @@ class JobStore(JobReads):
             "1" if drop_audio else "0",
         ]
         script_keys = [*keys.all_job_keys(job_id), keys.AUDIO_KEPT, keys.STORE_OWED, keys.fragments(job_id)]
-        result = EndResult(self._finish(keys=script_keys, args=args))
+        result = EndResult(self._durable(self._finish, script_keys, args))
         if result is not EndResult.ALREADY_OVER:
             self.forget_live(job_id)
         return result is EndResult.ENDED
 
 
 def store_of(client: redis.Redis, settings: Settings, *, waiter: EventWaiter | None = None) -> JobStore:
-    """Return the job store on ``client`` with the settings' retention and audio codec."""
-    return JobStore(
-        client, ttl=settings.job_ttl_s, audio_ttl=settings.audio_ttl_s, codec=settings.audio_store_codec, waiter=waiter
-    )
+    """Return the job store on ``client`` with the settings' retention, audio codec and replicas to wait for."""
+    replication = Replication(client, replicas=settings.replicas_to_wait_for, timeout_ms=settings.redis_wait_timeout_ms)
+    return JobStore(client, ttl=settings.job_ttl_s, audio_ttl=settings.audio_ttl_s, codec=settings.audio_store_codec,
+                    waiter=waiter, replication=replication)  # fmt: skip

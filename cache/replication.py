@@ -1,26 +1,65 @@
-"""Promises kept across a failover: a write the API is about to promise is on replicas first (Redis WAIT).
+"""Promises kept across a failover: what is promised, written or served is on a replica first (Redis WAIT).
 
 Replication is asynchronous: a primary that fails may take its last writes with it, and the replica promoted in
-its place never had them. Before answering 202 for a job (or taking a text piece), the API waits until enough
-replicas hold everything written so far: the job, its idempotency claim, its first tasks on the broker. Past
-the timeout it refuses to promise (503): the work may still go on, and a retry with the same Idempotency-Key
-finds it if it survived. This is not strong consistency (a promoted replica may lack a write another replica
-had), but with one replica per confirmation and Sentinel promoting the most up-to-date replica, an accepted job
-survives the loss of its primary.
+its place never had them. So, with replicas to wait for (``TTS_REDIS_WAIT_REPLICAS``; one under Sentinel):
+
+- **Promises.** Before answering 202 for a job (or taking a text piece), the API waits until enough replicas hold
+  everything written so far: the job, its idempotency claim, its first tasks on the broker. Past the timeout it
+  refuses to promise (503): the work may still go on, and a retry with the same Idempotency-Key finds it.
+- **Writes.** A segment, a fragment or a job's end is written with a WAIT on the same connection
+  (``Replication.execute``); a short count raises ``Unreplicated``, which the worker handles as a lost
+  connection: it makes the segment again on the primary the Sentinels name.
+- **Answers.** Under a Sentinel group the API sends nothing it read until a confirmation that began after the
+  read succeeds on the node the read came from (cache/nodes.py). An old primary that wakes after a failover
+  answers from stale data, and applies the commands its clients queued while it was frozen, before it counts
+  its replicas again; none of that reaches a caller, because its WAIT finds no replica.
+
+Concurrent callers share confirmations: one round (a mark written, then WAIT) at a time, and a caller waits for
+the first round that began after its reads. This is not strong consistency (a promoted replica may lack a write
+another replica had), but with Sentinel promoting the most up-to-date replica, what was confirmed survives the
+loss of its primary.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
 
 import redis
+from redis.client import Pipeline
 
 from cache import keys
+from cache.nodes import Node, current_log, noting
 from core.errors import ServiceUnavailable
 from core.metrics import REPLICA_CONFIRMATIONS
 
 #: What a short confirmation's 503 asks a caller to wait: about as long as Sentinel takes to promote a replica.
 RETRY_AFTER_S = 5
+
+
+class Unreplicated(redis.ConnectionError):
+    """What was read or written is not known to be on a replica: too few confirmed it in time, or it came from a
+    node other than the one that did (the old primary, after a failover).
+
+    To a client that is the store being unreachable: a worker retries the segment without counting an attempt,
+    the API answers 503 with Retry-After, and the client's idle connections are dropped, so that the next ones
+    ask the Sentinels which primary to use.
+    """
+
+
+@dataclass(frozen=True)
+class Round:
+    """One confirmation: when it began, how many replicas confirmed, on which node, which node the Sentinels named
+    primary after (None: not noted, or no Sentinels), or why there was none."""
+
+    started: float
+    confirmed: int
+    node: Node | None
+    primary: Node | None = None
+    error: redis.RedisError | None = None
 
 
 class Replication:
@@ -30,26 +69,130 @@ class Replication:
         self.redis = client
         self.replicas = replicas
         self.timeout_ms = timeout_ms
+        self._changed = threading.Condition()
+        self._leading = False  # a round is under way
+        self._last: Round | None = None
 
-    def confirmed(self) -> int:
-        """Return how many replicas hold every write made before this call (WAIT), waiting up to the timeout."""
-        pipe = self.redis.pipeline(transaction=False)  # one connection: WAIT counts that connection's last write
-        pipe.set(keys.REPLICATION_MARK, f"{time.time():.3f}")
-        pipe.execute_command("WAIT", self.replicas, self.timeout_ms)  # type: ignore[no-untyped-call]
-        return int(pipe.execute()[-1])
+    def _round(self) -> Round:
+        started = time.monotonic()
+        try:
+            with noting() as touched:
+                pipe = self.redis.pipeline(transaction=False)  # one connection: WAIT counts its last write
+                pipe.set(keys.REPLICATION_MARK, f"{time.time():.3f}")
+                pipe.execute_command("WAIT", self.replicas, self.timeout_ms)  # type: ignore[no-untyped-call]
+                got = int(pipe.execute()[-1])
+            return Round(started, got, next(iter(touched), None), self._named_primary())
+        except redis.RedisError as e:
+            return Round(started, 0, None, error=e)
+
+    def _round_since(self, since: float) -> Round:
+        """Return the first round that began at or after ``since``, running one unless one is under way."""
+        while True:
+            with self._changed:
+                last = self._last
+                if last is not None and last.started >= since:
+                    return last
+                if self._leading:
+                    self._changed.wait(self.timeout_ms / 1000 + 1)
+                    continue
+                self._leading = True
+            found = self._round()
+            with self._changed:
+                self._leading = False
+                if self._last is None or found.started > self._last.started:
+                    self._last = found
+                self._changed.notify_all()
+            return found
+
+    def confirm(self, touched: Collection[Node] = (), *, since: float | None = None) -> Round:
+        """Return a round that began after ``since`` (now by default) in which enough replicas confirmed, on the
+        one node ``touched`` names; raise Unreplicated if there is none."""
+        found = self._round_since(time.monotonic() if since is None else since)
+        if found.error is not None:
+            REPLICA_CONFIRMATIONS.labels("failed").inc()
+            raise Unreplicated(f"no confirmation from the job store: {found.error}") from found.error
+        if found.confirmed < self.replicas:
+            REPLICA_CONFIRMATIONS.labels("short").inc()
+            self._drop_idle()
+            raise Unreplicated(
+                f"{found.confirmed} of the {self.replicas} replicas it must be on confirmed it within "
+                f"{self.timeout_ms} ms (the job store is failing over, or its replicas lag)"
+            )
+        self._check_primary(found.node, found.primary)
+        strangers = sorted(set(touched) - {found.node}) if found.node is not None else []
+        if strangers:
+            REPLICA_CONFIRMATIONS.labels("other_node").inc()
+            self._drop_idle()
+            raise Unreplicated(
+                f"it came from {_named(strangers)}, not from the primary that confirmed it ({_named([found.node])}):"
+                " the job store has failed over"
+            )
+        REPLICA_CONFIRMATIONS.labels("confirmed").inc()
+        return found
+
+    def confirm_noted(self) -> None:
+        """Confirm what this context's open log (cache/nodes.py) noted since its last confirmation, then clear it.
+        No replicas to wait for, no log, or nothing noted: return at once."""
+        touched = current_log()
+        if not self.replicas or not touched:
+            return
+        self.confirm(touched)
+        touched.clear()
 
     def ensure(self, what: str, *, then: str) -> None:
         """Return once ``what`` is on enough replicas; raise ServiceUnavailable (503) saying what to do ``then``
         if it is not within the timeout. With no replicas to wait for, return at once."""
         if self.replicas == 0:
             return
-        got = self.confirmed()
-        if got >= self.replicas:
-            REPLICA_CONFIRMATIONS.labels("confirmed").inc()
-            return
-        REPLICA_CONFIRMATIONS.labels("short").inc()
-        raise ServiceUnavailable(
-            f"{what} is written, but {got} of the {self.replicas} replicas it must be on confirmed it within "
-            f"{self.timeout_ms} ms (the job store is failing over, or its replicas lag): {then}",
-            retry_after=RETRY_AFTER_S,
-        )
+        touched = current_log()
+        try:
+            self.confirm(touched or ())
+        except Unreplicated as e:
+            raise ServiceUnavailable(f"{what} is written, but {e}: {then}", retry_after=RETRY_AFTER_S) from e
+        if touched:
+            touched.clear()
+
+    def execute(self, pipe: Pipeline) -> list[Any]:
+        """Execute ``pipe`` and WAIT on its connection; return its replies once enough replicas hold them, or raise
+        Unreplicated (the writes may be lost with a primary that failed over). With none to wait for, execute."""
+        if self.replicas == 0:
+            return pipe.execute()
+        pipe.execute_command("WAIT", self.replicas, self.timeout_ms)  # type: ignore[no-untyped-call]
+        with noting() as touched:
+            *replies, got = pipe.execute()
+        if int(got) < self.replicas:
+            REPLICA_CONFIRMATIONS.labels("short").inc()
+            self._drop_idle()
+            raise Unreplicated(
+                f"a write reached {got} of the {self.replicas} replicas it must be on within {self.timeout_ms} ms "
+                "(the job store is failing over, or its replicas lag)"
+            )
+        self._check_primary(next(iter(touched), None), self._named_primary())
+        return replies
+
+    def _named_primary(self) -> Node | None:
+        """Return the node the Sentinels name primary now (None: the client is not Sentinel-managed). Asked after
+        a WAIT: an old primary that wakes may still have a replica the Sentinels have not moved yet, which
+        confirms what it takes and then drops it, resynchronising from the new primary."""
+        ask = getattr(self.redis.connection_pool, "get_master_address", None)
+        if ask is None:
+            return None
+        host, port = ask()  # a changed answer drops the pool's idle connections too
+        return str(host), int(port)
+
+    def _check_primary(self, node: Node | None, primary: Node | None) -> None:
+        if node is not None and primary is not None and node != primary:
+            REPLICA_CONFIRMATIONS.labels("other_node").inc()
+            self._drop_idle()
+            raise Unreplicated(
+                f"{_named([node])} confirmed it, but the Sentinels name {_named([primary])} primary: the job store "
+                "has failed over"
+            )
+
+    def _drop_idle(self) -> None:
+        """Close the client's idle connections: each asks the Sentinels for the primary when it reconnects."""
+        self.redis.connection_pool.disconnect(inuse_connections=False)
+
+
+def _named(nodes: Collection[Node | None]) -> str:
+    return ", ".join(f"{host}:{port}" for host, port in (n for n in nodes if n is not None))

@@ -24,7 +24,8 @@ ADMISSION_RETRIES_ADMITTED = Counter(
 )
 REPLICA_CONFIRMATIONS = Counter(
     "tts_replica_confirmations_total",
-    "Promises (202s, text pieces) the API waited on replicas for: confirmed in time, or short (answered 503).",
+    "Confirmations that replicas hold what the service promised, wrote or served (Redis WAIT): confirmed, short "
+    "(too few replicas in time), other_node (a reply came from a node that is no longer the primary), failed.",
     ["result"],
 )
 CACHE_LOOKUPS = Counter("tts_cache_lookups_total", "Sentence-cache lookups by result (hit, miss).", ["result"])

@@ -43,15 +43,16 @@ class Settings(JobSettings, ApiSettings, WorkerSettings):
     )
     redis_wait_replicas: Annotated[int, Field(ge=0, le=16)] | Literal["auto"] = Field(
         "auto",
-        description="Replicas that must hold a job (Redis WAIT) before the API answers 202. `auto`: 1 when "
+        description="Replicas that must hold (Redis WAIT) a job before the API answers 202, a worker's segment "
+        "before it counts as written, and, under Sentinel, what the API read before it answers. `auto`: 1 when "
         "REDIS_URL is a Sentinel group, else 0 (one Redis has no replica to wait for).",
     )
     redis_wait_timeout_ms: int = Field(
         1000,
         ge=10,
         le=60_000,
-        description="How long the API waits for those replicas; past it the answer is 503 with Retry-After "
-        "(the job may still run: a retry with the same Idempotency-Key returns it).",
+        description="How long to wait for those replicas; past it the API answers 503 with Retry-After (the job "
+        "may still run: a retry with the same Idempotency-Key returns it) and a worker makes the segment again.",
     )
     cache_enabled: bool = Field(True, description="Look up and store finished segments in the sentence cache.")
     cache_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="How long cached segments and files live.")

@@ -363,7 +363,8 @@ def test_the_voice_socket_sends_each_fragment_in_a_format_it_can_be_cut_in_and_t
     job_id = new_job(store, 3, fmt)
     Maker(store, job_id, LENGTHS).all()
     recorder = Recorder()
-    _follow(app.extensions["tts"], job_id, _Socket(recorder), fragments=True)  # type: ignore[arg-type]
+    svc = app.extensions["tts"]
+    _follow(svc, job_id, _Socket(recorder, svc.replication.confirm_noted), fragments=True)  # type: ignore[arg-type]
     paired = socket_audio(recorder.sent)
     kinds = [(event["type"], event.get("index"), event.get("fragment")) for event, _ in paired]
     assert kinds == [
@@ -388,7 +389,8 @@ def test_without_fragments_the_voice_socket_sends_each_segment_whole_as_before(a
     job_id = new_job(store, 3, "wav")
     Maker(store, job_id, LENGTHS).all()
     recorder = Recorder()
-    _follow(app.extensions["tts"], job_id, _Socket(recorder))  # type: ignore[arg-type]
+    svc = app.extensions["tts"]
+    _follow(svc, job_id, _Socket(recorder, svc.replication.confirm_noted))  # type: ignore[arg-type]
     paired = socket_audio(recorder.sent)
     assert [event["type"] for event, _ in paired] == ["segment", "segment", "segment", "done"]
     for index, (event, frame) in enumerate(paired[:3]):

@@ -5,6 +5,8 @@ The failover itself (a primary killed, frozen, a Sentinel killed) is in tests/ch
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -12,14 +14,19 @@ from typing import TypeVar
 import pytest
 import redis
 from flask import Flask
+from werkzeug.test import TestResponse
 
 from api import create_app
 from api.services import build_services
 from cache import keys
 from cache.connect import SentinelBlockingPool, redis_client
+from cache.jobstore import JobRequest, JobStore
+from cache.nodes import noting
+from cache.replication import Replication, Unreplicated
 from cache.workers import WorkerRegistry
 from celery_config import celery_settings, queue_keys
 from core.errors import SettingsInvalid
+from core.metrics import REPLICA_CONFIRMATIONS
 from core.settings import load_settings
 from core.store_url import SentinelUrl, parse_sentinel_url
 from devstack.redis_server import RedisServer
@@ -27,6 +34,9 @@ from devstack.sentinel import SentinelGroup
 from tests.conftest import IN_CI
 
 T = TypeVar("T")
+
+REQUEST = JobRequest(model="espeak-en", voice="default", speed=1.0, mode="balanced", format="wav",
+                     priority="realtime", seed=None, cache=False)  # fmt: skip
 
 
 def test_a_sentinel_url_names_its_sentinels_service_database_and_passwords() -> None:
@@ -162,3 +172,116 @@ def test_a_primary_that_lost_its_replicas_refuses_writes_and_the_api_answers_503
     finally:
         app.extensions["tts"].close()
         server.stop()
+
+
+def test_every_reply_of_a_sentinel_client_notes_its_node_and_another_node_is_not_confirmed(
+    group: SentinelGroup,
+) -> None:
+    client = redis_client(group.url)
+    replication = Replication(client, replicas=1, timeout_ms=1000)
+    with noting() as touched:
+        client.get("anything")
+    primary = ("127.0.0.1", group.primary_port())
+    assert touched == {primary}
+    assert replication.confirm(touched).node == primary
+    stale = next(("127.0.0.1", node.port) for node in group.nodes if node.port != primary[1])
+    with pytest.raises(Unreplicated, match=f"came from 127.0.0.1:{stale[1]}, not from the primary"):
+        replication.confirm({primary, stale})  # a reply of the old primary, after a failover
+
+
+def test_callers_at_once_each_get_a_confirmation_begun_after_their_call(group: SentinelGroup) -> None:
+    replication = Replication(redis_client(group.url), replicas=1, timeout_ms=1000)
+    answers: list[tuple[float, float]] = []
+
+    def call() -> None:
+        since = time.monotonic()
+        answers.append((since, replication.confirm(since=since).started))
+
+    threads = [threading.Thread(target=call) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(answers) == 16 and all(started >= since for since, started in answers)
+
+
+def test_a_write_no_replica_confirms_raises_a_lost_connection_though_the_primary_applied_it(tmp_path: Path) -> None:
+    server = _server(tmp_path / "alone")  # no replica: WAIT 1 times out
+    client = redis.Redis(port=server.port)
+    store = JobStore(client, ttl=60, replication=Replication(client, replicas=1, timeout_ms=50))
+    try:
+        job_id = store.create(REQUEST, ["Only here."])
+        with pytest.raises(Unreplicated, match="0 of the 1 replicas") as refused:
+            store.write_fragment(job_id, 0, 0, b"\0\0" * 160, sample_rate=16000)
+        assert isinstance(refused.value, redis.ConnectionError), "a worker retries it as a lost connection"
+        assert store.fragments(job_id, 0).pcm, "the primary applied it: only the confirmation is missing"
+    finally:
+        server.stop()
+
+
+def test_answers_wait_for_a_replica_under_sentinel_and_are_503_while_none_confirms(
+    group: SentinelGroup, settings_env: dict[str, str]
+) -> None:
+    app = _app(group.url, settings_env, redis_wait_timeout_ms=300)
+    client = app.test_client()
+    try:
+        job = client.post("/v1/jobs", json={"text": "Read back from the primary."}).get_json()
+        confirmed = REPLICA_CONFIRMATIONS.labels("confirmed")._value.get()
+        assert client.get(f"/v1/jobs/{job['id']}").status_code == 200
+        assert REPLICA_CONFIRMATIONS.labels("confirmed")._value.get() > confirmed, "the answer was not confirmed"
+        replicas = [node for node in group.nodes if node.port != group.primary_port()]
+        for node in replicas:
+            node.pause()
+        try:
+            answer = client.get(f"/v1/jobs/{job['id']}")
+        finally:
+            for node in replicas:
+                node.resume()
+        assert answer.status_code == 503 and answer.headers["Retry-After"] == "5"
+        assert "0 of the 1 replicas" in answer.get_json()["error"]["message"]
+    finally:
+        app.extensions["tts"].close()
+
+
+def test_what_a_primary_frozen_past_its_failover_takes_or_answers_on_waking_reaches_no_caller(
+    tmp_path: Path, settings_env: dict[str, str]
+) -> None:
+    group = _installed(lambda: SentinelGroup(tmp_path / "redis-ha"))
+    group.start()
+    app = _app(group.url, settings_env)
+    client = app.test_client()
+    try:
+        job = client.post("/v1/jobs", json={"text": "Written before the freeze."}).get_json()
+        client_of_worker = redis_client(group.url, socket_timeout=30)
+        store = JobStore(client_of_worker, ttl=60, replication=Replication(client_of_worker, replicas=1,
+                                                                            timeout_ms=1000))  # fmt: skip
+        assert store.get(job["id"]) is not None and client.get(f"/v1/jobs/{job['id']}").status_code == 200
+        old = group.primary()
+        old.pause()
+        outcomes: dict[str, object] = {}
+
+        def write() -> None:  # a worker's fragment, sent to the frozen primary: it runs it as it wakes
+            try:
+                outcomes["write"] = store.write_fragment(job["id"], 0, 0, b"\1\0" * 160, sample_rate=24000)
+            except redis.ConnectionError as e:
+                outcomes["write"] = e
+
+        def read() -> None:  # a caller's poll, read from the frozen primary as it wakes
+            outcomes["read"] = client.get(f"/v1/jobs/{job['id']}")
+
+        callers = [threading.Thread(target=write), threading.Thread(target=read)]
+        for caller in callers:
+            caller.start()
+        group.wait_new_primary(old.port)
+        old.resume()
+        for caller in callers:
+            caller.join(30)
+        assert isinstance(outcomes["write"], redis.ConnectionError), f"the writer was told {outcomes['write']!r}"
+        answer = outcomes["read"]
+        assert isinstance(answer, TestResponse) and answer.status_code == 503, answer
+        assert "Retry-After" in answer.headers and "could not confirm" in answer.get_json()["error"]["message"]
+        assert not store.fragments(job["id"], 0).pcm, "the new primary holds no fragment: the writer makes it again"
+        assert client.get(f"/v1/jobs/{job['id']}").status_code == 200, "the next answer comes from the new primary"
+    finally:
+        app.extensions["tts"].close()
+        group.stop()

@@ -2,13 +2,16 @@
 
 Each scenario runs the service on a Sentinel group as production runs one (a primary, two replicas, three
 Sentinels; every data node ``min-replicas-to-write 1``; devstack/sentinel.py), at `make run`'s settings, submits
-the standard workload, injects one fault while part of it is in flight, and keeps submitting a job every
-``PROBE_EVERY_S`` until one is accepted again. Every job answered 202, before the fault or after, must end done,
-each segment once (tests/chaos/audit.py). `make chaos-failover` runs these and prints the table.
+the standard workload with a listener on each job (tests/chaos/listeners.py), injects one fault while part of it
+is in flight, and keeps submitting a job every ``PROBE_EVERY_S`` until one is accepted again. Every job answered
+202, before the fault or after, must end done, each segment once (tests/chaos/audit.py), and no listener may
+have heard a segment before the write of it that the store kept. `make chaos-failover` runs these and prints the
+table.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -16,9 +19,11 @@ from dataclasses import dataclass, field
 import pytest
 import redis
 
+from core.metrics import REPLICA_CONFIRMATIONS
 from devstack.sentinel import SentinelGroup
 from tests.chaos.audit import Audit
 from tests.chaos.conftest import MakeStack
+from tests.chaos.listeners import Listener, heard_before_kept, listen
 from tests.chaos.stack import Stack
 from tests.chaos.test_faults import conclude, run_to_end, submit, workload
 
@@ -28,6 +33,8 @@ pytestmark = [pytest.mark.chaos, pytest.mark.failover]
 PROBE_EVERY_S = 0.25
 #: An accepted job must be done this long after the fault (the issue's target).
 DONE_WITHIN_S = 60
+#: What a worker logs of a write no replica of the primary confirmed (cache/replication.py).
+UNCONFIRMED = re.compile(r"Unreplicated|replicas it must be on|the Sentinels name")
 #: The service must take new jobs again this long after the primary is lost (the issue's target).
 ANSWERS_WITHIN_S = 15
 
@@ -82,6 +89,13 @@ class Underway:
     job_ids: list[str]
     started: float  # when the workload was submitted (monotonic)
     progress: str  # how far it had come
+    listeners: list[Listener]
+    unconfirmed_before: float  # the API's answers held back unconfirmed so far
+
+
+def _unconfirmed() -> float:
+    """Return how many answers, streamed chunks and promises this process's API held back unconfirmed."""
+    return float(sum(REPLICA_CONFIRMATIONS.labels(r)._value.get() for r in ("short", "other_node", "failed")))
 
 
 def _underway(make_stack: MakeStack) -> Underway:
@@ -93,8 +107,10 @@ def _underway(make_stack: MakeStack) -> Underway:
     started = time.monotonic()
     with stack.models_paused(worker):
         job_ids = submit(stack, workload())
+        listeners = listen(stack, job_ids)
     written, attempted = stack.wait_in_flight(job_ids)
-    return Underway(stack, stack.group, job_ids, started, f"{written} written, {attempted - written} in flight")
+    progress = f"{written} written, {attempted - written} in flight"
+    return Underway(stack, stack.group, job_ids, started, progress, listeners, _unconfirmed())
 
 
 def run_with(prober: Prober, scenario: str, underway: Underway, fault_at: float) -> Audit:
@@ -103,6 +119,29 @@ def run_with(prober: Prober, scenario: str, underway: Underway, fault_at: float)
                        timeout=DONE_WITHIN_S, fault_at=fault_at)  # fmt: skip
     audit.accepting_again_s, audit.refused_meanwhile = prober.accepting_again_s, prober.refused
     return audit
+
+
+def listened(underway: Underway, audit: Audit) -> str:
+    """Stop the listeners once their jobs ended; count as a problem any segment heard before its kept write; return
+    what they and the service's confirmations came to, for the notes."""
+    early = 0
+    for listener in underway.listeners:
+        listener.stop(15)
+        found = heard_before_kept(underway.stack.redis, listener)
+        if found or listener.final != "done":
+            early += bool(found)
+            audit.problems.append(f"job {listener.job_id}: heard segments {found} before their kept write; its "
+                                  f"stream ended {listener.final!r}")  # fmt: skip
+    breaks = sum(listener.breaks for listener in underway.listeners)
+    logs = "".join(log.read_text(errors="replace") for log in underway.stack.workdir.glob("worker-*.log"))
+    refused = logs.count("NoReplicasError")  # a segment's write the old primary itself refused
+    unconfirmed = len(re.findall(UNCONFIRMED, logs))  # one it took, but no replica (of the primary) confirmed
+    held_back = int(_unconfirmed() - underway.unconfirmed_before)
+    return (
+        f"{len(underway.listeners)} listeners: {early} heard a segment before its kept write, {breaks} reconnects; "
+        f"held back unconfirmed: {held_back} API answers, {unconfirmed} worker writes; {refused} worker writes "
+        "refused (NOREPLICAS)"
+    )
 
 
 def conclude_followed(audit: Audit, stack: Stack, prober: Prober | None = None) -> None:
@@ -132,7 +171,7 @@ def test_the_primary_killed_mid_work_fails_over_and_loses_nothing(make_stack: Ma
     prober.join(ANSWERS_WITHIN_S + 5)
     audit = run_with(prober, "l1. Sentinel: primary SIGKILL", underway, fault_at)
     audit.notes = (f"killed at {underway.progress}; a replica promoted after {promoted_s:.1f} s; the old primary "
-                   "stays down")  # fmt: skip
+                   f"stays down; {listened(underway, audit)}")  # fmt: skip
     conclude_followed(audit, underway.stack, prober)
     assert prober.accepting_again_s is not None and prober.accepting_again_s <= ANSWERS_WITHIN_S, audit.row()
     assert audit.recovery_s is not None and audit.recovery_s <= DONE_WITHIN_S, audit.row()
@@ -162,7 +201,7 @@ def test_a_primary_frozen_past_the_failover_comes_back_stale_and_loses_nothing(m
     # nothing a caller was promised went with them (the janitor re-made any segment the new primary lacked).
     audit.notes = (f"frozen at {underway.progress}; a replica promoted after {promoted_s:.1f} s; resumed then, it "
                    f"applied {applied_while_stale} writes queued while frozen, then refused writes until made a "
-                   f"replica {demoted_s:.1f} s later")  # fmt: skip
+                   f"replica {demoted_s:.1f} s later; {listened(underway, audit)}")  # fmt: skip
     conclude_followed(audit, underway.stack, prober)
 
 
@@ -178,5 +217,6 @@ def test_a_sentinel_killed_mid_work_changes_nothing(make_stack: MakeStack) -> No
                        fault_at=fault_at)  # fmt: skip
     assert group.primary_port() == primary, "losing one Sentinel of three moved the primary"
     audit.accepting_again_s, audit.refused_meanwhile = 0.0, 0
-    audit.notes = f"killed at {underway.progress}; 3 more jobs accepted after it, each at once; the primary stayed"
+    audit.notes = (f"killed at {underway.progress}; 3 more jobs accepted after it, each at once; the primary "
+                   f"stayed; {listened(underway, audit)}")  # fmt: skip
     conclude_followed(audit, stack)
