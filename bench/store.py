@@ -3,8 +3,9 @@
     python -m bench.store [--workers 1,3] [--callers 8] [--window 15] [--no-fragments-off] [--replicas 2]
 
 Each row starts a fresh primary Redis (devstack's production flags: AOF every second, noeviction; maxmemory 4gb as
-deploy/compose.yaml), and a last row gives it two replicas, as a Sentinel group's primary has; the sentence cache
-is on a Redis of its own (as the deploy files put it). Then driver
+deploy/compose.yaml), and a last row runs it as a Sentinel group's primary (two replicas, three Sentinels; the
+service reaches it through them, and waits for a replica as it does there); the sentence cache is on a Redis of its
+own (as the deploy files put it). Then driver
 processes (bench/store_driver.py), each a worker wired as ``python -m workers`` wires it, with a stand-in engine
 (bench/store_engine.py), and closed-loop callers on the API's own app. Redis's cost is read from INFO over the window:
 its main thread's CPU, commands, network and memory, per segment and per audio second written. Since the drivers
@@ -39,6 +40,7 @@ from core.audio import PackedAudio, to_pcm16
 from core.registry import load_registry
 from core.settings import Settings, load_settings
 from devstack.redis_server import RedisServer
+from devstack.sentinel import SentinelGroup
 from workers.engines.base import SynthesisRequest
 from workers.engines.factory import build_engine
 
@@ -91,27 +93,32 @@ def reading(client: redis.Redis, counts: list[Any]) -> Reading:
 
 
 @contextlib.contextmanager
-def stores(replicas: int) -> Iterator[tuple[RedisServer, RedisServer]]:
-    """Run a primary as production runs it (with ``replicas`` replicas, as a Sentinel group's data nodes are set),
-    and the sentence cache's Redis beside it; yield both, and remove them after."""
+def stores(replicas: int) -> Iterator[tuple[str, redis.Redis, str]]:
+    """Run a primary as production runs it, and the sentence cache's Redis beside it; with ``replicas``, the primary
+    of a Sentinel group as devstack starts one (that many replicas, three Sentinels). Yield the store's URL (the
+    group's, with replicas), a client of the primary itself, and the cache's URL; remove them after."""
     workdir = Path(tempfile.mkdtemp(prefix="bench-store-"))
-    primary, cache = RedisServer(workdir / "primary"), RedisServer(workdir / "cache")
-    copies = [RedisServer(workdir / f"replica-{n}", ["--replicaof", "127.0.0.1", str(primary.port)])
-              for n in range(replicas)]  # fmt: skip
+    cache = RedisServer(workdir / "cache")
+    group = SentinelGroup(workdir / "redis-ha", replicas=replicas) if replicas else None
+    primary = group.nodes[0] if group is not None else RedisServer(workdir / "primary")
     try:
-        for server in (primary, cache, *copies):
-            server.start()
+        cache.start()
+        if group is not None:
+            group.start()
+        else:
+            primary.start()
         client = redis.Redis.from_url(primary.url)
         client.config_set("maxmemory", MAXMEMORY)
-        if copies:  # docs/operations/high-availability.md: a primary cut off from every replica refuses writes
-            client.config_set("min-replicas-to-write", 1)
-            client.config_set("min-replicas-max-lag", 5)
-            in_sync(client, copies)
-        yield primary, cache
+        if group is not None:
+            in_sync(client, group.nodes[1:])
+        yield (group.url if group is not None else primary.url), client, cache.url
     finally:
-        for copy in copies:
-            copy.kill()  # throwaway data; and a replica refuses SIGTERM while it writes its first AOF
-        primary.stop()
+        if group is not None:
+            for copy in group.nodes[1:]:
+                copy.kill()  # throwaway data; and a replica refuses SIGTERM while it writes its first AOF
+            group.stop()
+        else:
+            primary.stop()
         cache.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -137,13 +144,12 @@ def in_sync(primary: redis.Redis, copies: list[RedisServer], timeout_s: float = 
 
 def run_row(setup: Setup, timing: Timing, work: Work) -> Row:
     """Start the stores and the drivers; measure an idle window, then a loaded one."""
-    with stores(setup.replicas) as (primary, cache):
-        env = {"REDIS_URL": primary.url, "TTS_CACHE_REDIS_URL": cache.url}
+    with stores(setup.replicas) as (url, primary, cache):
+        # With replicas the URL is the Sentinel group's: every write and answer waits for a replica (`auto`).
+        env = {"REDIS_URL": url, "TTS_CACHE_REDIS_URL": cache}
         if setup.fragment_ms is not None:
             env["TTS_FRAGMENT_MS"] = setup.fragment_ms
-        if setup.replicas:
-            env["TTS_REDIS_WAIT_REPLICAS"] = "1"  # what `auto` is with a Sentinel group's URL
-        measured = measure(redis.Redis.from_url(primary.url), env, setup.workers, timing, work)
+        measured = measure(primary, env, setup.workers, timing, work)
     fragments = setup.fragment_ms or load_settings().fragment_ms
     row = Row(**vars(measured), workers=setup.workers, callers=timing.callers, fragment_ms=fragments,
               replicas=setup.replicas)  # fmt: skip

@@ -141,9 +141,9 @@ def document(rows: list[Row], *, settings: Settings, codec_share: float, window_
         "(idle, before the callers started, in brackets). The ceiling is the rate at which that thread would be busy "
         "all the time at the window's cost per audio second and per segment.",
         "",
-        "| workers | callers | TTS_FRAGMENT_MS | replicas | s per segment | fragments per segment | segments/s | "
-        "audio s/s | Redis CPU (idle) | CPU ms per audio s | CPU ms per segment | commands per segment | KB in / out "
-        "per audio s | KB stored per audio s | ceiling audio s/s | ceiling segments/s | refused / errors |",
+        "| workers | callers | TTS_FRAGMENT_MS | replicas (Sentinel) | s per segment | fragments per segment | "
+        "segments/s | audio s/s | Redis CPU (idle) | CPU ms per audio s | CPU ms per segment | commands per segment | "
+        "KB in / out per audio s | KB stored per audio s | ceiling audio s/s | ceiling segments/s | refused / errors |",
         "|" + "---|" * 17,
         *(table_line(row) for row in rows),
         "",
