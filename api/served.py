@@ -22,9 +22,12 @@ def init_app(app: Flask, replication: Replication) -> None:
     if not replication.replicas:
         return
 
-    @app.before_request
     def _log_nodes() -> None:
         open_log()
+
+    # Before every other hook, so that what the access checks read is confirmed too; and its after-request hook,
+    # registered last, runs first, so that the metrics count the answer that goes out.
+    app.before_request_funcs.setdefault(None, []).insert(0, _log_nodes)
 
     @app.after_request
     def _confirm(response: Response) -> Response:
