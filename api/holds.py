@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import redis
 from flask import Response, has_request_context, request, stream_with_context
 
+from cache.nodes import close_log, open_log
 from cache.streams import CallerStreams
 from core.errors import ServiceUnavailable, TooManyRequests
 from core.metrics import ADMISSION_REJECTIONS
@@ -156,6 +157,7 @@ def held(hold: Hold, chunks: Iterable[T]) -> Iterator[T]:
     looked that its client is still connected. A chunk over ``WRITE_PIECE_BYTES`` goes out in pieces of that size.
     Under a Sentinel group a chunk goes out only once what was read to make it is confirmed (api/served.py).
     """
+    open_log()  # its own: the request's log closed when the body started (Flask tears the request down first)
     try:
         for chunk in chunks:
             hold.confirm()  # raises Unreplicated: the stream breaks off, and its client resumes from the primary
@@ -168,6 +170,7 @@ def held(hold: Hold, chunks: Iterable[T]) -> Iterator[T]:
             else:
                 yield chunk
     finally:  # GeneratorExit too: the server closes the body when a write to a departed client fails
+        close_log()
         hold.release()
         close = getattr(chunks, "close", None)
         if close is not None:

@@ -74,6 +74,7 @@ def _request_pool(settings: Settings) -> redis.ConnectionPool:
         settings.redis_url,
         max_connections=settings.api_redis_connections,
         timeout=REDIS_CONNECTION_WAIT_S,
+        note_nodes=True,  # what a request reads is confirmed before it is answered (api/served.py)
         health_check_interval=30,
         socket_timeout=settings.max_wait_s + 10,
     )

@@ -147,10 +147,12 @@ class _Socket:
             self.ws.send(payload)
 
     def error(self, error: ServiceError) -> None:
+        """Send an error event, unconfirmed: it carries nothing that was read (and may be about the store)."""
         body = ErrorBody(error=ErrorDetail(code=error.code, message=error.message, **error.details))
         retry_after = retry_after_of(error)  # a WebSocket has no Retry-After header: the event says it
         extra = {} if retry_after is None else {"retry_after": retry_after}
-        self.event("error", status=error.status, **extra, **body.model_dump(exclude_none=True))
+        with self._lock:
+            self._send_json("error", {"status": error.status, **extra, **body.model_dump(exclude_none=True)})
 
     def finish(self) -> bool:
         """Send nothing more (the follower stops at its next send); say whether the job's end reached the client."""
@@ -364,7 +366,7 @@ def _cancel(job_id: str) -> None:
 
 
 def _send_error(out: _Socket, error: ServiceError) -> None:
-    with contextlib.suppress(ConnectionClosed):
+    with contextlib.suppress(ConnectionClosed, OSError):
         out.error(error)
 
 

@@ -4,8 +4,9 @@ Every process builds its Redis clients here, so a ``redis+sentinel://`` URL (cor
 ``redis://`` one does. A Sentinel-managed client asks the Sentinels for the primary when it connects, and drops
 its connections when they name another, or when the server it reaches answers READONLY (a primary demoted to
 replica): a failover is followed without a restart, at the price of the commands in flight at that moment,
-which fail with a ConnectionError like any dropped connection. Its connections note which node each reply came
-from (cache/nodes.py), so that a confirmation can tell a reply of the primary from one of a stale node.
+which fail with a ConnectionError like any dropped connection. The job store's clients note which node each reply
+came from (cache/nodes.py), so that a confirmation can tell a reply of the primary from one of a stale node; the
+sentence cache's, on a group of its own, must not (its nodes are never the job store's primary).
 """
 
 from __future__ import annotations
@@ -51,25 +52,29 @@ def sentinel_of(target: SentinelUrl, options: dict[str, Any]) -> Sentinel:
     return Sentinel(list(target.sentinels), sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
 
 
-def _primary(url: str, options: dict[str, Any]) -> redis.Redis:
+def _primary(url: str, options: dict[str, Any], *, note_nodes: bool) -> redis.Redis:
     target = parse_sentinel_url(url)
-    auth = {"db": target.db, "username": target.username, "password": target.password,
-            "connection_class": NodeNotingConnection}  # fmt: skip
+    auth: dict[str, Any] = {"db": target.db, "username": target.username, "password": target.password}
+    if note_nodes:
+        auth["connection_class"] = NodeNotingConnection
     primary = sentinel_of(target, options).master_for(target.service, **auth, **options)  # type: ignore[no-untyped-call]
     return cast(redis.Redis, primary)
 
 
-def redis_client(url: str, **options: Any) -> redis.Redis:
-    """Return a client of the store ``url`` names; ``options`` are redis-py's connection options."""
+def redis_client(url: str, *, note_nodes: bool = False, **options: Any) -> redis.Redis:
+    """Return a client of the store ``url`` names; ``options`` are redis-py's connection options. ``note_nodes``:
+    a Sentinel-managed client notes each reply's node (the job store's clients, whose answers are confirmed)."""
     if is_sentinel(url):
-        return _primary(url, options)
+        return _primary(url, options, note_nodes=note_nodes)
     return redis.Redis.from_url(url, **options)
 
 
-def blocking_pool(url: str, *, max_connections: int, timeout: float, **options: Any) -> redis.ConnectionPool:
+def blocking_pool(
+    url: str, *, max_connections: int, timeout: float, note_nodes: bool = False, **options: Any
+) -> redis.ConnectionPool:
     """Return a pool of at most ``max_connections`` to the store ``url`` names; a caller waits up to ``timeout``
-    seconds for one."""
+    seconds for one. ``note_nodes`` as for ``redis_client``."""
     if is_sentinel(url):
         bounded = {"connection_pool_class": SentinelBlockingPool, "max_connections": max_connections}
-        return _primary(url, {**options, **bounded, "timeout": timeout}).connection_pool
+        return _primary(url, {**options, **bounded, "timeout": timeout}, note_nodes=note_nodes).connection_pool
     return redis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=timeout, **options)

@@ -13,6 +13,7 @@ from redis.commands.core import Script
 from redis.typing import EncodableT, FieldT, KeyT
 
 from cache import keys, scripts
+from cache.connect import redis_client
 from cache.events import EventWaiter
 from cache.job_reads import JobReads, as_bytes, as_text, pairs, record_of
 from cache.records import (
@@ -27,7 +28,7 @@ from cache.records import (
     StartState,
     WriteResult,
 )
-from cache.replication import Replication
+from cache.replication import ROUND_MARGIN_S, Replication
 from core.audio import PackedAudio
 from core.settings import Settings
 
@@ -65,8 +66,8 @@ class JobStore(JobReads):
         replication: Replication | None = None,
     ) -> None:
         self.redis = client
-        # With replicas to wait for, what a worker builds on (a segment, a fragment, a job's end) is written with a
-        # WAIT: a write an old primary takes after a failover is refused, and made again (cache/replication.py).
+        # With replicas to wait for, what a worker builds on (a segment, a job's end) is written with a WAIT: a
+        # write an old primary takes after a failover is refused to its writer, who tries again (cache/replication.py).
         self.replication = replication or Replication(client, replicas=0, timeout_ms=0)
         self.waiter = waiter  # shares one blocked connection among every wait (cache/events.py); None blocks here
         self.ttl = ttl  # a finished job's record
@@ -240,7 +241,7 @@ class JobStore(JobReads):
         for index, (audio, rate, meta) in sorted(segments.items()):
             script_keys, args = self._write_args(job_id, index, audio, rate, meta, worker="", advance=False)
             self._write_segment(keys=script_keys, args=args, client=pipe)
-        return [WriteResult(int(reply[0])) for reply in self.replication.execute(pipe)]
+        return [WriteResult(int(reply[0])) for reply in pipe.execute()]  # the API confirms them before its 202
 
     def write_segment(
         self,
@@ -271,10 +272,9 @@ class JobStore(JobReads):
 
         A store at its memory limit raises ``redis.OutOfMemoryError`` having changed nothing.
         """
-        reply = self._durable(
-            self._write_fragment,
-            [keys.job(job_id), keys.audio(job_id), keys.fragments(job_id), keys.events(job_id)],
-            [index, number, pcm, sample_rate, f"{time.time():.6f}", self.audio_ttl],
+        reply = self._write_fragment(  # not waited for: the segment's write carries its audio (cache/replication.py)
+            keys=[keys.job(job_id), keys.audio(job_id), keys.fragments(job_id), keys.events(job_id)],
+            args=[index, number, pcm, sample_rate, f"{time.time():.6f}", self.audio_ttl],
         )
         return FragmentResult(int(reply))
 
@@ -334,6 +334,12 @@ class JobStore(JobReads):
 
 def store_of(client: redis.Redis, settings: Settings, *, waiter: EventWaiter | None = None) -> JobStore:
     """Return the job store on ``client`` with the settings' retention, audio codec and replicas to wait for."""
-    replication = Replication(client, replicas=settings.replicas_to_wait_for, timeout_ms=settings.redis_wait_timeout_ms)
+    replicas, timeout_ms = settings.replicas_to_wait_for, settings.redis_wait_timeout_ms
+    rounds = None
+    if replicas:  # rounds on connections that give up soon: a frozen node holds each caller only that long
+        patience = timeout_ms / 1000 + ROUND_MARGIN_S
+        rounds = redis_client(settings.redis_url, note_nodes=True, socket_timeout=patience,
+                              socket_connect_timeout=ROUND_MARGIN_S)  # fmt: skip
+    replication = Replication(client, replicas=replicas, timeout_ms=timeout_ms, rounds=rounds)
     return JobStore(client, ttl=settings.job_ttl_s, audio_ttl=settings.audio_ttl_s, codec=settings.audio_store_codec,
                     waiter=waiter, replication=replication)  # fmt: skip

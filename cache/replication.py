@@ -6,9 +6,11 @@ its place never had them. So, with replicas to wait for (``TTS_REDIS_WAIT_REPLIC
 - **Promises.** Before answering 202 for a job (or taking a text piece), the API waits until enough replicas hold
   everything written so far: the job, its idempotency claim, its first tasks on the broker. Past the timeout it
   refuses to promise (503): the work may still go on, and a retry with the same Idempotency-Key finds it.
-- **Writes.** A segment, a fragment or a job's end is written with a WAIT on the same connection
-  (``Replication.execute``); a short count raises ``Unreplicated``, which the worker handles as a lost
-  connection: it makes the segment again on the primary the Sentinels name.
+- **Writes.** A segment or a job's end is written with a WAIT on the same connection, and the Sentinels are asked
+  after it which node is primary (``Replication.execute``); a short count or another node raises
+  ``Unreplicated``, which the worker handles as a lost connection: it tries the segment again on the primary the
+  Sentinels name. A fragment is not waited for: the segment's write carries all of its audio, and a listener is
+  sent only what a confirmation covers.
 - **Answers.** Under a Sentinel group the API sends nothing it read until a confirmation that began after the
   read succeeds on the node the read came from (cache/nodes.py). An old primary that wakes after a failover
   answers from stale data, and applies the commands its clients queued while it was frozen, before it counts
@@ -38,6 +40,8 @@ from core.metrics import REPLICA_CONFIRMATIONS
 
 #: What a short confirmation's 503 asks a caller to wait: about as long as Sentinel takes to promote a replica.
 RETRY_AFTER_S = 5
+#: Past WAIT's timeout, how long a caller still waits for its round: the Sentinels' answer and a margin.
+ROUND_MARGIN_S = 2.0
 
 
 class Unreplicated(redis.ConnectionError):
@@ -63,45 +67,67 @@ class Round:
 
 
 class Replication:
-    """Wait until ``replicas`` replicas hold every write made so far, for at most ``timeout_ms``."""
+    """Wait until ``replicas`` replicas hold every write made so far, for at most ``timeout_ms``.
 
-    def __init__(self, client: redis.Redis, *, replicas: int, timeout_ms: int) -> None:
+    ``rounds`` runs the shared confirmations (by default ``client``): a client of the same store whose socket
+    timeout is short, so that a round stuck on a frozen node holds its waiters no longer than that.
+    """
+
+    def __init__(
+        self, client: redis.Redis, *, replicas: int, timeout_ms: int, rounds: redis.Redis | None = None
+    ) -> None:
         self.redis = client
+        self.rounds = rounds or client
         self.replicas = replicas
         self.timeout_ms = timeout_ms
         self._changed = threading.Condition()
         self._leading = False  # a round is under way
         self._last: Round | None = None
 
+    @property
+    def patience_s(self) -> float:
+        """How long a caller waits for a round of its own before it gives up: WAIT's timeout, and the Sentinels'
+        answer and a margin after it."""
+        return self.timeout_ms / 1000 + ROUND_MARGIN_S
+
     def _round(self) -> Round:
         started = time.monotonic()
         try:
             with noting() as touched:
-                pipe = self.redis.pipeline(transaction=False)  # one connection: WAIT counts its last write
+                pipe = self.rounds.pipeline(transaction=False)  # one connection: WAIT counts its last write
                 pipe.set(keys.REPLICATION_MARK, f"{time.time():.3f}")
                 pipe.execute_command("WAIT", self.replicas, self.timeout_ms)  # type: ignore[no-untyped-call]
                 got = int(pipe.execute()[-1])
-            return Round(started, got, next(iter(touched), None), self._named_primary())
+            return Round(started, got, _one(touched), self._named_primary())
         except redis.RedisError as e:
             return Round(started, 0, None, error=e)
 
     def _round_since(self, since: float) -> Round:
-        """Return the first round that began at or after ``since``, running one unless one is under way."""
+        """Return the first round that began at or after ``since``, running one unless one is under way; raise
+        Unreplicated if none ends within ``patience_s`` of ``since``."""
+        deadline = since + self.patience_s
         while True:
             with self._changed:
                 last = self._last
                 if last is not None and last.started >= since:
                     return last
                 if self._leading:
-                    self._changed.wait(self.timeout_ms / 1000 + 1)
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        REPLICA_CONFIRMATIONS.labels("failed").inc()
+                        raise Unreplicated(f"no confirmation from the job store within {self.patience_s:g} s")
+                    self._changed.wait(remaining)
                     continue
                 self._leading = True
-            found = self._round()
-            with self._changed:
-                self._leading = False
-                if self._last is None or found.started > self._last.started:
-                    self._last = found
-                self._changed.notify_all()
+            found = None
+            try:
+                found = self._round()
+            finally:  # whatever ends the round (a greenlet killed too), its waiters are woken and one leads next
+                with self._changed:
+                    self._leading = False
+                    if found is not None and (self._last is None or found.started > self._last.started):
+                        self._last = found
+                    self._changed.notify_all()
             return found
 
     def confirm(self, touched: Collection[Node] = (), *, since: float | None = None) -> Round:
@@ -110,10 +136,11 @@ class Replication:
         found = self._round_since(time.monotonic() if since is None else since)
         if found.error is not None:
             REPLICA_CONFIRMATIONS.labels("failed").inc()
+            self._drop_idle()  # the node timed out or went away: the next connections ask the Sentinels
             raise Unreplicated(f"no confirmation from the job store: {found.error}") from found.error
         if found.confirmed < self.replicas:
             REPLICA_CONFIRMATIONS.labels("short").inc()
-            self._drop_idle()
+            self._drop_if_moved(found.node, found.primary)
             raise Unreplicated(
                 f"{found.confirmed} of the {self.replicas} replicas it must be on confirmed it within "
                 f"{self.timeout_ms} ms (the job store is failing over, or its replicas lag)"
@@ -160,24 +187,25 @@ class Replication:
         pipe.execute_command("WAIT", self.replicas, self.timeout_ms)  # type: ignore[no-untyped-call]
         with noting() as touched:
             *replies, got = pipe.execute()
+        node = _one(touched)
         if int(got) < self.replicas:
             REPLICA_CONFIRMATIONS.labels("short").inc()
-            self._drop_idle()
+            self._drop_if_moved(node, self._named_primary())
             raise Unreplicated(
                 f"a write reached {got} of the {self.replicas} replicas it must be on within {self.timeout_ms} ms "
                 "(the job store is failing over, or its replicas lag)"
             )
-        self._check_primary(next(iter(touched), None), self._named_primary())
+        self._check_primary(node, self._named_primary())
         return replies
 
     def _named_primary(self) -> Node | None:
         """Return the node the Sentinels name primary now (None: the client is not Sentinel-managed). Asked after
         a WAIT: an old primary that wakes may still have a replica the Sentinels have not moved yet, which
         confirms what it takes and then drops it, resynchronising from the new primary."""
-        ask = getattr(self.redis.connection_pool, "get_master_address", None)
+        ask = getattr(self.rounds.connection_pool, "get_master_address", None)
         if ask is None:
             return None
-        host, port = ask()  # a changed answer drops the pool's idle connections too
+        host, port = ask()
         return str(host), int(port)
 
     def _check_primary(self, node: Node | None, primary: Node | None) -> None:
@@ -189,9 +217,24 @@ class Replication:
                 "has failed over"
             )
 
+    def _drop_if_moved(self, node: Node | None, primary: Node | None) -> None:
+        """After a short count: drop the idle connections if they reach a node the Sentinels no longer name (a
+        short count on the primary itself is its replicas lagging: its connections are kept)."""
+        if node is not None and primary is not None and node != primary:
+            self._drop_idle()
+
     def _drop_idle(self) -> None:
-        """Close the client's idle connections: each asks the Sentinels for the primary when it reconnects."""
-        self.redis.connection_pool.disconnect(inuse_connections=False)
+        """Close the clients' idle connections: each asks the Sentinels for the primary when it reconnects."""
+        for client in {id(self.redis): self.redis, id(self.rounds): self.rounds}.values():
+            client.connection_pool.disconnect(inuse_connections=False)
+
+
+def _one(touched: set[Node]) -> Node | None:
+    """Return the one node a round's replies came from; None if none was noted (a client that does not note).
+    Replies from two (a command retried on a new connection mid-failover) confirm nothing."""
+    if len(touched) > 1:
+        raise Unreplicated(f"a confirmation's replies came from {_named(sorted(touched))}")
+    return next(iter(touched), None)
 
 
 def _named(nodes: Collection[Node | None]) -> str:

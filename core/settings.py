@@ -52,7 +52,7 @@ class Settings(JobSettings, ApiSettings, WorkerSettings):
         ge=10,
         le=60_000,
         description="How long to wait for those replicas; past it the API answers 503 with Retry-After (the job "
-        "may still run: a retry with the same Idempotency-Key returns it) and a worker makes the segment again.",
+        "may still run: a retry with the same Idempotency-Key returns it) and a worker tries the segment again.",
     )
     cache_enabled: bool = Field(True, description="Look up and store finished segments in the sentence cache.")
     cache_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="How long cached segments and files live.")

@@ -19,10 +19,10 @@ from werkzeug.test import TestResponse
 from api import create_app
 from api.services import build_services
 from cache import keys
-from cache.connect import SentinelBlockingPool, redis_client
+from cache.connect import NoReplicasError, SentinelBlockingPool, redis_client
 from cache.jobstore import JobRequest, JobStore
 from cache.nodes import noting
-from cache.replication import Replication, Unreplicated
+from cache.replication import Replication, Round, Unreplicated
 from cache.workers import WorkerRegistry
 from celery_config import celery_settings, queue_keys
 from core.errors import SettingsInvalid
@@ -177,7 +177,7 @@ def test_a_primary_that_lost_its_replicas_refuses_writes_and_the_api_answers_503
 def test_every_reply_of_a_sentinel_client_notes_its_node_and_another_node_is_not_confirmed(
     group: SentinelGroup,
 ) -> None:
-    client = redis_client(group.url)
+    client = redis_client(group.url, note_nodes=True)
     replication = Replication(client, replicas=1, timeout_ms=1000)
     with noting() as touched:
         client.get("anything")
@@ -189,8 +189,18 @@ def test_every_reply_of_a_sentinel_client_notes_its_node_and_another_node_is_not
         replication.confirm({primary, stale})  # a reply of the old primary, after a failover
 
 
-def test_callers_at_once_each_get_a_confirmation_begun_after_their_call(group: SentinelGroup) -> None:
+def test_callers_that_arrive_during_a_round_share_the_next_one(group: SentinelGroup) -> None:
     replication = Replication(redis_client(group.url), replicas=1, timeout_ms=1000)
+    rounds, release = [], threading.Event()
+    run_round = replication._round
+
+    def held_round() -> Round:  # the first round waits until every other caller waits for a round
+        rounds.append(time.monotonic())
+        if len(rounds) == 1:
+            release.wait(10)
+        return run_round()
+
+    replication._round = held_round  # type: ignore[method-assign]
     answers: list[tuple[float, float]] = []
 
     def call() -> None:
@@ -198,11 +208,23 @@ def test_callers_at_once_each_get_a_confirmation_begun_after_their_call(group: S
         answers.append((since, replication.confirm(since=since).started))
 
     threads = [threading.Thread(target=call) for _ in range(16)]
-    for thread in threads:
+    threads[0].start()
+    _wait_for(lambda: len(rounds) == 1)
+    for thread in threads[1:]:
         thread.start()
+    _wait_for(lambda: len(replication._changed._waiters) == 15)  # type: ignore[attr-defined]
+    release.set()
     for thread in threads:
         thread.join(10)
-    assert len(answers) == 16 and all(started >= since for since, started in answers)
+    assert len(answers) == 16 and all(started >= since for since, started in answers), "a round began too early"
+    assert len(rounds) <= 2, f"16 callers took {len(rounds)} rounds: the 15 that waited did not share one"
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.01)
 
 
 def test_a_write_no_replica_confirms_raises_a_lost_connection_though_the_primary_applied_it(tmp_path: Path) -> None:
@@ -212,11 +234,38 @@ def test_a_write_no_replica_confirms_raises_a_lost_connection_though_the_primary
     try:
         job_id = store.create(REQUEST, ["Only here."])
         with pytest.raises(Unreplicated, match="0 of the 1 replicas") as refused:
-            store.write_fragment(job_id, 0, 0, b"\0\0" * 160, sample_rate=16000)
+            store.write_segment(job_id, 0, b"\0\0" * 160, sample_rate=16000, meta={})
         assert isinstance(refused.value, redis.ConnectionError), "a worker retries it as a lost connection"
-        assert store.fragments(job_id, 0).pcm, "the primary applied it: only the confirmation is missing"
+        assert store.has_segment(job_id, 0), "the primary applied it: only the confirmation is missing"
     finally:
         server.stop()
+
+
+def test_a_stream_breaks_off_before_a_chunk_no_replica_confirms_and_gives_its_slot_back(
+    group: SentinelGroup, settings_env: dict[str, str]
+) -> None:
+    app = _app(group.url, settings_env, redis_wait_timeout_ms=300)
+    svc, client = app.extensions["tts"], app.test_client()
+    try:
+        job = client.post("/v1/jobs", json={"text": "Heard only once a replica has it."}).get_json()
+        svc.store.write_segment(job["id"], 0, b"\1\0" * 2400, sample_rate=24000, meta={"duration_s": 0.1})
+        stream = client.get(f"/v1/jobs/{job['id']}/events", buffered=False)
+        assert stream.status_code == 200 and svc.holds.open_here == 1
+        chunks = iter(stream.response)
+        assert next(chunks).startswith(b"retry:"), "the first chunk reads nothing"
+        replicas = [node for node in group.nodes if node.port != group.primary_port()]
+        for node in replicas:
+            node.pause()
+        try:
+            with pytest.raises(Unreplicated, match="0 of the 1 replicas"):
+                next(chunks)  # segment 0's event: read, then not confirmed
+        finally:
+            for node in replicas:
+                node.resume()
+        stream.close()
+        assert svc.holds.open_here == 0, "the stream's slot was not given back"
+    finally:
+        svc.close()
 
 
 def test_answers_wait_for_a_replica_under_sentinel_and_are_503_while_none_confirms(
@@ -260,9 +309,9 @@ def test_what_a_primary_frozen_past_its_failover_takes_or_answers_on_waking_reac
         old.pause()
         outcomes: dict[str, object] = {}
 
-        def write() -> None:  # a worker's fragment, sent to the frozen primary: it runs it as it wakes
+        def write() -> None:  # a worker's segment, sent to the frozen primary: it runs it as it wakes
             try:
-                outcomes["write"] = store.write_fragment(job["id"], 0, 0, b"\1\0" * 160, sample_rate=24000)
+                outcomes["write"] = store.write_segment(job["id"], 0, b"\1\0" * 160, sample_rate=24000, meta={})
             except redis.ConnectionError as e:
                 outcomes["write"] = e
 
@@ -276,11 +325,15 @@ def test_what_a_primary_frozen_past_its_failover_takes_or_answers_on_waking_reac
         old.resume()
         for caller in callers:
             caller.join(30)
-        assert isinstance(outcomes["write"], redis.ConnectionError), f"the writer was told {outcomes['write']!r}"
+        # Refused either way: NOREPLICAS if the node read its replicas' hang-ups before the write as it woke, else
+        # a confirmation that fails (WAIT short, or the Sentinels naming another primary).
+        assert isinstance(outcomes["write"], (Unreplicated, NoReplicasError)), (
+            f"the writer was told {outcomes['write']!r}"
+        )
         answer = outcomes["read"]
         assert isinstance(answer, TestResponse) and answer.status_code == 503, answer
         assert "Retry-After" in answer.headers and "could not confirm" in answer.get_json()["error"]["message"]
-        assert not store.fragments(job["id"], 0).pcm, "the new primary holds no fragment: the writer makes it again"
+        assert not store.has_segment(job["id"], 0), "the new primary lacks the segment: the writer makes it again"
         assert client.get(f"/v1/jobs/{job['id']}").status_code == 200, "the next answer comes from the new primary"
     finally:
         app.extensions["tts"].close()

@@ -133,8 +133,8 @@ def job_store_client(url: str, *, timeout_s: float = REDIS_TIMEOUT_S) -> redis.R
     """Return the worker's client of the job store: every call answers or raises (a RedisError) within
     ``timeout_s``, and a dead peer is found by TCP keepalive while the connection idles."""
     return redis_client(
-        url, health_check_interval=30, socket_timeout=timeout_s, socket_connect_timeout=min(10.0, timeout_s),
-        socket_keepalive=True,
+        url, note_nodes=True, health_check_interval=30, socket_timeout=timeout_s,
+        socket_connect_timeout=min(10.0, timeout_s), socket_keepalive=True,
     )  # fmt: skip
 
 
