@@ -15,6 +15,8 @@ from typing import Any, cast
 
 import redis
 from redis._parsers.base import BaseParser
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from cache.nodes import NodeNotingConnection
@@ -46,7 +48,10 @@ class SentinelBlockingPool(SentinelConnectionPool, redis.BlockingConnectionPool)
 
 def sentinel_of(target: SentinelUrl, options: dict[str, Any]) -> Sentinel:
     """Return the Sentinel client of a group, its connections as short-lived as the data connections'."""
-    sentinel_kwargs = {name: options[name] for name in _SENTINEL_OPTIONS if name in options}
+    sentinel_kwargs: dict[str, Any] = {name: options[name] for name in _SENTINEL_OPTIONS if name in options}
+    # No retries: redis-py's default retries a dead Sentinel ten times with backoff, where the next Sentinel would
+    # answer at once (the primary is asked of them at every connection and every confirmation).
+    sentinel_kwargs["retry"] = Retry(NoBackoff(), 0)
     if target.sentinel_password:
         sentinel_kwargs["password"] = target.sentinel_password
     return Sentinel(list(target.sentinels), sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]

@@ -5,6 +5,7 @@ The failover itself (a primary killed, frozen, a Sentinel killed) is in tests/ch
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -338,3 +339,26 @@ def test_what_a_primary_frozen_past_its_failover_takes_or_answers_on_waking_reac
     finally:
         app.extensions["tts"].close()
         group.stop()
+
+
+def test_a_dead_sentinel_is_passed_over_at_once_not_retried(group: SentinelGroup) -> None:
+    dead = socket.create_server(("127.0.0.1", 0))  # takes each connection and hangs up: a Sentinel that dies
+    accepted = []
+
+    def hang_up() -> None:
+        while True:
+            try:
+                conn, _ = dead.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            conn.close()
+
+    threading.Thread(target=hang_up, daemon=True).start()
+    try:
+        sentinels = ",".join(f"127.0.0.1:{port}" for port in [dead.getsockname()[1], *group.sentinel_ports])
+        client = redis_client(f"redis+sentinel://{sentinels}/{group.service}/0")
+        assert client.ping()
+        assert accepted == [1], f"the dead Sentinel was tried {len(accepted)} times before the next was asked"
+    finally:
+        dead.close()
