@@ -55,7 +55,7 @@ chaos: install-dev  ## Run the fault-injection scenarios and print the table (ze
 	scripts/ensure_redis_server.sh
 	$(PY) -m pytest tests/chaos -m chaos -p no:cacheprovider -q; status=$$?; $(PY) -m tests.chaos.report; exit $$status
 
-bench-store: install-bench  ## The job store's ceiling: the service's write path on one Redis with an engine that makes audio at once; Redis CPU, network and memory per audio second, and the GPUs one primary serves (~2 min).
+bench-store: install-bench  ## The job store's ceiling: the service's write path on one Redis (and a Sentinel group's primary) with an engine that makes audio at once; Redis CPU, network and memory per audio second, and the GPUs one primary serves (~2 min).
 	scripts/ensure_redis_server.sh
 	$(PY) -m bench.store $(BENCH_ARGS)
 
