@@ -5,6 +5,7 @@ The failover itself (a primary killed, frozen, a Sentinel killed) is in tests/ch
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -242,6 +243,19 @@ def test_a_write_no_replica_confirms_raises_a_lost_connection_though_the_primary
         server.stop()
 
 
+@contextlib.contextmanager
+def _replicas_paused(group: SentinelGroup) -> Iterator[None]:
+    """Freeze the group's replicas (SIGSTOP) for the block: the primary's WAITs go unanswered."""
+    replicas = [node for node in group.nodes if node.port != group.primary_port()]
+    for node in replicas:
+        node.pause()
+    try:
+        yield
+    finally:
+        for node in replicas:
+            node.resume()
+
+
 def test_a_stream_breaks_off_before_a_chunk_no_replica_confirms_and_gives_its_slot_back(
     group: SentinelGroup, settings_env: dict[str, str]
 ) -> None:
@@ -254,15 +268,8 @@ def test_a_stream_breaks_off_before_a_chunk_no_replica_confirms_and_gives_its_sl
         assert stream.status_code == 200 and svc.holds.open_here == 1
         chunks = iter(stream.response)
         assert next(chunks).startswith(b"retry:"), "the first chunk reads nothing"
-        replicas = [node for node in group.nodes if node.port != group.primary_port()]
-        for node in replicas:
-            node.pause()
-        try:
-            with pytest.raises(Unreplicated, match="0 of the 1 replicas"):
-                next(chunks)  # segment 0's event: read, then not confirmed
-        finally:
-            for node in replicas:
-                node.resume()
+        with _replicas_paused(group), pytest.raises(Unreplicated, match="0 of the 1 replicas"):
+            next(chunks)  # segment 0's event: read, then not confirmed
         stream.close()
         assert svc.holds.open_here == 0, "the stream's slot was not given back"
     finally:
@@ -279,14 +286,8 @@ def test_answers_wait_for_a_replica_under_sentinel_and_are_503_while_none_confir
         confirmed = REPLICA_CONFIRMATIONS.labels("confirmed")._value.get()
         assert client.get(f"/v1/jobs/{job['id']}").status_code == 200
         assert REPLICA_CONFIRMATIONS.labels("confirmed")._value.get() > confirmed, "the answer was not confirmed"
-        replicas = [node for node in group.nodes if node.port != group.primary_port()]
-        for node in replicas:
-            node.pause()
-        try:
+        with _replicas_paused(group):
             answer = client.get(f"/v1/jobs/{job['id']}")
-        finally:
-            for node in replicas:
-                node.resume()
         assert answer.status_code == 503 and answer.headers["Retry-After"] == "5"
         assert "0 of the 1 replicas" in answer.get_json()["error"]["message"]
     finally:
