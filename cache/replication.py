@@ -6,7 +6,7 @@ its place never had them. So, with replicas to wait for (``TTS_REDIS_WAIT_REPLIC
 - **Promises.** Before answering 202 for a job (or taking a text piece), the API waits until enough replicas hold
   everything written so far: the job, its idempotency claim, its first tasks on the broker. Past the timeout it
   refuses to promise (503): the work may still go on, and a retry with the same Idempotency-Key finds it.
-- **Writes.** A segment or a job's end is written with a WAIT on the same connection, and the Sentinels are asked
+- **Writes.** A segment or a job's end is written with a WAIT on the same connection, and every Sentinel is asked
   after it which node is primary (``Replication.execute``); a short count or another node raises
   ``Unreplicated``, which the worker handles as a lost connection: it tries the segment again on the primary the
   Sentinels name. A fragment is not waited for: the segment's write carries all of its audio, and a listener is
@@ -199,14 +199,32 @@ class Replication:
         return replies
 
     def _named_primary(self) -> Node | None:
-        """Return the node the Sentinels name primary now (None: the client is not Sentinel-managed). Asked after
-        a WAIT: an old primary that wakes may still have a replica the Sentinels have not moved yet, which
-        confirms what it takes and then drops it, resynchronising from the new primary."""
-        ask = getattr(self.rounds.connection_pool, "get_master_address", None)
-        if ask is None:
+        """Return the node the newest view among the Sentinels that answer names primary (None: the client is not
+        Sentinel-managed). Asked after a WAIT: an old primary that wakes may still have a replica the Sentinels
+        have not moved yet, which confirms what it takes and then drops it, resynchronising from the new primary.
+
+        Every Sentinel is asked, and the view with the highest configuration epoch wins: for a second or two after
+        a failover only the Sentinel that ran it names the new primary. A Sentinel that sees the primary down or
+        a failover under way confirms nothing: the node that answered may be the one being replaced."""
+        pool = self.rounds.connection_pool
+        manager, service = getattr(pool, "sentinel_manager", None), getattr(pool, "service_name", "")
+        if manager is None:
             return None
-        host, port = ask()
-        return str(host), int(port)
+        views = []
+        for sentinel in manager.sentinels:
+            try:
+                state = sentinel.sentinel_master(service)
+            except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
+                continue  # a dead Sentinel, or one that does not know the service: the others say
+            flags = set(str(state.get("flags", "")).split(","))
+            if flags & {"s_down", "o_down", "failover_in_progress"}:
+                raise Unreplicated(f"a Sentinel sees the primary {_named([(str(state['ip']), int(state['port']))])}"
+                                   f" as {','.join(sorted(flags))}: the job store is failing over")  # fmt: skip
+            views.append((int(state.get("config-epoch", 0)), str(state["ip"]), int(state["port"])))
+        if not views:
+            raise Unreplicated("no Sentinel answered which node is the primary")
+        _, host, port = max(views)
+        return host, port
 
     def _check_primary(self, node: Node | None, primary: Node | None) -> None:
         if node is not None and primary is not None and node != primary:
