@@ -236,9 +236,8 @@ def _follow(svc: Services, job_id: str, out: _Socket, *, fragments: bool = False
         return
     except OSError as e:  # the client reset the connection, or took nothing for stream_write_timeout_s
         log.info("voice socket of job %s: its audio could not be sent (%s); the connection ends", job_id, e)
-    except redis.RedisError as e:  # Unreplicated too: the store fails over
-        log.warning("voice socket of job %s: the job store is unavailable (%s)", job_id, e)
-        _send_error(out, ServiceUnavailable("the job store is unavailable; retry shortly", retry_after=1))
+    except redis.RedisError as e:
+        _store_away(out, job_id, e)
     finally:
         close_log()
 
@@ -329,8 +328,7 @@ def voice_socket(ws: Server) -> None:
     except OSError as e:  # a send to a client that reset the connection, or took nothing for too long
         log.info("voice socket of job %s ended: %s", job_id, e)
     except redis.RedisError as e:
-        log.warning("voice socket of job %s: the job store is unavailable (%s)", job_id, e)
-        _send_error(out, ServiceUnavailable("the job store is unavailable; retry shortly", retry_after=1))
+        _store_away(out, job_id, e)
     except ServiceError as e:
         _send_error(out, e)
     finally:
@@ -363,6 +361,12 @@ def _cancel(job_id: str) -> None:
         pass
     except redis.RedisError as e:
         log.warning("voice socket of job %s ended; its job could not be canceled (%s)", job_id, e)
+
+
+def _store_away(out: _Socket, job_id: str | None, error: redis.RedisError) -> None:
+    """Tell the client that the job store is unavailable (Unreplicated too: it fails over)."""
+    log.warning("voice socket of job %s: the job store is unavailable (%s)", job_id, error)
+    _send_error(out, ServiceUnavailable("the job store is unavailable; retry shortly", retry_after=1))
 
 
 def _send_error(out: _Socket, error: ServiceError) -> None:

@@ -13,7 +13,6 @@ from redis.commands.core import Script
 from redis.typing import EncodableT, FieldT, KeyT
 
 from cache import keys, scripts
-from cache.connect import redis_client
 from cache.events import EventWaiter
 from cache.job_reads import JobReads, as_bytes, as_text, pairs, record_of
 from cache.records import (
@@ -28,7 +27,7 @@ from cache.records import (
     StartState,
     WriteResult,
 )
-from cache.replication import ROUND_MARGIN_S, Replication
+from cache.replication import Replication, replication_of
 from core.audio import PackedAudio
 from core.settings import Settings
 
@@ -334,12 +333,7 @@ class JobStore(JobReads):
 
 def store_of(client: redis.Redis, settings: Settings, *, waiter: EventWaiter | None = None) -> JobStore:
     """Return the job store on ``client`` with the settings' retention, audio codec and replicas to wait for."""
-    replicas, timeout_ms = settings.replicas_to_wait_for, settings.redis_wait_timeout_ms
-    rounds = None
-    if replicas:  # rounds on connections that give up soon: a frozen node holds each caller only that long
-        patience = timeout_ms / 1000 + ROUND_MARGIN_S
-        rounds = redis_client(settings.redis_url, note_nodes=True, socket_timeout=patience,
-                              socket_connect_timeout=ROUND_MARGIN_S)  # fmt: skip
-    replication = Replication(client, replicas=replicas, timeout_ms=timeout_ms, rounds=rounds)
+    replication = replication_of(client, settings.redis_url, replicas=settings.replicas_to_wait_for,
+                                 timeout_ms=settings.redis_wait_timeout_ms)  # fmt: skip
     return JobStore(client, ttl=settings.job_ttl_s, audio_ttl=settings.audio_ttl_s, codec=settings.audio_store_codec,
                     waiter=waiter, replication=replication)  # fmt: skip

@@ -34,6 +34,7 @@ import redis
 from redis.client import Pipeline
 
 from cache import keys
+from cache.connect import redis_client
 from cache.nodes import Node, current_log, noting
 from core.errors import ServiceUnavailable
 from core.metrics import REPLICA_CONFIRMATIONS
@@ -88,7 +89,7 @@ class Replication:
     def patience_s(self) -> float:
         """How long a caller waits for a round of its own before it gives up: WAIT's timeout, and the Sentinels'
         answer and a margin after it."""
-        return self.timeout_ms / 1000 + ROUND_MARGIN_S
+        return _patience_s(self.timeout_ms)
 
     def _round(self) -> Round:
         started = time.monotonic()
@@ -138,14 +139,7 @@ class Replication:
             REPLICA_CONFIRMATIONS.labels("failed").inc()
             self._drop_idle()  # the node timed out or went away: the next connections ask the Sentinels
             raise Unreplicated(f"no confirmation from the job store: {found.error}") from found.error
-        if found.confirmed < self.replicas:
-            REPLICA_CONFIRMATIONS.labels("short").inc()
-            self._drop_if_moved(found.node, found.primary)
-            raise Unreplicated(
-                f"{found.confirmed} of the {self.replicas} replicas it must be on confirmed it within "
-                f"{self.timeout_ms} ms (the job store is failing over, or its replicas lag)"
-            )
-        self._check_primary(found.node, found.primary)
+        self._judge(found.confirmed, found.node, found.primary)
         strangers = sorted(set(touched) - {found.node}) if found.node is not None else []
         if strangers:
             REPLICA_CONFIRMATIONS.labels("other_node").inc()
@@ -187,15 +181,7 @@ class Replication:
         pipe.execute_command("WAIT", self.replicas, self.timeout_ms)  # type: ignore[no-untyped-call]
         with noting() as touched:
             *replies, got = pipe.execute()
-        node = _one(touched)
-        if int(got) < self.replicas:
-            REPLICA_CONFIRMATIONS.labels("short").inc()
-            self._drop_if_moved(node, self._named_primary())
-            raise Unreplicated(
-                f"a write reached {got} of the {self.replicas} replicas it must be on within {self.timeout_ms} ms "
-                "(the job store is failing over, or its replicas lag)"
-            )
-        self._check_primary(node, self._named_primary())
+        self._judge(int(got), _one(touched), self._named_primary())
         return replies
 
     def _named_primary(self) -> Node | None:
@@ -226,25 +212,45 @@ class Replication:
         _, host, port = max(views)
         return host, port
 
-    def _check_primary(self, node: Node | None, primary: Node | None) -> None:
-        if node is not None and primary is not None and node != primary:
-            REPLICA_CONFIRMATIONS.labels("other_node").inc()
+    def _judge(self, got: int, node: Node | None, primary: Node | None) -> None:
+        """Raise Unreplicated unless ``got`` replicas are enough and ``node`` is the ``primary`` the Sentinels name;
+        drop the idle connections when they reach another node (a short count on the primary itself is its
+        replicas lagging: its connections are kept)."""
+        moved = node is not None and primary is not None and node != primary
+        if moved:
             self._drop_idle()
+        if got < self.replicas:
+            REPLICA_CONFIRMATIONS.labels("short").inc()
+            raise Unreplicated(
+                f"{got} of the {self.replicas} replicas it must be on confirmed it within {self.timeout_ms} ms (the "
+                "job store is failing over, or its replicas lag)"
+            )
+        if moved:
+            REPLICA_CONFIRMATIONS.labels("other_node").inc()
             raise Unreplicated(
                 f"{_named([node])} confirmed it, but the Sentinels name {_named([primary])} primary: the job store "
                 "has failed over"
             )
 
-    def _drop_if_moved(self, node: Node | None, primary: Node | None) -> None:
-        """After a short count: drop the idle connections if they reach a node the Sentinels no longer name (a
-        short count on the primary itself is its replicas lagging: its connections are kept)."""
-        if node is not None and primary is not None and node != primary:
-            self._drop_idle()
-
     def _drop_idle(self) -> None:
         """Close the clients' idle connections: each asks the Sentinels for the primary when it reconnects."""
         for client in {id(self.redis): self.redis, id(self.rounds): self.rounds}.values():
             client.connection_pool.disconnect(inuse_connections=False)
+
+
+def replication_of(client: redis.Redis, url: str, *, replicas: int, timeout_ms: int) -> Replication:
+    """Return the confirmations of the store ``url`` names, whose data commands go through ``client``; with replicas
+    to wait for, rounds run on a client of their own that gives up after a caller's patience, so that a frozen
+    node holds each caller only that long."""
+    if not replicas:
+        return Replication(client, replicas=0, timeout_ms=timeout_ms)
+    rounds = redis_client(url, note_nodes=True, socket_timeout=_patience_s(timeout_ms),
+                          socket_connect_timeout=ROUND_MARGIN_S)  # fmt: skip
+    return Replication(client, replicas=replicas, timeout_ms=timeout_ms, rounds=rounds)
+
+
+def _patience_s(timeout_ms: int) -> float:
+    return timeout_ms / 1000 + ROUND_MARGIN_S
 
 
 def _one(touched: set[Node]) -> Node | None:
