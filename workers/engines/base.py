@@ -84,6 +84,14 @@ class Engine(abc.ABC):
         """Cut each segment's audio into fragments on ``schedule``, where the engine can (each is one otherwise)."""
         self.fragment_schedule = schedule
 
+    def set_graphs(self, mode: str) -> None:  # noqa: B027 (a hook most engines need not override)
+        """Capture the decode step as CUDA graphs: ``auto``, ``on`` or ``off`` (engines without one ignore it)."""
+
+    @property
+    def decode_path(self) -> str:
+        """Say how a decode step runs once loaded (for the startup log and ``/readyz``)."""
+        return "eager"
+
     @property
     def takes_arrivals(self) -> bool:
         """Say whether segments can join a call while it runs (``synthesize_each``'s ``arrivals``)."""

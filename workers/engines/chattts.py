@@ -33,6 +33,8 @@ from workers.engines.chattts_int8 import int8_supported, quantize_linear_layers,
 from workers.engines.chattts_jit import cache_text_jit
 from workers.engines.errors import EngineLoadError, SynthesisError
 from workers.engines.fragments import SAMPLES_PER_TOKEN, FragmentSizes, TokenFragments, Window
+from workers.engines.static_cache import StaticCache
+from workers.engines.static_step import StaticStep, prepared_step
 
 __all__ = ["ChatTTSEngine", "find_weights", "speed_prompt", "where_weights_go"]
 
@@ -85,6 +87,8 @@ class ChatTTSEngine(Engine):
         fragment_crossfade: int = 0,
         fragment_first_lookahead: int = 4,
         fragment_lead_s: float = 1.0,
+        static_rows: int = 64,
+        static_positions: int = 768,
     ) -> None:
         if precision not in PRECISIONS and precision != INT8:
             raise ValueError(f"precision must be one of {[*sorted(PRECISIONS), INT8]}, not {precision!r}")
@@ -103,6 +107,11 @@ class ChatTTSEngine(Engine):
         self._window = Window(context=fragment_context, lookahead=fragment_lookahead, crossfade=fragment_crossfade,
                               first_lookahead=fragment_first_lookahead)  # fmt: skip
         self._lead_s = fragment_lead_s
+        # The static key/value cache's size (rows × positions), made once when graphs are on (static_step).
+        self._static_size = (static_rows, static_positions)
+        self._graphs = "auto"
+        self._static: StaticStep | None = None
+        self._path = "not loaded"
         self._chat: Any = None
         self._speakers: dict[str, str] = {}
 
@@ -148,7 +157,19 @@ class ChatTTSEngine(Engine):
             swapped = quantize_linear_layers(chat.gpt.gpt)
             log.info("ChatTTS's Llama runs its %d Linear layers in int8 (dynamic activations)", swapped)
         self._speakers = self._speaker_embeddings(chat)
+        self._static, self._path = prepared_step(
+            chat.gpt, mode=self._graphs, rows=self._static_size[0], positions=self._static_size[1]
+        )
         self._chat = chat
+
+    def set_graphs(self, mode: str) -> None:
+        """Capture the decode step as CUDA graphs: ``auto`` (on a GPU), ``on`` (a CPU runs the static step), ``off``."""
+        self._graphs = mode
+
+    @property
+    def decode_path(self) -> str:
+        """Say how a decode step runs: the growing loop, the static step, or its CUDA graphs (and why)."""
+        return self._path
 
     def _llama_dtype(self) -> torch.dtype:
         dtype = PRECISIONS.get(self._precision, torch.float32)  # int8's layers quantize from fp32
@@ -352,6 +373,7 @@ class ChatTTSEngine(Engine):
             finished=lambda index, ids, hidden: made(index, hidden) if hidden is not None else None,
             joins=joins,
             grown=grown,
+            static=self._static,
         )
         hiddens: list[torch.Tensor] = result.hiddens
         return hiddens
@@ -409,6 +431,7 @@ class ChatTTSEngine(Engine):
     def unload(self) -> None:
         """Drop the model and give its memory back."""
         self._chat = None
+        self._static = None
         self._speakers = {}
         gc.collect()
         if self._device.startswith("cuda"):
@@ -422,6 +445,10 @@ class ChatTTSEngine(Engine):
             modules = [self._chat.gpt.gpt, self._chat.embed, self._chat.decoder, self._chat.dvae, self._chat.vocos]
             total = sum(t.numel() * t.element_size() for m in modules for t in (*m.parameters(), *m.buffers()))
             total += quantized_bytes(self._chat.gpt.gpt)  # int8 weights are packed, neither parameters nor buffers
+            if self._static is not None:  # the static key/value cache is made at load, whole
+                total += StaticCache.bytes_for(self._chat.gpt.gpt.config, rows=self._static.cache.rows,
+                                               positions=self._static.cache.positions,
+                                               dtype=self._chat.gpt.gpt.dtype)  # fmt: skip
         else:
             try:
                 _, root = find_weights(self._weights_dir)

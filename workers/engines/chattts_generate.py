@@ -9,6 +9,7 @@ import torch
 from workers.engines import decode
 from workers.engines.decode import Finished, Grown, Joins
 from workers.engines.sampling import PerItemSampler
+from workers.engines.static_step import StaticStep
 
 
 def _embedded_prompts(chat: Any, prompts: list[str], speakers: list[str | None]) -> tuple[Any, Any, Any]:
@@ -85,12 +86,14 @@ def generate(
     finished: Finished | None = None,
     joins: Joins | None = None,
     grown: Grown | None = None,
+    static: StaticStep | None = None,
 ) -> Any:
     """Run one pass of ChatTTS's GPT over ``first`` (made by ``prepare``); each item ends at its budget.
 
     ``finished`` is told each item's output as the item ends (not on ChatTTS's own loop, which ends them together).
     ``joins`` (made with ``prepare``) is asked between steps for items to add; ChatTTS's own loop never asks.
     ``grown`` is told each running item's hidden states after each step (ChatTTS's own loop never tells it).
+    ``static`` runs the steps after the prompt's over a static key/value cache, CUDA-graphed where it was captured.
     """
     eos = _eos(chat, infer_text)
     temperature = torch.tensor([params.temperature] * (1 if infer_text else chat.config.gpt.num_vq), device=chat.device)
@@ -110,6 +113,7 @@ def generate(
             finished=finished,
             joins=joins,
             grown=grown,
+            static=static,
         )
     generation = chat.gpt.generate(  # every row runs to the end: a model without a key/value cache
         first.emb,

@@ -30,6 +30,8 @@ from torch.nn.utils import parametrize
 
 from workers.engines.kv_cache import drop_front, growing_cache, joined_cache, shifted_stack
 from workers.engines.sampling import PENALTY_WINDOW, PerItemSampler
+from workers.engines.static_cache import StaticCache
+from workers.engines.static_step import StaticStep
 
 #: Told an item's output the step it ends: (its index in the batch, its tokens, its hidden states or None).
 Finished = Callable[[int, torch.Tensor, torch.Tensor | None], None]
@@ -82,6 +84,7 @@ def generate(
     finished: Finished | None = None,
     joins: Joins | None = None,
     grown: Grown | None = None,
+    static: StaticStep | None = None,
 ) -> Generated:
     """Generate up to ``max_new_token`` tokens per item; an item ends at the first end token in any of its rows.
 
@@ -90,7 +93,8 @@ def generate(
     each item's output (its index, tokens and hidden states) at the step the item ends, before the rest go on.
     ``joins`` is asked between steps for more items; theirs are numbered after the items already taken.
     ``grown`` is told after each step each running item's hidden states so far (with ``return_hidden``), so that
-    its audio can be made while it runs.
+    its audio can be made while it runs. With ``static``, the steps after the prompt's run over its static cache
+    (``static_step``) for as long as the generation fits in it; the tokens are the same.
     """
     out = _Outputs(finished)
     step = functools.partial(_step, temperature=temperature, eos_token=eos_token)
@@ -98,6 +102,8 @@ def generate(
     # The heads' weight norm is computed once for the whole loop, not once per step.
     with parametrize.cached():
         ended = step(rows, sampler, emb)
+        if static is not None:
+            rows.settle(static)
         while True:
             stop = interrupted()
             running = rows.finish(ended, stop=stop)
@@ -126,8 +132,8 @@ def _step(
     rows: _Rows, sampler: PerItemSampler, emb: torch.Tensor | None, *, temperature: torch.Tensor, eos_token: int
 ) -> torch.Tensor:
     """Run one step (the prompt's, with ``emb``, or the last tokens'); return which rows ended."""
-    hidden = rows.forward(emb)
-    chosen = sampler.sample(rows.window(), rows.logits(hidden, temperature))
+    logits = rows.forward(emb)
+    chosen = sampler.sample(rows.window(), rows.tempered(logits, temperature))
     return rows.record(chosen, eos_token)
 
 
@@ -194,14 +200,31 @@ class _Rows:
         self.items = out.take(batch)  # the item index of each row
         self.hiddens: torch.Tensor | None = None
         self.past: Any = None
+        self.static: StaticStep | None = None  # set while the rows run on a static cache
 
     @property
     def size(self) -> int:
         """Return the number of rows still running."""
         return int(self.items.numel())
 
+    def settle(self, static: StaticStep) -> None:
+        """Move the rows onto ``static``'s cache, if they fit, for the steps that follow."""
+        if self.size and static.cache.fits(self.size, self.capacity):
+            self.past = static.cache.take(self.past, self.size, self.length - 1)
+            self.static = static
+
+    def _unsettle(self) -> None:
+        """Move the rows back onto a growing cache (the generation outgrew the static one)."""
+        assert isinstance(self.past, StaticCache)
+        self.past, self.static = self.past.grown_copy(self.gpt.gpt.config, self.capacity), None
+
     def forward(self, emb: torch.Tensor | None) -> torch.Tensor:
-        """Run the model on the prompt (``emb``) or the last tokens; return each row's last hidden state."""
+        """Run the model on the prompt (``emb``) or the last tokens; return each row's logits (before temperature)."""
+        if emb is None and self.static is not None:
+            last = self.ids[:, self.length - 1].to(self.gpt.device_gpt)
+            stepped, logits = self.static.run(last, self.mask.narrow(1, 0, self.length).to(self.gpt.device_gpt))
+            self._keep_hidden(stepped)
+            return logits
         gpt = self.gpt
         model_input = gpt._prepare_generation_inputs(
             self.ids.narrow(1, 0, self.length), self.past, self.mask.narrow(1, 0, self.length)
@@ -233,20 +256,20 @@ class _Rows:
         )
         self.past = outputs.past_key_values
         hidden: torch.Tensor = outputs.last_hidden_state.narrow(1, -1, 1).squeeze(1).to(gpt.device, dtype=torch.float)
+        self._keep_hidden(hidden)
+        if self.infer_text:
+            return gpt.head_text(hidden).float()  # type: ignore[no-any-return]
+        return torch.stack([head(hidden) for head in gpt.head_code], 1).float().reshape(-1, gpt.num_audio_tokens)
+
+    def _keep_hidden(self, hidden: torch.Tensor) -> None:
         if self.return_hidden:
             if self.hiddens is None:
-                self.hiddens = torch.zeros(hidden.size(0), self.capacity, hidden.size(1), device=gpt.device)
+                self.hiddens = torch.zeros(hidden.size(0), self.capacity, hidden.size(1), device=self.gpt.device)
             self.hiddens[:, self.length] = hidden  # the hidden state the token at this position is sampled from
-        return hidden
 
-    def logits(self, hidden: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
-        """Return the rows' logits over the vocabulary, an item's num_vq rows together, divided by temperature."""
-        gpt = self.gpt
-        if self.infer_text:
-            logits: torch.Tensor = gpt.head_text(hidden).float()
-        else:
-            logits = torch.stack([head(hidden) for head in gpt.head_code], 1).float().reshape(-1, gpt.num_audio_tokens)
-        rows = temperature.to(logits.device).view(1, -1).expand(hidden.size(0), -1).reshape(-1, 1)
+    def tempered(self, logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+        """Return the rows' logits (an item's num_vq rows together) divided by temperature."""
+        rows = temperature.to(logits.device).view(1, -1).expand(self.size, -1).reshape(-1, 1)
         return logits / rows
 
     def window(self) -> torch.Tensor:
@@ -306,7 +329,10 @@ class _Rows:
         unused = int(filled.to(torch.uint8).argmax(dim=1).min())  # the earliest first position any row uses
         if unused < PENALTY_WINDOW:  # a few positions are not worth the bookkeeping
             return
-        drop_front(self.past, unused)
+        if isinstance(self.past, StaticCache):
+            self.past.drop_front(unused)
+        else:
+            drop_front(self.past, unused)
         self.ids = self.ids.narrow(1, unused, self.capacity - unused)
         self.mask = self.mask.narrow(1, unused, self.capacity - unused)
         if self.hiddens is not None:
@@ -334,7 +360,12 @@ class _Rows:
         length = max(self.length, other.length)
         shifts = (length - self.length, length - other.length)
         capacity = max(self.capacity + shifts[0], other.capacity + shifts[1])
-        self.past = joined_cache(self.past, other.past, shifts=shifts, limit=capacity)
+        if isinstance(self.past, StaticCache) and not self.past.fits(self.size + other.size, capacity):
+            self._unsettle()
+        if isinstance(self.past, StaticCache):
+            self.past.join(other.past, other.size, other.length - 1, shifts)
+        else:
+            self.past = joined_cache(self.past, other.past, shifts=shifts, limit=capacity)
         lengths = (self.length, other.length)
         self.ids = shifted_stack(self.ids, other.ids, lengths, shifts, capacity, dim=1)
         self.mask = shifted_stack(self.mask, other.mask, lengths, shifts, capacity, dim=1, after=True)

@@ -1,0 +1,218 @@
+"""ChatTTS's decode step over a static key/value cache, replayed as one CUDA graph per batch bucket where it can be.
+
+On a GPU, a step of ChatTTS's 20-layer Llama is a few hundred small kernels; launched one by one from Python,
+the GPU waits on the launches, whatever the batch. A CUDA graph launches them all at once, but replays fixed
+addresses and shapes. So the step reads its inputs from buffers made once (the last tokens, positions, the
+attention mask, the cache in ``static_cache``), a batch is padded to the next bucket of rows, and each bucket's
+step is captured once at load. The step is ChatTTS's own: its code embeddings summed, its Llama, its
+weight-normed code heads. Sampling stays outside the graph, in the per-item sampler: its state is per item and
+changes every step, and sampling replayed inside a graph has garbled other servers' audio.
+
+Before a graph serves, it is checked against the same step run eagerly on a probe batch; one that differs,
+or fails to capture, is dropped and the step runs eagerly (``Graphs.path`` says which serves). On a CPU
+nothing is captured: the same buffers run eagerly, which is what the tests check against the growing loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.nn import functional
+
+from workers.engines.static_cache import StaticCache
+
+log = logging.getLogger(__name__)
+
+#: The batch sizes a graph is captured for (up to the cache's rows): a batch runs in the next one up.
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+
+#: (hidden states of the bucket's rows, in fp32; their logits, num_vq rows per item, before temperature).
+StepOutput = tuple[torch.Tensor, torch.Tensor]
+#: What makes a graph of a step: given the step's code, return its replay (``cuda_graph``).
+Capture = Callable[[Callable[[], StepOutput]], Callable[[], StepOutput]]
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What checking a bucket's graph against the eager step found."""
+
+    bucket: int
+    ok: bool
+    detail: str
+
+
+class StaticStep:
+    """One decode step of ChatTTS's GPT over buffers that never move, eager or replayed from a graph per bucket."""
+
+    def __init__(self, gpt: Any, cache: StaticCache, *, buckets: Sequence[int] = BUCKETS) -> None:
+        self.gpt, self.cache = gpt, cache
+        rows, device = cache.rows, gpt.device_gpt
+        self.buckets = sorted({b for b in buckets if b < rows} | {rows})
+        self.tokens = torch.zeros(rows, 1, gpt.num_vq, dtype=torch.long, device=device)
+        self.positions = torch.zeros(rows, 1, dtype=torch.long, device=device)
+        self.mask = torch.ones(rows, cache.positions, dtype=torch.bool, device=device)
+        # The heads' weight norm, once: a graph must read weights that stay where they are.
+        self.head_weights = [getattr(head, "__self__", head).weight.detach().clone() for head in gpt.head_code]
+        self.graphs: dict[int, Callable[[], StepOutput]] = {}
+
+    def bucket(self, rows: int) -> int:
+        """Return the bucket ``rows`` rows run in."""
+        return next(b for b in self.buckets if b >= rows)
+
+    def compute(self, active: int, width: int) -> StepOutput:
+        """Run the step on the first ``active`` rows, attending over ``width`` columns (what a graph captures)."""
+        gpt = self.gpt
+        self.cache.reach.active, self.cache.reach.width = active, width
+        tokens = self.tokens.narrow(0, 0, active)
+        codes = [gpt.emb_code[q](tokens[:, :, q]) for q in range(gpt.num_vq)]
+        embedded = torch.stack(codes, 3).sum(3).to(gpt.gpt.dtype)
+        mask = self.mask.narrow(0, 0, active).narrow(1, 0, width)[:, None, None, :]
+        outputs = gpt.gpt(
+            attention_mask=mask,
+            position_ids=self.positions.narrow(0, 0, active),
+            past_key_values=self.cache,
+            inputs_embeds=embedded,
+            use_cache=True,
+            output_attentions=False,
+            cache_position=self.cache.reach.column,
+        )
+        hidden = outputs.last_hidden_state.narrow(1, -1, 1).squeeze(1).to(gpt.device, dtype=torch.float)
+        logits = torch.stack([functional.linear(hidden, w) for w in self.head_weights], 1).float()
+        return hidden, logits.reshape(-1, gpt.num_audio_tokens)
+
+    def run(self, last: torch.Tensor, mask: torch.Tensor) -> StepOutput:
+        """Step the rows in use: ``last`` their last tokens (rows, num_vq), ``mask`` their filled columns.
+
+        Returns their hidden states and logits (copies: a graph's outputs are overwritten by its next replay).
+        """
+        cache, used = self.cache, self.cache.used
+        length = mask.size(1)  # the cache's filled columns and the one this step writes
+        graph_bucket = self.bucket(used)
+        graphed = graph_bucket in self.graphs
+        active = graph_bucket if graphed else used
+        self.tokens.narrow(0, 0, used).copy_(last.unsqueeze(1))
+        rows = self.mask.narrow(0, 0, used)
+        if graphed:
+            rows.narrow(1, length, cache.positions - length).fill_(False)
+            self.mask.narrow(0, used, active - used).fill_(True)  # padding rows: finite, ignored
+        rows.narrow(1, 0, length).copy_(mask)
+        self.positions.narrow(0, 0, used).copy_(mask.sum(1, keepdim=True) - 1)
+        cache.aim()
+        hidden, logits = self.graphs[active]() if graphed else self.compute(active, length)
+        cache.advance()
+        return hidden.narrow(0, 0, used).clone(), logits.narrow(0, 0, used * self.gpt.num_vq).clone()
+
+
+class Graphs:
+    """Capture a ``StaticStep``'s graphs (CUDA only), check each against the eager step, and say what serves."""
+
+    def __init__(self, step: StaticStep, *, tolerance: float) -> None:
+        self.step = step
+        self.tolerance = tolerance  # largest logit difference allowed (0 in fp32: the same tokens are enough)
+        self.probes: list[ProbeResult] = []
+        self.failure: str | None = None
+
+    @property
+    def path(self) -> str:
+        """Say which path serves a decode step."""
+        served = sorted(self.step.graphs)
+        if not served:
+            why = f": {self.failure}" if self.failure else ""
+            return f"static cache, eager step{why}"
+        return f"static cache, CUDA graphs for batch buckets {','.join(map(str, served))}"
+
+    @torch.inference_mode()
+    def capture(self, capture: Capture) -> None:
+        """Capture each bucket with ``capture`` (a graph maker) and keep those its probe finds equal to eager."""
+        step = self.step
+        for bucket in step.buckets:
+            width = step.cache.positions
+            try:
+                replay = capture(lambda b=bucket, w=width: step.compute(b, w))  # type: ignore[misc]
+            except Exception as e:  # a capture that fails leaves the step eager: never a worker that cannot start
+                self.failure = f"capturing bucket {bucket} failed: {type(e).__name__}: {e}"
+                log.warning("CUDA graphs off, the step runs eagerly: %s", self.failure)
+                step.graphs.clear()
+                return
+            result = self.probe(bucket, replay)
+            self.probes.append(result)
+            if not result.ok:
+                self.failure = f"bucket {bucket}'s graph differs from the eager step: {result.detail}"
+                log.warning("CUDA graphs off, the step runs eagerly: %s", self.failure)
+                step.graphs.clear()
+                return
+            step.graphs[bucket] = replay
+
+    @torch.inference_mode()
+    def probe(self, bucket: int, replay: Callable[[], StepOutput]) -> ProbeResult:
+        """Run a probe batch of ``bucket`` rows through ``replay`` and eagerly; say whether they agree."""
+        step, cache = self.step, self.step.cache
+        generator = torch.Generator(device="cpu").manual_seed(bucket)
+        column = min(cache.positions - 1, 8 + bucket)
+        tokens = torch.randint(0, self.step.gpt.num_audio_tokens, step.tokens.narrow(0, 0, bucket).shape,
+                               generator=generator)  # fmt: skip
+        step.tokens.narrow(0, 0, bucket).copy_(tokens)
+        step.mask.narrow(0, 0, bucket).fill_(False).narrow(1, 0, column + 1).fill_(True)
+        step.positions.narrow(0, 0, bucket).fill_(column)
+        cache.reach.column.fill_(column)
+        _, eager_logits = (t.clone() for t in step.compute(bucket, cache.positions))
+        _, graph_logits = replay()
+        if not torch.isfinite(graph_logits).all():
+            return ProbeResult(bucket, False, "the graph's logits are not finite")
+        same_tokens = bool(torch.equal(eager_logits.argmax(-1), graph_logits.argmax(-1)))
+        worst = float((eager_logits - graph_logits).abs().max())
+        ok = same_tokens if self.tolerance == 0 else worst <= self.tolerance
+        return ProbeResult(bucket, ok, f"largest logit difference {worst:.3g}, same tokens: {same_tokens}")
+
+
+def cuda_graph(compute: Callable[[], StepOutput]) -> Callable[[], StepOutput]:
+    """Capture ``compute`` as a CUDA graph after warming it up on a side stream; return its replay."""
+    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # the warm-up runs allocate what capture must not (cuBLAS workspaces, caches)
+            compute()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = compute()
+
+    def replay() -> StepOutput:
+        graph.replay()
+        return outputs
+
+    return replay
+
+
+#: The largest logit difference between a graph and the eager step that still serves, by the Llama's dtype.
+TOLERANCE = {torch.float32: 0.0, torch.float16: 5e-2, torch.bfloat16: 1e-1}
+GRAPH_MODES = ("auto", "on", "off")
+
+
+def prepared_step(
+    gpt: Any, *, mode: str, rows: int, positions: int, capture: Capture | None = None
+) -> tuple[StaticStep | None, str]:
+    """Return the static step ``mode`` asks for on ``gpt``'s device (graphs captured and checked), and what serves.
+
+    ``off``: none (the growing loop). ``auto``: on CUDA, graphs; on a CPU none, where the growing loop is the
+    faster (``make bench-engine``'s static-step table). ``on``: the static step everywhere, graphed on CUDA.
+    ``capture`` makes a graph (default: ``cuda_graph`` on CUDA, none elsewhere).
+    """
+    if mode not in GRAPH_MODES:
+        raise ValueError(f"graphs must be one of {GRAPH_MODES}, not {mode!r}")
+    cuda = torch.device(gpt.device_gpt).type == "cuda"
+    if mode == "off" or (mode == "auto" and not cuda):
+        return None, f"growing cache, eager step (graphs {mode}{'' if cuda else ', no GPU'})"
+    dtype = gpt.gpt.dtype
+    cache = StaticCache(gpt.gpt.config, rows=rows, positions=positions, dtype=dtype, device=gpt.device_gpt)
+    step = StaticStep(gpt, cache)
+    capture = capture or (cuda_graph if cuda else None)
+    if capture is None:
+        return step, "static cache, eager step (no GPU to capture graphs on)"
+    graphs = Graphs(step, tolerance=TOLERANCE.get(dtype, 0.0))
+    graphs.capture(capture)
+    return step, graphs.path
