@@ -35,11 +35,16 @@ def readyz() -> dict[str, Any]:
             "API's REDIS_URL",
             retry_after=5,
         )
+    return {"status": "ready", "workers": [_worker_view(w) for w in workers]}
+
+
+def _worker_view(beat: dict[str, Any]) -> dict[str, Any]:
+    """Say what a worker holds: its models, those loading, and how each model's decode step runs."""
     return {
-        "status": "ready",
-        "workers": [
-            {"hostname": w["hostname"], "models": w.get("models", []), "loading": w.get("loading", [])} for w in workers
-        ],
+        "hostname": beat["hostname"],
+        "models": beat.get("models", []),
+        "loading": beat.get("loading", []),
+        "decode": {host["model"]: host["decode"] for host in beat.get("pool", []) if "decode" in host},
     }
 
 

@@ -45,6 +45,12 @@ class WorkerSettings(BaseSettings):
         description="How a segment's audio is cut as it is made, in milliseconds: the first fragment, then the "
         "steady ones (`first,steady[,shortest]`); `off` sends each segment whole.",
     )
+    cuda_graphs: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="How ChatTTS runs a decode step. `auto`: on a GPU, one CUDA graph per batch bucket over a static "
+        "key/value cache, checked against the eager step at load; on a CPU, the eager loop; `on`: the static cache "
+        "on CPUs too; `off`: the eager loop everywhere.",
+    )
     scheduler: Scheduler = Field(
         "deadline",
         description="Order of work: `deadline` (earliest playback deadline first) or `fifo` (arrival order).",

@@ -15,6 +15,7 @@ from flask.testing import FlaskClient
 from cache.jobstore import JobRequest
 from cache.stats import Stats
 from tests.support.jobs import submit, wait_done
+from tests.support.processes import wait_for
 
 STORY_EN = (
     "The quick brown fox jumps over the lazy dog. It was a sunny morning in the valley. "
@@ -136,10 +137,21 @@ def test_a_job_whose_model_cannot_load_fails_with_a_reason_and_opens_no_breaker_
     assert stats.window().failed == failed_before, "one model that cannot load is not the engines' failure"
 
 
-def test_readyz_sees_the_worker(served: FlaskClient) -> None:
+def test_readyz_sees_the_worker_and_says_how_each_models_decode_step_runs(served: FlaskClient) -> None:
     response = served.get("/readyz")
     assert response.status_code == 200, response.get_data(as_text=True)
     assert response.get_json()["workers"]
+    assert wait_done(served, submit(served, text="你好。", model="chattts-tiny")["id"])["status"] == "done"
+
+    def decode() -> str | None:
+        workers = served.get("/readyz").get_json()["workers"]
+        return next((w["decode"]["chattts-tiny"] for w in workers if "chattts-tiny" in w["decode"]), None)
+
+    # At make run's default (TTS_CUDA_GRAPHS=auto) a CPU runs the eager loop; the next heartbeat says so.
+    assert (
+        wait_for(decode, 30, "/readyz saying how chattts-tiny decodes")
+        == "growing cache, eager step (graphs auto, no GPU)"
+    )
 
 
 def test_chinese_numbers_are_spoken_not_dropped(served: FlaskClient) -> None:

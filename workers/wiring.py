@@ -68,6 +68,7 @@ def _model_pool(settings: Settings, layout: Layout) -> ModelPool:
             log_level=settings.log_level,
             torch_threads=layout.torch_threads,
             fragments=settings.fragments,
+            graphs=settings.cuda_graphs,
         ),
         budget_mb=settings.model_budget_mb,
         idle_s=settings.model_idle_s,

@@ -99,6 +99,7 @@ class ModelHost:
         torch_threads: int = 0,
         load_timeout_s: float = 600,
         fragments: FragmentSchedule = NO_FRAGMENTS,
+        graphs: str = "auto",
     ) -> None:
         self.spec = spec
         self.device = device
@@ -114,6 +115,7 @@ class ModelHost:
                 "log_level": log_level,
                 "torch_threads": torch_threads,
                 "fragments": fragments,
+                "graphs": graphs,
             },
             name=f"model-{spec.name}",
             daemon=True,
@@ -135,15 +137,18 @@ class ModelHost:
         self.memory: dict[str, float] = reply[2]
         #: Whether segments can join a call while it runs (the engine's ``takes_arrivals``).
         self.takes_arrivals: bool = bool(reply[3])
+        #: How its engine runs a decode step (``Engine.decode_path``).
+        self.decode_path: str = str(reply[4])
         self.load_s = time.perf_counter() - started
         self.last_used = time.monotonic()
         log.info(
-            "model %s loaded in pid %s in %.2fs (%.0f MiB resident, %.0f MiB GPU)",
+            "model %s loaded in pid %s in %.2fs (%.0f MiB resident, %.0f MiB GPU); decode step: %s",
             spec.name,
             self.process.pid,
             self.load_s,
             self.memory["rss_mb"],
             self.memory["gpu_mb"],
+            self.decode_path,
         )
 
     @property

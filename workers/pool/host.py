@@ -62,6 +62,7 @@ def host_main(
     log_level: str,
     torch_threads: int = 0,
     fragments: FragmentSchedule = NO_FRAGMENTS,
+    graphs: str = "auto",
 ) -> None:
     """Load the engine ``builder`` ("module:function") makes, say ready, then serve batches until told to stop.
 
@@ -84,13 +85,14 @@ def host_main(
     try:
         engine = build_engine(spec, device=device, builder=builder)
         engine.set_fragments(model_schedule(fragments, spec.fragment_ms))
+        engine.set_graphs(graphs)
         engine.load()
         engine.warmup()
     except Exception as e:
         log.exception("loading %s failed", spec.name)
         conn.send(("error", f"loading {spec.name} failed: {type(e).__name__}: {e}"))
         return
-    conn.send(("ready", engine.sample_rate, memory_report(), engine.takes_arrivals))
+    conn.send(("ready", engine.sample_rate, memory_report(), engine.takes_arrivals, engine.decode_path))
     while True:
         try:
             message: tuple[Any, ...] = conn.recv()

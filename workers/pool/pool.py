@@ -199,7 +199,8 @@ class ModelPool:
         return idle
 
     def loaded(self) -> list[dict[str, Any]]:
-        """Describe the loaded models: name, replica, the device asked for it, pid, memory, pinned, precision."""
+        """Describe the loaded models: name, replica, the device asked for it, pid, memory, pinned, precision, and
+        how a decode step runs."""
         with self._lock:
             return [
                 {
@@ -211,6 +212,7 @@ class ModelPool:
                     "gpu_mb": h.memory["gpu_mb"],
                     "pinned": h.spec.pinned,
                     "precision": h.spec.precision,
+                    "decode": h.decode_path,
                 }
                 for k, h in self._hosts.items()
             ]
