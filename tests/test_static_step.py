@@ -19,7 +19,7 @@ VOICES = {"default": {"speaker_seed": 2}, "female": {"speaker_seed": 1111}}
 
 
 def replayed(compute: Callable[[], StepOutput]) -> Callable[[], StepOutput]:
-    """What stands in for ``cuda_graph`` on a CPU: the replay runs the captured step's code on the same buffers."""
+    """What stands in for ``cuda_graphs()`` on a CPU: the replay runs the captured step's code on the same buffers."""
     return compute
 
 

@@ -32,7 +32,7 @@ BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 
 #: (hidden states of the bucket's rows, in fp32; their logits, num_vq rows per item, before temperature).
 StepOutput = tuple[torch.Tensor, torch.Tensor]
-#: What makes a graph of a step: given the step's code, return its replay (``cuda_graph``).
+#: What makes a graph of a step: given the step's code, return its replay (``cuda_graphs``).
 Capture = Callable[[Callable[[], StepOutput]], Callable[[], StepOutput]]
 
 
@@ -169,28 +169,36 @@ class Graphs:
         return ProbeResult(bucket, ok, f"largest logit difference {worst:.3g}, same tokens: {same_tokens}")
 
 
-def cuda_graph(compute: Callable[[], StepOutput]) -> Callable[[], StepOutput]:
-    """Capture ``compute`` as a CUDA graph after warming it up on a side stream; return its replay."""
-    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):  # the warm-up runs allocate what capture must not (cuBLAS workspaces, caches)
-            compute()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = compute()
+def cuda_graphs() -> Capture:
+    """Return a maker of CUDA graphs that share one memory pool (a step's graphs never run at once, and each
+    replay's outputs are copied before the next)."""
+    pool = torch.cuda.graph_pool_handle()
 
-    def replay() -> StepOutput:
-        graph.replay()
-        return outputs
+    def capture(compute: Callable[[], StepOutput]) -> Callable[[], StepOutput]:
+        stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # the warm-up runs allocate what capture must not (cuBLAS workspaces, caches)
+                compute()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            outputs = compute()
 
-    return replay
+        def replay() -> StepOutput:
+            graph.replay()
+            return outputs
+
+        return replay
+
+    return capture
 
 
 #: The largest logit difference between a graph and the eager step that still serves, by the Llama's dtype.
 TOLERANCE = {torch.float32: 0.0, torch.float16: 5e-2, torch.bfloat16: 1e-1}
 GRAPH_MODES = ("auto", "on", "off")
+#: The most of a GPU's free memory the static cache may take at load: the rest is for activations and decoding.
+FREE_SHARE = 0.5
 
 
 def prepared_step(
@@ -200,7 +208,7 @@ def prepared_step(
 
     ``off``: none (the growing loop). ``auto``: on CUDA, graphs; on a CPU none, where the growing loop is the
     faster (``make bench-engine``'s static-step table). ``on``: the static step everywhere, graphed on CUDA.
-    ``capture`` makes a graph (default: ``cuda_graph`` on CUDA, none elsewhere).
+    ``capture`` makes a graph (default: ``cuda_graphs()`` on CUDA, none elsewhere).
     """
     if mode not in GRAPH_MODES:
         raise ValueError(f"graphs must be one of {GRAPH_MODES}, not {mode!r}")
@@ -208,9 +216,16 @@ def prepared_step(
     if mode == "off" or (mode == "auto" and not cuda):
         return None, f"growing cache, eager step (graphs {mode}{'' if cuda else ', no GPU'})"
     dtype = gpt.gpt.dtype
+    need = StaticCache.bytes_for(gpt.gpt.config, rows=rows, positions=positions, dtype=dtype)
+    free = torch.cuda.mem_get_info(gpt.device_gpt)[0] if cuda else None
+    if free is not None and need > free * FREE_SHARE:
+        too_big = (
+            f"a static cache of {need / 2**20:.0f} MiB is over {FREE_SHARE:.0%} of the {free / 2**20:.0f} MiB free"
+        )
+        return None, f"growing cache, eager step ({too_big}: lower static_rows or static_positions)"
     cache = StaticCache(gpt.gpt.config, rows=rows, positions=positions, dtype=dtype, device=gpt.device_gpt)
     step = StaticStep(gpt, cache)
-    capture = capture or (cuda_graph if cuda else None)
+    capture = capture or (cuda_graphs() if cuda else None)
     if capture is None:
         return step, "static cache, eager step (no GPU to capture graphs on)"
     graphs = Graphs(step, tolerance=TOLERANCE.get(dtype, 0.0))
