@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from workers.engines.base import SynthesisRequest, Waveform
+from core.fragments import NO_FRAGMENTS, FragmentSchedule
+from workers.engines.base import Piece, SynthesisRequest, Waveform
 from workers.engines.chattts import ChatTTSEngine
 from workers.engines.static_cache import StaticCache
 from workers.engines.static_step import Graphs, StaticStep, StepOutput, prepared_step
@@ -150,6 +151,24 @@ def test_a_call_that_outgrows_the_static_cache_goes_on_on_a_growing_cache_with_t
             too_long.unload()
     finally:
         engine.unload()
+
+
+def test_fragments_are_cut_from_the_static_step_as_from_the_growing_loop(
+    growing: ChatTTSEngine, static: ChatTTSEngine
+) -> None:
+    pieces: dict[str, list[tuple[int, Piece]]] = {"growing": [], "static": []}
+    try:
+        for name, engine in (("growing", growing), ("static", static)):
+            engine.set_fragments(FragmentSchedule.parse("150,400"))
+            engine.synthesize_each(batch(1, 3), lambda index, wave: None, None,
+                                   lambda index, piece, name=name: pieces[name].append((index, piece)))  # type: ignore[misc]  # fmt: skip
+    finally:
+        growing.set_fragments(NO_FRAGMENTS)
+        static.set_fragments(NO_FRAGMENTS)
+    assert len(pieces["static"]) == len(pieces["growing"]) > 4, "each segment came in several fragments"
+    for (index, piece), (want_index, want) in zip(pieces["static"], pieces["growing"], strict=True):
+        assert (index, piece.number, piece.last) == (want_index, want.number, want.last)
+        np.testing.assert_array_equal(piece.samples, want.samples)
 
 
 @pytest.mark.parametrize(
