@@ -91,6 +91,9 @@ class StaticStep:
         """
         cache, used = self.cache, self.cache.used
         length = mask.size(1)  # the cache's filled columns and the one this step writes
+        if (used, length - 1) != (last.size(0), cache.length):
+            raise RuntimeError(f"the static cache holds {used} rows of {cache.length} columns, not the "
+                               f"{last.size(0)} of {length - 1} the loop has")  # fmt: skip
         graph_bucket = self.bucket(used)
         graphed = graph_bucket in self.graphs
         active = graph_bucket if graphed else used
