@@ -103,9 +103,10 @@ bench-fragments: full-model install-bench  ## Audio in fragments: first audio, f
 	$(PY) -m bench.fragments $(BENCH_ARGS)
 	$(PY) -m bench.fragment_joins $(if $(WEIGHTS),--weights $(WEIGHTS))
 
-bench-engine: full-model install-bench  ## The real-size engine on this machine: batch 1-32 in fp32 and int8, stage shares, best torch threads and replicas; then the matrix-maths ceiling on batching (30 s).
+bench-engine: full-model install-bench  ## The real-size engine on this machine: batch 1-32 in fp32 and int8, stage shares, best torch threads and replicas; then the matrix-maths ceiling on batching (30 s); then the static decode step against today's loop at batch 1/4/16 (~4 min).
 	$(PY) -m bench.engine_real $(BENCH_ARGS)
 	$(PY) -m bench.matmul_ceiling
+	$(PY) -m bench.static_step
 
 bench-modes: full-model install-bench  ## fast (int8) beside balanced on the full-size ChatTTS, one stack at the defaults: 1/4/16 callers (~20 min).
 	scripts/ensure_redis_server.sh

@@ -1,16 +1,19 @@
 """The one prepared GPU check: ChatTTS at its real sizes on a GPU, the engine alone and then served.
 
-``make gpu-check`` on a CUDA machine (sized to finish within 8 minutes, model build included: 200 steps per
-engine call, 30 s per service level), or rehearsed on a CPU with a small step count:
-``make gpu-check BENCH_ARGS=--rehearse``.
+``make gpu-check`` on a CUDA machine (sized to finish within 8 minutes, model build included: see ``GPU``), or
+rehearsed on a CPU with a small step count: ``make gpu-check BENCH_ARGS=--rehearse``.
 
 1. Builds the full-size random-weight model (``make full-model``; nothing to do when it is complete).
-2. The engine in fp32, fp16 and bf16 at batch 1, 16 and 64, every segment ``--steps`` audio tokens:
-   RTF, tokens/s and peak GPU memory (bench/gpu_check_engine.py).
-3. The service (devstack: Redis, one worker pinned to the device, the API) at 1, 16 and 64 closed-loop
-   callers, ``--window`` seconds each: jobs/s, audio s/s, p50/p95 first audio and stalls
-   (bench/gpu_check_service.py).
-4. Writes one markdown table to bench/results/gpu_check.md (and the numbers to gpu_check.json) and prints it.
+2. The engine in fp32, fp16 and bf16, eager (graphs off: today's loop) against CUDA graphs (on), at batch 1, 16
+   and 64, every segment ``--steps`` audio tokens: ms a step, tokens/s, audio s/s, peak GPU memory, the graphs'
+   capture time and the decode path each engine said serves (bench/gpu_check_engine.py); then the decoder and
+   vocoder at segment lengths they have not seen.
+3. The service (devstack: Redis, one worker pinned to the device with CUDA graphs at their default, ``auto``, and
+   the API) at 1, 16 and 64 closed-loop callers, ``--window`` seconds each: jobs/s, audio s/s, first audio p50/p95
+   (the first fragment) and the listeners who heard a gap (bench/gpu_check_service.py).
+4. Writes its tables as it goes, after every engine cell and service level, to bench/results/gpu_check.md (the
+   numbers to gpu_check.json in the run's folder) and docs/benchmarks/results/gpu_check.md, so that a run cut
+   short still leaves every table it finished; prints them at the end.
 """
 
 from __future__ import annotations
@@ -20,14 +23,15 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench.engine_limit import read_corpus, segment_pool
 from bench.full_model import MODEL, ensure_full_model, model_spec
 from bench.gpu_check_engine import EngineCell, NewLength, measure_new_lengths, measure_precision
-from bench.gpu_check_service import ServiceLevel, models_file, run_levels, service_env
-from bench.report import RESULTS, save_result, write_result
+from bench.gpu_check_service import ServiceLevel, models_file, run_levels, served_path, service_env
+from bench.report import RESULTS, save_result
 
 #: What ``--rehearse`` changes: the CPU, a small step count, batches and a precision it runs in minutes (on 2 cores
 #: a batch of 64 prompts in fp16 takes minutes: torch's CPU half-precision matmul is 3-18x slower than fp32 here).
@@ -35,8 +39,16 @@ from bench.report import RESULTS, save_result, write_result
 #: inside them: at 20 s and 64 callers none did, and the table said nothing.
 REHEARSAL = {"device": "cpu", "steps": 24, "batches": "1,4,16", "service_max_tokens": 24, "window": 60.0,
              "levels": "1,4", "service_precision": "fp32"}  # fmt: skip
-#: The check itself, on a GPU.
-GPU = {"device": "cuda:0", "steps": 200, "batches": "1,16,64", "window": 30.0, "levels": "1,16,64"}
+#: The check itself, on a GPU, within 8 minutes. From the first H200 run (4 December 2026): the model
+#: build 22 s; the engine part 6 loads (3 precisions × graphs off and on; about 10 s each, graphs' capture and probes
+#: included) and 18 cells, each one timed call after an untimed one, at 15-31 ms an eager step and a few ms a
+#: graphed one: about 2.5 minutes at 128 steps. The service: its start (the worker's load and capture, about 30 s),
+#: then 3 levels of 2 s warm-up, 30 s measured and at most 30 s of drain: at most 3.5 minutes. To make room for the
+#: graphs' 9 cells the engine's steps went from 200 to 128 (a step's ms, what the table compares, needs no more)
+#: and its cells from whole syntheses to speech-code generation (the decoder and vocoder have their own probe).
+GPU = {"device": "cuda:0", "steps": 128, "batches": "1,16,64", "window": 30.0, "levels": "1,16,64"}
+#: The static cache's rows the engine is loaded with on a GPU (ChatTTSEngine's default, as the service runs it).
+SERVED_ROWS = 64
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -49,7 +61,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", default=MODEL)
     parser.add_argument("--precisions", default="fp32,fp16,bf16")
     parser.add_argument("--batches", default=None, help="engine batch sizes (1,16,64)")
-    parser.add_argument("--steps", type=int, default=None, help="audio tokens per segment in the engine part (200)")
+    parser.add_argument("--steps", type=int, default=None, help="audio tokens per segment in the engine part (128)")
+    parser.add_argument("--graphs", default="off,on",
+                        help="the engine's CUDA graph settings (off: eager, today's loop; on: graphs)")  # fmt: skip
     parser.add_argument("--new-lengths", default="97,131,173",
                         help="segment lengths (audio tokens) to time the decoder and vocoder at, twice")  # fmt: skip
     parser.add_argument("--levels", default=None, help="concurrent callers per service level (1,16,64)")
@@ -75,25 +89,42 @@ def _f(value: float | None, digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-def table(cells: list[EngineCell], levels: list[ServiceLevel], precision: str = "registry's") -> list[str]:
-    """Return the one table: an engine row per precision and batch size, then a service row per level."""
+def engine_table(cells: list[EngineCell]) -> list[str]:
+    """Return the engine's table: a row per precision, batch and graphs setting, eager first; "× eager" is a row's
+    tokens/s over the eager row's of its precision and batch."""
+    precisions = list(dict.fromkeys(c.precision for c in cells))
+    modes = list(dict.fromkeys(c.graphs for c in cells))
+    ordered = sorted(cells, key=lambda c: (precisions.index(c.precision), c.batch, modes.index(c.graphs)))
+    eager = {(c.precision, c.batch): c.tokens_per_s for c in cells if c.graphs == "off"}
     lines = [
-        "| part | precision (Llama ran in) | batch / callers | RTF | tokens/s | peak GPU MiB | jobs/s | audio s/s "
-        "| first audio p50 / p95 s | stalled jobs | stall p95 s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| precision (Llama ran in) | batch | graphs | ms a step | tokens/s | audio s/s | × eager | peak GPU MiB "
+        "| capture s | decode path |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for c in cells:
+    for c in ordered:
+        base = eager.get((c.precision, c.batch))
+        ratio = f"{c.tokens_per_s / base:.2f}×" if base else "–"
         lines.append(
-            f"| engine | {c.precision} ({c.llama_dtype}) | {c.batch} | {c.rtf:.3f} | {c.tokens_per_s:.0f} "
-            f"| {_f(c.peak_memory_mb, 0)} | – | {c.audio_s_per_s:.2f} | – | – | – |"
+            f"| {c.precision} ({c.llama_dtype}) | {c.batch} | {c.graphs} | {c.step_ms:.1f} | {c.tokens_per_s:,.0f} "
+            f"| {c.audio_s_per_s:.2f} | {ratio} | {_f(c.peak_memory_mb, 0)} | {_f(c.capture_s)} | {c.decode_path} |"
         )
+    return lines
+
+
+def service_table(levels: list[ServiceLevel]) -> list[str]:
+    """Return the service's table: a row per level of callers."""
+    lines = [
+        "| callers | jobs/s | audio s/s | first audio p50 / p95 s (first fragment) | listeners with a gap "
+        "| gap p95 s | refusals (retried) | errors |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for lv in levels:
-        stalled = "–" if lv.stalled_share is None else f"{100 * lv.stalled_share:.0f}%"
-        errors = f" (errors {lv.errors})" if lv.errors else ""
+        gapped = "–" if lv.gap_share is None else f"{100 * lv.gap_share:.0f}%"
+        errors = sum(lv.errors.values()) if lv.errors else 0
         lines.append(
-            f"| service | {precision} | {lv.callers} | – | – | – | {lv.jobs_per_s:.2f} ({lv.jobs_ok} jobs){errors} "
-            f"| {lv.audio_s_per_s:.2f} | {_f(lv.first_audio_p50_s)} / {_f(lv.first_audio_p95_s)} | {stalled} "
-            f"| {_f(lv.stall_p95_s)} |"
+            f"| {lv.callers} | {lv.jobs_per_s:.2f} ({lv.jobs_ok} jobs) | {lv.audio_s_per_s:.2f} "
+            f"| {_f(lv.first_audio_p50_s)} / {_f(lv.first_audio_p95_s)} | {gapped} | {_f(lv.gap_p95_s)} "
+            f"| {lv.refusals} | {errors} |"
         )
     return lines
 
@@ -104,8 +135,8 @@ def new_length_table(probes: list[NewLength]) -> list[str]:
         return []
     return [
         "",
-        "Decoder and vocoder on one segment (the first precision's engine, after its cells): at a length it had "
-        "not decoded before, then the same length again.",
+        "Decoder and vocoder on one segment (the first engine loaded, after its cells): at a length it had not "
+        "decoded before, then the same length again.",
         "",
         "| audio tokens | first s | again s |",
         "|---|---|---|",
@@ -113,105 +144,213 @@ def new_length_table(probes: list[NewLength]) -> list[str]:
     ]
 
 
-def document(args: argparse.Namespace, device_words: str, timings: dict[str, float], cells: list[EngineCell],
-             levels: list[ServiceLevel], *, service_error: str | None = None,
-             new_lengths: list[NewLength] | None = None) -> str:  # fmt: skip
-    """Return the markdown: what ran where, the table, and what each column means."""
+class Check:
+    """What the check has found so far; ``save`` writes it whole, as each engine cell and service level ends."""
+
+    def __init__(self, args: argparse.Namespace, device_words: str, out: Path,
+                 save: Callable[[str, str], Any] = save_result) -> None:  # fmt: skip
+        self.args, self.device_words, self.out, self.write = args, device_words, out, save
+        self.started = time.perf_counter()
+        self.timings: dict[str, float] = {}
+        self.running: dict[str, float] = {}  # the parts under way: when each began
+        self.cells: list[EngineCell] = []
+        self.new_lengths: list[NewLength] = []
+        self.engine_errors: list[str] = []
+        self.levels: list[ServiceLevel] = []
+        self.service_error: str | None = None
+        self.service_path: str | None = None
+        self.finished = False
+
+    def begin(self, part: str) -> None:
+        """Start timing ``part`` (build, engine, service)."""
+        self.running[part] = time.perf_counter()
+
+    def end(self, part: str) -> None:
+        """Stop timing ``part``."""
+        self.timings[part] = time.perf_counter() - self.running.pop(part)
+
+    def cell(self, cell: EngineCell) -> None:
+        """Keep an engine cell and write everything out."""
+        self.cells.append(cell)
+        self.save()
+
+    def level(self, level: ServiceLevel) -> None:
+        """Keep a service level and write everything out."""
+        self.levels.append(level)
+        self.save()
+
+    def times(self) -> dict[str, float]:
+        """Return each part's seconds, those under way so far, and the whole run's."""
+        now = time.perf_counter()
+        return {**self.timings, **{p: now - began for p, began in self.running.items()}, "total": now - self.started}
+
+    def record(self) -> dict[str, Any]:
+        """Return everything as JSON values."""
+        return {
+            "args": {k: str(v) for k, v in vars(self.args).items()},
+            "device": self.device_words,
+            "finished": self.finished,
+            "timings": self.times(),
+            "engine": [c.record() for c in self.cells],
+            "engine_errors": self.engine_errors,
+            "new_lengths": [p.record() for p in self.new_lengths],
+            "service": [lv.record() for lv in self.levels],
+            "service_error": self.service_error,
+            "service_path": self.service_path,
+        }
+
+    def save(self) -> str:
+        """Write the markdown (bench/results and the published copy) and the JSON as they stand; return the markdown."""
+        markdown = document(self)
+        self.write("gpu_check", markdown)
+        (self.out / "gpu_check.json").write_text(json.dumps(self.record(), indent=1), encoding="utf-8")
+        return markdown
+
+
+def progress(check: Check) -> list[str]:
+    """Return, while the run goes on, how far it got: what a run cut short says of itself."""
+    if check.finished:
+        return []
+    args = check.args
+    cells = len(args.precisions.split(",")) * len(args.graphs.split(",")) * len(args.batches.split(","))
+    levels = 0 if args.skip_service else len(args.levels.split(","))
+    return ["", f"*Written as the run goes: {len(check.cells)} of {cells} engine cells and {len(check.levels)} of "
+            f"{levels} service levels so far (a run cut short ends here).*"]  # fmt: skip
+
+
+def document(check: Check) -> str:
+    """Return the markdown: what ran where, the engine's table, the service's, and what each column means."""
+    args, timings = check.args, check.times()
     kind = "CPU REHEARSAL (small step count: the figures say nothing of a GPU)" if args.rehearse else "GPU check"
     size = "random weights, ChatTTS's real sizes" if args.model == MODEL else "not ChatTTS's real sizes"
+    parts = ", ".join(f"{name} {timings[name]:.0f}s" for name in ("build", "engine", "service") if name in timings)
+    service: list[str] = []
+    if not args.skip_service:
+        served = f" The worker said its decode step ran as: {check.service_path}." if check.service_path else ""
+        service = [
+            "",
+            f"### The service on {args.device} (CUDA graphs at their default, auto)",
+            "",
+            f"One worker, one model host, precision {args.service_precision or 'as the registry says'}, "
+            f"{args.window:g}s per level after {args.warmup:g}s of warm-up, texts from bench/corpus_zh.txt"
+            + (f", each segment capped at {args.service_max_tokens} tokens" if args.service_max_tokens else "")
+            + f".{served}",
+            "",
+            *(service_table(check.levels) if check.levels else ["No level has finished yet."]),
+            *([] if check.service_error is None else ["", f"**The service part failed:** {check.service_error}"]),
+        ]
     return "\n".join([
-        f"## {kind}: {args.model} ({size}) on {args.device}, {device_words}",
+        f"## {kind}: {args.model} ({size}) on {args.device}, {check.device_words}",
         "",
-        f"Engine: one timed call per cell ({'after' if args.device.startswith('cuda') else 'without'} an untimed "
-        f"one of the same shapes), every segment {args.steps} audio tokens. Service: one worker, "
-        f"one model host on {args.device}, precision {args.service_precision or 'as the registry says'}, "
-        f"{args.window:g}s per level after "
-        f"{args.warmup:g}s of warm-up, texts from bench/corpus_zh.txt"
-        + (f", each segment capped at {args.service_max_tokens} tokens" if args.service_max_tokens else "")
-        + f". Times: model build {timings['build']:.0f}s, engine {timings['engine']:.0f}s, "
-        f"service {timings['service']:.0f}s, whole run {timings['total']:.0f}s.",
+        f"Times: {parts}, whole run {timings['total']:.0f}s.",
+        *progress(check),
         "",
-        *table(cells, levels, args.service_precision or "registry's"),
-        *([] if service_error is None else ["", f"**The service part failed:** {service_error}"]),
-        *new_length_table(new_lengths or []),
+        f"### The engine: eager against CUDA graphs, every segment {args.steps} audio tokens",
         "",
-        "RTF: seconds per second of one segment's audio (below 1 is faster than real time). tokens/s: audio tokens "
-        "made per second by the whole batch. Peak GPU MiB: torch's peak allocation during the call. Service "
-        "throughput counts jobs finished inside the window; first audio is from submission to the first "
-        "segment's audio in the caller's hands; a stalled job's listener waited at least once for the next segment.",
+        f"One timed speech-code generation per cell ({'after' if args.device.startswith('cuda') else 'without'} an "
+        "untimed one of the same shapes); graphs off is today's loop, on the static cache and its graphs (on a CPU "
+        "its step runs eagerly).",
+        "",
+        *(engine_table(check.cells) if check.cells else ["No cell has finished yet."]),
+        *[f"\n**An engine load failed:** {error}" for error in check.engine_errors],
+        *new_length_table(check.new_lengths),
+        *service,
+        "",
+        "ms a step: the generation's seconds ÷ its steps (the prompt pass included). tokens/s: audio tokens made per "
+        "second by the whole batch; audio s/s: tokens/s × 512 samples ÷ 24,000 a second. × eager: tokens/s over the "
+        "graphs-off row's at the same precision and batch. Peak GPU MiB: torch's peak allocation during the call, "
+        "the weights and the static cache included. Capture s: what the load spent making the static cache, "
+        "capturing each batch bucket's graph and checking it against the eager step. Decode path: what the engine "
+        "said serves (a graph that failed or differed leaves the eager step, and says why). Service throughput "
+        "counts jobs finished inside the window; first audio is from submission to the first fragment in the "
+        "listener's hands; a listener with a gap, playing from the first fragment, waited over 0.1 s for a later "
+        "one at least once.",
     ]) + "\n"  # fmt: skip
 
 
+def run_engine(check: Check, pool: list[str]) -> None:
+    """Measure every precision with each graphs setting, saving as each cell ends; a load that fails is noted."""
+    args = check.args
+    from workers.engines.chattts_device import on_cuda
+
+    batches = [int(b) for b in args.batches.split(",")]
+    lengths = [int(n) for n in args.new_lengths.split(",") if n]
+    # The rows a GPU serves with; on a CPU the largest batch (its eager step reads only the rows in use, and 64 rows
+    # of the full model's cache in fp32 are 6 GB of memory).
+    rows = max(SERVED_ROWS, *batches) if on_cuda(args.device) else max(batches)
+
+    def probe(engine: Any) -> None:
+        check.new_lengths.extend(measure_new_lengths(engine, device=args.device, lengths=lengths))
+        check.save()
+
+    for n, precision in enumerate(args.precisions.split(",")):
+        for m, graphs in enumerate(args.graphs.split(",")):
+            try:
+                measure_precision(args.model, precision=precision, device=args.device, batches=batches,
+                                  steps=args.steps, pool=pool, torch_threads=args.torch_threads, graphs=graphs,
+                                  static_rows=rows, done=check.cell,
+                                  after=probe if n == m == 0 and lengths else None)  # fmt: skip
+            except Exception as e:  # the rest still run: one lease, one run
+                check.engine_errors.append(f"{precision}, graphs {graphs}: {type(e).__name__}: {e}")
+                print(f"engine part failed: {check.engine_errors[-1]}", file=sys.stderr, flush=True)
+                check.save()
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Build the model, measure the engine and the service, and write the table."""
+    """Build the model, measure the engine and the service, writing the tables as they fill."""
     args = parse_args(argv)
     from workers.engines.chattts_device import device_name, memory_budget, on_cuda
 
     if args.device.startswith("cuda") and not on_cuda(args.device):
         sys.exit(f"no CUDA device {args.device} here; `make gpu-check BENCH_ARGS=--rehearse` rehearses on the CPU")
-    started = time.perf_counter()
     out = args.out / time.strftime("gpu-check-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    timings = {"build": 0.0 if args.no_build else ensure_full_model(model_spec(args.model))}
     budget = memory_budget(args.device)
-    words = device_name(args.device) + (f", {budget.total_mb:.0f} MiB" if budget else "")
-    print(f"gpu check on {args.device} ({words}); model build {timings['build']:.0f}s", flush=True)
-    pool = segment_pool(read_corpus(), 64, language="zh", seed=7)
-    batches = [int(b) for b in args.batches.split(",")]
-    cells: list[EngineCell] = []
-    new_lengths: list[NewLength] = []
-    lengths = [int(n) for n in args.new_lengths.split(",") if n]
-
-    def probe(engine: Any) -> None:
-        new_lengths.extend(measure_new_lengths(engine, device=args.device, lengths=lengths))
-
-    engine_started = time.perf_counter()
-    for n, precision in enumerate(args.precisions.split(",")):
-        cells += measure_precision(args.model, precision=precision, device=args.device, batches=batches,
-                                   steps=args.steps, pool=pool, torch_threads=args.torch_threads,
-                                   after=probe if n == 0 else None)  # fmt: skip
-    timings["engine"] = time.perf_counter() - engine_started
-    # The engine's figures are written whatever the service part does: a lease may not run the check twice.
-    partial = {**timings, "service": 0.0, "total": 0.0}
-    save_result("gpu_check", document(args, words, partial, cells, [], new_lengths=new_lengths))
-    levels: list[ServiceLevel] = []
-    service_error = None
-    service_started = time.perf_counter()
+    check = Check(args, device_name(args.device) + (f", {budget.total_mb:.0f} MiB" if budget else ""), out)
+    check.begin("build")
+    if not args.no_build:
+        ensure_full_model(model_spec(args.model))
+    check.end("build")
+    print(f"gpu check on {args.device} ({check.device_words}); model build {check.timings['build']:.0f}s", flush=True)
+    check.begin("engine")
+    run_engine(check, segment_pool(read_corpus(), 64, language="zh", seed=7))
+    check.end("engine")
+    check.save()  # the engine's figures are written whatever the service part does: a lease may not run it twice
     if not args.skip_service:
+        check.begin("service")
         try:
-            levels = serve(args, out)
+            serve(check)
         except Exception as e:  # the table says the service part failed, and why; the logs are in ``out``
-            service_error = f"{type(e).__name__}: {e}"
-            print(f"service part failed: {service_error} (logs in {out})", file=sys.stderr, flush=True)
-    timings["service"] = time.perf_counter() - service_started
-    timings["total"] = time.perf_counter() - started
-    record: dict[str, Any] = {
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "device": words,
-        "timings": timings,
-        "engine": [c.record() for c in cells],
-        "service": [lv.record() for lv in levels],
-        "service_error": service_error,
-        "new_lengths": [p.record() for p in new_lengths],
-    }
-    (out / "gpu_check.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
-    write_result("gpu_check", document(args, words, timings, cells, levels, service_error=service_error,
-                                       new_lengths=new_lengths))  # fmt: skip
-    return 1 if service_error else 0
+            check.service_error = f"{type(e).__name__}: {e}"
+            print(f"service part failed: {check.service_error} (logs in {out})", file=sys.stderr, flush=True)
+        check.end("service")
+    check.finished = True
+    print(check.save())
+    print(f"(written to bench/results/gpu_check.md, published, and {out / 'gpu_check.json'})")
+    return 1 if check.service_error or check.engine_errors else 0
 
 
-def serve(args: argparse.Namespace, out: Path) -> list[ServiceLevel]:
-    """Run the service levels on the registry's model, its options capped as asked."""
+def serve(check: Check) -> None:
+    """Run the service levels on the registry's model, its options capped as asked, graphs at their default."""
     from bench.stack_args import corpus_texts
 
+    args, out = check.args, check.out
     options = {"max_tokens": args.service_max_tokens} if args.service_max_tokens else {}
     levels = [int(n) for n in args.levels.split(",")]
     models = models_file(out, args.model, options, precision=args.service_precision)
     env = service_env(model=args.model, device=args.device, models=models, max_batch=max(levels),
                       torch_threads=args.torch_threads)  # fmt: skip
     os.environ.update(env)  # this process plans the texts with the same registry and settings
-    return run_levels(env, out, model=args.model, texts=corpus_texts(args.model), levels=levels,
-                      window_s=args.window, warmup_s=args.warmup, drain_s=args.drain)  # fmt: skip
+
+    def level(found: ServiceLevel) -> None:
+        check.service_path = served_path(out / "worker.log")
+        check.level(found)
+
+    try:
+        run_levels(env, out, model=args.model, texts=corpus_texts(args.model), levels=levels, window_s=args.window,
+                   warmup_s=args.warmup, drain_s=args.drain, done=level)  # fmt: skip
+    finally:
+        check.service_path = served_path(out / "worker.log") or check.service_path
 
 
 if __name__ == "__main__":

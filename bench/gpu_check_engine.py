@@ -1,37 +1,50 @@
-"""The GPU check's engine part: the real-size model in one precision at a few batch sizes, a fixed step count each.
+"""The GPU check's engine part: the real-size model in one precision, graphs on or off, at a few batch sizes.
 
-Each cell is one timed call (on a GPU after an untimed one of the same shapes): every segment runs ``steps`` tokens,
-so tokens/s is batch × steps ÷ seconds and RTF is seconds ÷ one segment's audio (what a listener waits per
-second of speech). Peak memory is torch's own count on the device (none on the CPU).
+Each cell is one timed speech-code generation (on a GPU after an untimed one of the same shapes): the Llama, its
+heads and the per-item sampler over a batch whose every segment runs exactly ``steps`` tokens; no decoder or
+vocoder (``measure_new_lengths`` times those). So tokens/s is batch × steps ÷ seconds, a step is the seconds ÷
+steps (the prompt pass included), and audio s/s is tokens/s × 512 samples a token ÷ 24,000 a second. Graphs
+``off`` is today's loop (the growing key/value cache, each kernel launched from Python); ``on`` is the static
+cache with each batch bucket's step replayed from a CUDA graph (on a CPU, the same step run eagerly). The capture
+time is what the engine's load spent preparing that (``static_step.prepared_step``: the cache, every bucket's
+capture and its probe against the eager step). Peak memory is torch's own count on the device (none on the CPU),
+from the call's start: the weights and the static cache are in it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
-from bench.full_model import loaded_engine, model_spec
+from bench.full_model import model_spec
 
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class EngineCell:
-    """One precision at one batch size."""
+    """One precision, graphs on or off, at one batch size."""
 
     precision: str
     #: What the Llama ran in: a CPU without a half-precision matmul falls back to fp32.
     llama_dtype: str
+    #: The engine's ``set_graphs``: "off" (today's loop) or "on".
+    graphs: str
+    #: What the engine said serves a decode step: a capture that failed or differed shows here as an eager step.
+    decode_path: str
     batch: int
     steps: int
     seconds: float
+    step_ms: float
     tokens_per_s: float
     audio_s_per_s: float
-    rtf: float
     peak_memory_mb: float | None
+    #: The seconds the load spent preparing the static step and its graphs (None: graphs off).
+    capture_s: float | None
 
     def record(self) -> dict[str, Any]:
         """Return the cell as JSON values."""
@@ -94,6 +107,47 @@ def pick_texts(pool: list[str], batch: int) -> list[str]:
     return [ordered[int(i * step) % len(ordered)] for i in range(batch)]
 
 
+@contextlib.contextmanager
+def capture_clock(device: str, took: list[float]) -> Iterator[None]:
+    """Time each ``prepared_step`` a ChatTTS engine's load makes inside this block, into ``took`` (seconds)."""
+    from workers.engines import chattts
+
+    name = "prepared_step"  # what the engine's load calls: it looks the name up in its module at each call
+    prepare = getattr(chattts, name)
+
+    def timed_prepare(*args: Any, **kwargs: Any) -> Any:
+        result, seconds = timed(device, functools.partial(prepare, *args, **kwargs))
+        took.append(seconds)
+        return result
+
+    setattr(chattts, name, timed_prepare)
+    try:
+        yield
+    finally:
+        setattr(chattts, name, prepare)
+
+
+def load_engine(spec: Any, *, device: str, graphs: str, torch_threads: int, warm: bool) -> tuple[Any, float]:
+    """Build and load ``spec``'s engine on ``device`` with graphs ``graphs``; return it and its capture seconds.
+
+    Unless every cell is warmed by an untimed call of its own (``warm``), the engine's own warm-up runs first.
+    """
+    import torch
+
+    from workers.engines.factory import build_engine
+
+    if torch_threads:
+        torch.set_num_threads(torch_threads)
+    engine = build_engine(spec, device=device)
+    engine.set_graphs(graphs)
+    took: list[float] = []
+    with capture_clock(device, took):
+        engine.load()
+    if not warm:
+        engine.warmup()
+    return engine, sum(took)
+
+
 def measure_precision(
     model: str,
     *,
@@ -103,23 +157,28 @@ def measure_precision(
     steps: int,
     pool: list[str],
     torch_threads: int = 0,
+    graphs: str = "off",
+    static_rows: int | None = None,
     warm: bool | None = None,
     after: Callable[[Any], None] | None = None,
+    done: Callable[[EngineCell], None] | None = None,
 ) -> list[EngineCell]:
-    """Load ``model`` in ``precision`` on ``device`` and time one call per batch size, each segment ``steps`` tokens.
+    """Load ``model`` in ``precision`` on ``device`` with graphs ``graphs`` and time one generation per batch size,
+    each segment ``steps`` tokens.
 
-    ``warm`` (default: on a GPU) runs each cell's call once untimed first; ``after`` is given the loaded engine
-    once the cells are done.
+    ``static_rows`` sizes the static cache (default: the engine's); ``warm`` (default: on a GPU) runs each cell's
+    call once untimed first; ``done`` is told each cell as it is measured; ``after`` is given the loaded engine once
+    the cells are done.
     """
     from workers.engines.base import SynthesisRequest
     from workers.engines.chattts_device import on_cuda, peak_memory_mb, reset_peak_memory
+    from workers.engines.fragments import SAMPLES_PER_TOKEN
 
     warm = on_cuda(device) if warm is None else warm
-
     # A token budget of exactly ``steps`` for every text: more tokens per character than any text needs, capped.
     spec = model_spec(model, precision=precision, tokens_per_char=float(10 * steps), max_tokens=steps,
-                      fixed_token_budget=True)  # fmt: skip
-    engine = loaded_engine(spec, device=device, torch_threads=torch_threads)
+                      fixed_token_budget=True, static_rows=static_rows)  # fmt: skip
+    engine, capture_s = load_engine(spec, device=device, graphs=graphs, torch_threads=torch_threads, warm=warm)
     cells = []
     try:
         dtype = str(engine.llama_dtype).removeprefix("torch.")
@@ -129,23 +188,28 @@ def measure_precision(
             if warm:
                 # The first call at new shapes pays one-off costs (the allocator's first blocks, kernel choice)
                 # that serving never pays again. On the CPU none showed (measured), and it would double the time.
-                engine.synthesize(requests)
+                engine.hidden_states(requests)
             reset_peak_memory(device)
-            waves, seconds = timed(device, functools.partial(engine.synthesize, requests))
-            audio = sum(len(w) for w in waves) / engine.sample_rate
+            _, seconds = timed(device, functools.partial(engine.hidden_states, requests))
             cell = EngineCell(
                 precision=precision,
                 llama_dtype=dtype,
+                graphs=graphs,
+                decode_path=engine.decode_path,
                 batch=batch,
                 steps=tokens // batch,
                 seconds=seconds,
+                step_ms=1000 * seconds / (tokens // batch),
                 tokens_per_s=tokens / seconds,
-                audio_s_per_s=audio / seconds,
-                rtf=seconds / (audio / batch),
+                audio_s_per_s=tokens * SAMPLES_PER_TOKEN / engine.sample_rate / seconds,
                 peak_memory_mb=peak_memory_mb(device),
+                capture_s=None if graphs == "off" else capture_s,
             )
             cells.append(cell)
-            print(f"  {precision} batch {batch:>2}: {seconds:.2f}s, {tokens / seconds:.0f} tokens/s", flush=True)
+            print(f"  {precision} graphs {graphs} batch {batch:>2}: {seconds:.2f}s, {cell.step_ms:.1f} ms a step, "
+                  f"{cell.tokens_per_s:.0f} tokens/s ({engine.decode_path})", flush=True)  # fmt: skip
+            if done is not None:
+                done(cell)
         if after is not None:
             after(engine)
     finally:

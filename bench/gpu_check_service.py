@@ -1,20 +1,25 @@
 """The GPU check's service part: Redis, one worker pinned to one device and the API (devstack), closed-loop callers.
 
-Each level's callers follow every job as a listener would (bench/loadgen.py); a level reports jobs/s and
-audio s/s finished inside its window, first audio at p50/p95 and how often, and how long, listeners stalled.
+The worker runs at `make run`'s defaults but for its device, one model host and its batch cap: CUDA graphs at
+``auto`` (graphs on a GPU), fragments on. Each level's callers follow every job's ``fragment`` events as the web
+page's listener does (bench/fragments.py); a level reports jobs/s and audio s/s finished inside its window, first
+audio (submission to the first fragment) at p50/p95, and the listeners who heard a gap: playing from the first
+fragment, waiting more than 0.1 s for a later one at least once.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.fragments import GAP_S, FragmentClient, gap_after_prefetch
 from bench.headline_stack import ServiceStack
-from bench.http_clients import ServedClient
-from bench.loadgen import STALL_EPSILON_S, run_closed_loop
+from bench.loadgen import run_closed_loop
 from bench.report import percentile, summarize
 from devstack.local import ROOT
 
@@ -28,11 +33,14 @@ class ServiceLevel:
     jobs_ok: int
     jobs_per_s: float
     audio_s_per_s: float
+    #: From submission to the first fragment in the listener's hands.
     first_audio_p50_s: float | None
     first_audio_p95_s: float | None
-    #: The share of finished jobs whose listener waited at least once for the next segment.
-    stalled_share: float | None
-    stall_p95_s: float | None
+    #: The share of finished jobs whose listener, playing from the first fragment, waited over ``GAP_S`` at least once.
+    gap_share: float | None
+    gap_p95_s: float | None
+    #: Submissions the API refused and the caller retried after its Retry-After.
+    refusals: int
     errors: dict[str, int]
 
     def record(self) -> dict[str, Any]:
@@ -52,8 +60,12 @@ def models_file(out: Path, model: str, options: dict[str, Any], *, precision: st
     return path
 
 
-def service_env(*, model: str, device: str, models: Path, max_batch: int, torch_threads: int) -> dict[str, str]:
-    """Return the stack's environment: one worker, one model host on ``device``, batches up to ``max_batch``."""
+def service_env(
+    *, model: str, device: str, models: Path, max_batch: int, torch_threads: int, graphs: str = "auto"
+) -> dict[str, str]:
+    """Return the stack's environment: one worker, one model host on ``device``, batches up to ``max_batch``, CUDA
+    graphs ``graphs`` (the default, ``auto``, set all the same: a value exported where the check runs must not
+    change what it measures)."""
     return {
         "TTS_MODELS_FILE": str(models),
         "TTS_DEFAULT_MODEL": model,
@@ -62,15 +74,16 @@ def service_env(*, model: str, device: str, models: Path, max_batch: int, torch_
         "TTS_BATCH_MAX_SIZE": str(max_batch),
         "TTS_WORKER_CONCURRENCY": str(max(128, 2 * max_batch)),
         "TTS_TORCH_THREADS": str(torch_threads),
+        "TTS_CUDA_GRAPHS": graphs,
     }
 
 
 def level_summary(run: Any) -> ServiceLevel:
-    """Summarise one level's run (bench.report's summary, with p95s added)."""
+    """Summarise one level's run (bench.report's summary; first audio and gaps from each job's fragments)."""
     summary = summarize(run)
     ok = [r for r in run.results if r.ok and run.window_start <= r.submitted <= run.window_end]
     first_audio = [r.first_audio - r.submitted for r in ok if r.first_audio is not None]
-    stalls = [r.stall_s() for r in ok]
+    gaps = [gap_after_prefetch(r.segments, 1)[1] for r in ok]
     return ServiceLevel(
         callers=run.callers,
         window_s=summary["window_s"],
@@ -79,10 +92,21 @@ def level_summary(run: Any) -> ServiceLevel:
         audio_s_per_s=summary["audio_s_per_s"],
         first_audio_p50_s=percentile(first_audio, 50),
         first_audio_p95_s=percentile(first_audio, 95),
-        stalled_share=sum(1 for s in stalls if s > STALL_EPSILON_S) / len(stalls) if stalls else None,
-        stall_p95_s=percentile(stalls, 95),
+        gap_share=sum(1 for g in gaps if g > GAP_S) / len(gaps) if gaps else None,
+        gap_p95_s=percentile(gaps, 95),
+        refusals=summary["admissions"],
         errors=dict(summary["errors"]),
     )
+
+
+def served_path(worker_log: Path) -> str | None:
+    """Return the decode path the worker's engine logged last (``decode_path``'s words), or None if none is there."""
+    try:
+        text = worker_log.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    found = re.findall(r"(?:static|growing) cache, [^\n]*", text)
+    return found[-1].strip() if found else None
 
 
 def run_levels(
@@ -95,14 +119,16 @@ def run_levels(
     window_s: float,
     warmup_s: float,
     drain_s: float,
+    done: Callable[[ServiceLevel], None] | None = None,
 ) -> list[ServiceLevel]:
-    """Start the stack, drive each level of callers in turn, stop the stack; return what each level saw."""
+    """Start the stack, drive each level of callers in turn, stop the stack; return what each level saw (``done``
+    is told each level as it ends)."""
     stack = ServiceStack(env, out, api_processes=2)
     found = []
     try:
         stack.start(ready_timeout=600)
         # A job still unfinished this long after its level's window would only load the next level.
-        client = ServedClient(stack.api.url, model=model, timeout_s=window_s + drain_s + warmup_s)
+        client = FragmentClient(stack.api.url, model=model, timeout_s=window_s + drain_s + warmup_s)
         for n, callers in enumerate(levels):
             stack.wait_idle(timeout_s=drain_s)
             run = run_closed_loop(client, texts, callers=callers, warmup_s=warmup_s, window_s=window_s,
@@ -111,6 +137,8 @@ def run_levels(
             level = found[-1]
             print(f"  {callers:>3} callers: {level.jobs_per_s:.2f} jobs/s, {level.audio_s_per_s:.2f} audio s/s, "
                   f"errors {level.errors or 0}", flush=True)  # fmt: skip
+            if done is not None:
+                done(level)
     finally:
         stack.stop()
         shutil.rmtree(out / "redis", ignore_errors=True)

@@ -3,15 +3,16 @@ the stage clock and the tables (bench/gpu_check*.py, bench/engine_real.py), on t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+from bench import gpu_check
 from bench.engine_real import combine, document, run_batches, settings_to_try
+from bench.gpu_check import Check, engine_table, new_length_table, parse_args, run_engine, service_table
 from bench.gpu_check import main as gpu_check_main
-from bench.gpu_check import new_length_table, parse_args, table
 from bench.gpu_check_engine import EngineCell, measure_new_lengths, measure_precision, pick_texts
 from bench.gpu_check_service import level_summary, models_file
 from bench.loadgen import JobResult, LevelRun
@@ -66,17 +67,24 @@ def test_the_device_readers_answer_without_cuda() -> None:
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
-def test_each_precision_runs_the_gpu_checks_engine_cell_on_the_cpu(tiny_registry: None, precision: str) -> None:
-    cells = measure_precision(
-        "chattts-tiny", precision=precision, device="cpu", batches=[1, 3], steps=24, pool=TEXTS, warm=True
-    )
+@pytest.mark.parametrize("graphs", ["off", "on"])
+def test_each_precision_runs_the_gpu_checks_engine_cell_on_the_cpu_eager_and_on_the_static_step(
+    tiny_registry: None, precision: str, graphs: str
+) -> None:
+    cells = measure_precision("chattts-tiny", precision=precision, device="cpu", batches=[1, 3], steps=24, pool=TEXTS,
+                              warm=True, graphs=graphs, static_rows=3)  # fmt: skip
     assert [c.batch for c in cells] == [1, 3]
     wanted = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[precision]
     for cell in cells:
         # A CPU without that matmul runs fp32 (and says so in the log); the cell says what it ran.
         assert cell.llama_dtype in (wanted, "float32")
-        assert cell.steps == 24 and cell.tokens_per_s > 0 and cell.rtf > 0 and cell.audio_s_per_s > 0
-        assert cell.peak_memory_mb is None
+        assert cell.steps == 24 and cell.tokens_per_s > 0 and cell.step_ms == pytest.approx(1000 * cell.seconds / 24)
+        assert cell.audio_s_per_s == pytest.approx(cell.tokens_per_s * 512 / 24000)
+        assert cell.peak_memory_mb is None and cell.graphs == graphs
+        if graphs == "on":  # nothing to capture on a CPU: the static cache's step runs eagerly, and the table says so
+            assert cell.decode_path.startswith("static cache, eager step") and (cell.capture_s or 0) > 0
+        else:
+            assert cell.decode_path.startswith("growing cache") and cell.capture_s is None
 
 
 def test_the_llama_is_cast_to_half_precision_when_asked_even_on_the_cpu(tiny_model_dir: Path) -> None:
@@ -164,23 +172,77 @@ def test_the_rehearsal_is_the_gpu_check_on_the_cpu_with_a_small_step_count() -> 
     assert (args.device, args.steps, args.service_max_tokens, args.batches) == ("cpu", 24, 24, "1,4,16")
     assert (args.levels, args.window) == ("1,4", 60), "few callers, long enough for real-size jobs to finish"
     gpu = parse_args([])
-    assert (gpu.device, gpu.steps, gpu.batches, gpu.window, gpu.levels) == ("cuda:0", 200, "1,16,64", 30, "1,16,64")
+    assert (gpu.device, gpu.steps, gpu.batches, gpu.window, gpu.levels) == ("cuda:0", 128, "1,16,64", 30, "1,16,64")
+    assert (gpu.precisions, gpu.graphs) == ("fp32,fp16,bf16", "off,on"), "eager against graphs in each precision"
     assert gpu.service_precision is None, "on a GPU the service runs the registry's precision"
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="--rehearse"):
             gpu_check_main([])
 
 
-def test_the_gpu_check_writes_one_table_of_engine_and_service_rows(tmp_path: Path) -> None:
-    cells: list[EngineCell] = []
+def _cell(graphs: str, batch: int, tokens_per_s: float) -> EngineCell:
+    path = "growing cache, eager step (graphs off)" if graphs == "off" else "static cache, CUDA graphs for buckets 1"
+    return EngineCell(precision="fp16", llama_dtype="float16", graphs=graphs, decode_path=path, batch=batch, steps=128,
+                      seconds=128 / tokens_per_s * batch, step_ms=1000 * batch / tokens_per_s,
+                      tokens_per_s=tokens_per_s, audio_s_per_s=tokens_per_s * 512 / 24000, peak_memory_mb=2048.0,
+                      capture_s=None if graphs == "off" else 4.5)  # fmt: skip
+
+
+def test_the_engine_table_sets_graphs_beside_eager_at_each_batch_and_the_service_table_has_a_row_per_level(
+    tmp_path: Path,
+) -> None:
+    cells = [_cell("off", 1, 50.0), _cell("off", 16, 600.0), _cell("on", 1, 250.0), _cell("on", 16, 3000.0)]
+    lines = engine_table(cells)
+    assert [line.split(" | ")[1:3] for line in lines[2:]] == [["1", "off"], ["1", "on"], ["16", "off"], ["16", "on"]]
+    assert "| 5.00× | 2048 | 4.50 | static cache, CUDA graphs for buckets 1 |" in lines[3]
+    assert "| 1.00× | 2048 | – | growing cache, eager step (graphs off) |" in lines[2]
     results = [JobResult(chars=5, submitted=1.0, done=3.0, first_audio=1.5, segments=[(1.5, 0.2), (2.5, 1.0)])]
     level = level_summary(LevelRun(callers=1, window_start=0.0, window_end=10.0, results=results, unfinished=0))
     assert level.jobs_ok == 1 and level.first_audio_p95_s == pytest.approx(0.5)
-    assert level.stalled_share == 1.0 and level.stall_p95_s == pytest.approx(0.8)
-    lines = table(cells, [level])
-    assert len(lines) == 3 and lines[2].startswith("| service |")
+    assert level.gap_share == 1.0 and level.gap_p95_s == pytest.approx(0.8), "the second fragment came 0.8 s late"
+    lines = service_table([level])
+    assert len(lines) == 3 and lines[2].startswith("| 1 | 0.10 (1 jobs) | ")
+    assert "| 0.50 / 0.50 | 100% | 0.80 | 0 | 0 |" in lines[2], "first audio, listeners with a gap, refusals, errors"
     registry = models_file(tmp_path, "chattts-random", {"max_tokens": 24})
     assert '"max_tokens": 24' in registry.read_text(encoding="utf-8")
+
+
+def test_the_gpu_check_writes_its_tables_after_every_engine_cell(tiny_registry: None, tmp_path: Path) -> None:
+    args = parse_args(["--device", "cpu", "--model", "chattts-tiny", "--no-build", "--precisions", "fp32",
+                       "--batches", "1,2", "--steps", "24", "--new-lengths", "", "--skip-service",
+                       "--torch-threads", "1", "--out", str(tmp_path)])  # fmt: skip
+    written: list[str] = []
+    check = Check(args, "a CPU", tmp_path, save=lambda name, markdown: written.append(markdown))
+    run_engine(check, TEXTS)
+    assert len(written) == 4, "one write per cell: eager and the static step at batch 1 and 2"
+    assert "*Written as the run goes: 1 of 4 engine cells" in written[0]
+    assert "| fp32 (float32) | 1 | off |" in written[0] and "| 1 | on |" not in written[0]
+    assert "| fp32 (float32) | 2 | on |" in written[-1] and "static cache, eager step" in written[-1]
+    assert '"graphs": "on"' in (tmp_path / "gpu_check.json").read_text(encoding="utf-8")
+    check.finished = True
+    assert "Written as the run goes" not in gpu_check.document(check)
+
+
+def test_an_engine_load_that_fails_is_noted_and_the_rest_still_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    args = parse_args(["--device", "cpu", "--precisions", "fp32,fp16", "--batches", "1", "--new-lengths", "",
+                       "--skip-service", "--out", str(tmp_path)])  # fmt: skip
+    ran: list[tuple[str, str]] = []
+
+    def measure(model: str, *, precision: str, graphs: str, done: Callable[[EngineCell], None], **_: object) -> None:
+        ran.append((precision, graphs))
+        if (precision, graphs) == ("fp32", "on"):
+            raise RuntimeError("CUDA out of memory")
+        done(_cell(graphs, 1, 100.0))
+
+    monkeypatch.setattr(gpu_check, "measure_precision", measure)
+    written: list[str] = []
+    check = Check(args, "a CPU", tmp_path, save=lambda name, markdown: written.append(markdown))
+    run_engine(check, TEXTS)
+    assert ran == [("fp32", "off"), ("fp32", "on"), ("fp16", "off"), ("fp16", "on")]
+    assert check.engine_errors == ["fp32, graphs on: RuntimeError: CUDA out of memory"]
+    assert "**An engine load failed:** fp32, graphs on: RuntimeError: CUDA out of memory" in written[-1]
 
 
 def test_the_gpu_check_times_the_decoder_at_lengths_it_has_not_seen_and_again(engine: ChatTTSEngine) -> None:
