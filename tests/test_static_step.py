@@ -56,10 +56,10 @@ def static(tiny_model_dir: Path) -> Iterator[ChatTTSEngine]:
 @pytest.fixture
 def graphed(tiny_model_dir: Path) -> Iterator[ChatTTSEngine]:
     """An engine whose every bucket replays through the graphed path (padding rows, whole-width attention)."""
-    engine = make_engine(tiny_model_dir, "on", static_rows=8, static_positions=256)
+    engine = make_engine(tiny_model_dir, "on", static_rows=8, static_positions=256, fixed_token_budget=True)
     step, path = prepared_step(engine.chat.gpt, mode="on", rows=8, positions=256, capture=replayed)
-    assert step is not None and sorted(step.graphs) == [1, 2, 4, 8]
-    assert path == "static cache, CUDA graphs for batch buckets 1,2,4,8"
+    assert step is not None and sorted(step.graphs) == [(r, w) for r in (1, 2, 4, 8) for w in (128, 256)]
+    assert path == "static cache, CUDA graphs for batch buckets 1,2,4,8 × widths 128,256"
     engine._static = step
     yield engine
     engine.unload()
@@ -113,12 +113,23 @@ def test_segments_that_join_take_free_rows_and_are_made_as_on_the_growing_loop(
 
 
 def test_the_graphed_path_pads_each_batch_to_its_bucket_and_makes_the_same_tokens(
-    growing: ChatTTSEngine, graphed: ChatTTSEngine
+    graphed: ChatTTSEngine, tiny_model_dir: Path
 ) -> None:
     # Three rows run in bucket 4 (a padding row), then joins take them to 5 (bucket 8), then they end one by one.
     # Attention over the whole width sums the masked columns' zeros too: only float rounding differs.
     at = {3: batch(1, 4)}
-    assert_same(made(graphed, batch(0, 2, 3), at), made(growing, batch(0, 2, 3), at), rounding=1e-6)
+    step = graphed._static
+    assert step is not None
+    used: set[tuple[int, int]] = set()
+    for bucket, replay in list(step.graphs.items()):
+        step.graphs[bucket] = lambda b=bucket, r=replay: (used.add(b), r())[1]  # type: ignore[misc]
+    growing = make_engine(tiny_model_dir, "off", fixed_token_budget=True)
+    try:
+        assert_same(made(graphed, batch(0, 2, 3), at), made(growing, batch(0, 2, 3), at), rounding=1e-6)
+    finally:
+        growing.unload()
+    assert {(4, 128), (8, 128)} <= used, "three rows padded to four, five to eight"
+    assert {w for _, w in used} == {128, 256}, "wider steps as the rows grew longer"
 
 
 def test_a_call_that_others_keep_joining_reuses_the_cache_columns_its_rows_no_longer_use(
@@ -138,15 +149,18 @@ def test_a_call_that_others_keep_joining_reuses_the_cache_columns_its_rows_no_lo
 
 
 def test_a_call_that_outgrows_the_static_cache_goes_on_on_a_growing_cache_with_the_same_tokens(
-    growing: ChatTTSEngine, tiny_model_dir: Path
+    growing: ChatTTSEngine, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     engine = make_engine(tiny_model_dir, "on", static_rows=2, static_positions=256)
     try:
         at = {5: batch(1, 3)}  # four rows in a cache of two
         assert_same(made(engine, batch(0, 2), at), made(growing, batch(0, 2), at))
+        assert engine._static is not None and engine._static.outgrown == 1
+        assert "does not fit the static cache (2 × 256): it runs on the growing loop" in caplog.text
         too_long = make_engine(tiny_model_dir, "on", static_rows=8, static_positions=32)
         try:  # a prompt and its budget past the cache's columns never settle in it
             assert_same(too_long.synthesize(batch(0, 1)), growing.synthesize(batch(0, 1)))
+            assert too_long._static is not None and too_long._static.outgrown == 1
         finally:
             too_long.unload()
     finally:
@@ -191,7 +205,7 @@ def test_a_graph_that_differs_from_the_eager_step_is_dropped_and_the_step_runs_e
     graphs = Graphs(step, tolerance=0.0)
     graphs.capture(wrong)
     assert step.graphs == {}
-    assert graphs.path.startswith("static cache, eager step: bucket 1's graph differs from the eager step")
+    assert graphs.path.startswith("static cache, eager step: bucket (1, 128)'s graph differs from the eager step")
     assert graphs.probes[0].ok is False and why in graphs.probes[0].detail
 
 
@@ -207,8 +221,8 @@ def test_a_capture_that_fails_leaves_the_step_eager_and_says_why(static: ChatTTS
     graphs.capture(failing)
     assert step.graphs == {}
     assert graphs.path == (
-        "static cache, eager step: capturing bucket 1 failed: RuntimeError: operation not permitted when stream is "
-        "capturing"
+        "static cache, eager step: capturing bucket (1, 128) failed: RuntimeError: operation not permitted when "
+        "stream is capturing"
     )
 
 
@@ -224,9 +238,9 @@ def test_half_precision_graphs_are_held_to_a_logit_tolerance_not_to_identical_to
         return replay
 
     strict, loose = Graphs(step, tolerance=0.0), Graphs(step, tolerance=0.05)
-    assert strict.probe(2, nudged(lambda: step.compute(2, step.cache.positions))).ok  # the same tokens
-    assert loose.probe(2, nudged(lambda: step.compute(2, step.cache.positions))).ok
-    assert not Graphs(step, tolerance=0.001).probe(2, nudged(lambda: step.compute(2, step.cache.positions))).ok
+    assert strict.probe((2, 256), nudged(lambda: step.compute(2, 256))).ok  # the same tokens
+    assert loose.probe((2, 256), nudged(lambda: step.compute(2, 256))).ok
+    assert not Graphs(step, tolerance=0.001).probe((2, 256), nudged(lambda: step.compute(2, 256))).ok
 
 
 def test_graphs_are_off_on_a_cpu_unless_asked_and_an_unknown_setting_is_refused(static: ChatTTSEngine) -> None:

@@ -209,13 +209,18 @@ class _Rows:
 
     def settle(self, static: StaticStep) -> None:
         """Move the rows onto ``static``'s cache, if they fit, for the steps that follow."""
-        if self.size and static.cache.fits(self.size, self.capacity):
-            self.past = static.cache.take(self.past, self.size, self.length - 1)
-            self.static = static
+        if not self.size:
+            return
+        if not static.cache.fits(self.size, self.capacity):
+            static.note_outgrown(self.size, self.capacity)
+            return
+        self.past = static.cache.take(self.past, self.size, self.length - 1)
+        self.static = static
 
     def _unsettle(self) -> None:
         """Move the rows back onto a growing cache (the generation outgrew the static one)."""
-        assert isinstance(self.past, StaticCache)
+        assert isinstance(self.past, StaticCache) and self.static is not None
+        self.static.note_outgrown(self.size, self.capacity)
         self.past, self.static = self.past.grown_copy(self.gpt.gpt.config, self.capacity), None
 
     def forward(self, emb: torch.Tensor | None) -> torch.Tensor:

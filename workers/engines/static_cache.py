@@ -124,7 +124,8 @@ class StaticCache(DynamicCache):
             indices = indices.to(self.static_layers[0].key_buffer.device)
             for layer in self.static_layers:
                 for buffer in (layer.key_buffer, layer.value_buffer):
-                    buffer.narrow(0, 0, count).copy_(buffer.index_select(0, indices))
+                    filled = buffer.narrow(2, 0, self.length)  # only the filled columns are worth moving
+                    filled.narrow(0, 0, count).copy_(filled.index_select(0, indices))
         self.used = count
 
     def drop_front(self, count: int) -> None:

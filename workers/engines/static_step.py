@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 #: The batch sizes a graph is captured for (up to the cache's rows): a batch runs in the next one up.
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+#: Graphs are also captured per width, in steps of this many columns: a step attends over the next width up, not
+#: the whole cache (at batch 64, reading every column of every layer would cost more than the weights).
+WIDTH_STEP = 128
 
 #: (hidden states of the bucket's rows, in fp32; their logits, num_vq rows per item, before temperature).
 StepOutput = tuple[torch.Tensor, torch.Tensor]
@@ -38,9 +41,9 @@ Capture = Callable[[Callable[[], StepOutput]], Callable[[], StepOutput]]
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """What checking a bucket's graph against the eager step found."""
+    """What checking a bucket's graph (rows, columns) against the eager step found."""
 
-    bucket: int
+    bucket: tuple[int, int]
     ok: bool
     detail: str
 
@@ -52,16 +55,26 @@ class StaticStep:
         self.gpt, self.cache = gpt, cache
         rows, device = cache.rows, gpt.device_gpt
         self.buckets = sorted({b for b in buckets if b < rows} | {rows})
+        self.widths = sorted({*range(WIDTH_STEP, cache.positions, WIDTH_STEP), cache.positions})
         self.tokens = torch.zeros(rows, 1, gpt.num_vq, dtype=torch.long, device=device)
         self.positions = torch.zeros(rows, 1, dtype=torch.long, device=device)
         self.mask = torch.ones(rows, cache.positions, dtype=torch.bool, device=device)
         # The heads' weight norm, once: a graph must read weights that stay where they are.
         self.head_weights = [getattr(head, "__self__", head).weight.detach().clone() for head in gpt.head_code]
-        self.graphs: dict[int, Callable[[], StepOutput]] = {}
+        self.graphs: dict[tuple[int, int], Callable[[], StepOutput]] = {}
+        self.outgrown = 0  # calls that did not fit, and ran on the growing loop
 
-    def bucket(self, rows: int) -> int:
-        """Return the bucket ``rows`` rows run in."""
-        return next(b for b in self.buckets if b >= rows)
+    def bucket(self, rows: int, columns: int) -> tuple[int, int]:
+        """Return the bucket (rows, width) a step of ``rows`` rows over ``columns`` columns runs in."""
+        return next(b for b in self.buckets if b >= rows), next(w for w in self.widths if w >= columns)
+
+    def note_outgrown(self, rows: int, columns: int) -> None:
+        """Count a call of ``rows`` rows and ``columns`` columns that does not fit; log the first."""
+        self.outgrown += 1
+        if self.outgrown == 1:
+            log.warning("a call of %d rows over %d columns does not fit the static cache (%d × %d): it runs on the "
+                        "growing loop; raise static_rows or static_positions if this is common", rows, columns,
+                        self.cache.rows, self.cache.positions)  # fmt: skip
 
     def compute(self, active: int, width: int) -> StepOutput:
         """Run the step on the first ``active`` rows, attending over ``width`` columns (what a graph captures)."""
@@ -94,18 +107,18 @@ class StaticStep:
         if (used, length - 1) != (last.size(0), cache.length):
             raise RuntimeError(f"the static cache holds {used} rows of {cache.length} columns, not the "
                                f"{last.size(0)} of {length - 1} the loop has")  # fmt: skip
-        graph_bucket = self.bucket(used)
-        graphed = graph_bucket in self.graphs
-        active = graph_bucket if graphed else used
+        bucket = self.bucket(used, length)
+        replay = self.graphs.get(bucket)
+        active, width = bucket if replay is not None else (used, length)
         self.tokens.narrow(0, 0, used).copy_(last.unsqueeze(1))
         rows = self.mask.narrow(0, 0, used)
-        if graphed:
-            rows.narrow(1, length, cache.positions - length).fill_(False)
-            self.mask.narrow(0, used, active - used).fill_(True)  # padding rows: finite, ignored
+        if width > length:
+            rows.narrow(1, length, width - length).fill_(False)
+        self.mask.narrow(0, used, active - used).fill_(True)  # padding rows: finite, ignored
         rows.narrow(1, 0, length).copy_(mask)
         self.positions.narrow(0, 0, used).copy_(mask.sum(1, keepdim=True) - 1)
         cache.aim()
-        hidden, logits = self.graphs[active]() if graphed else self.compute(active, length)
+        hidden, logits = replay() if replay is not None else self.compute(active, width)
         cache.advance()
         return hidden.narrow(0, 0, used).clone(), logits.narrow(0, 0, used * self.gpt.num_vq).clone()
 
@@ -122,20 +135,21 @@ class Graphs:
     @property
     def path(self) -> str:
         """Say which path serves a decode step."""
-        served = sorted(self.step.graphs)
-        if not served:
+        if not self.step.graphs:
             why = f": {self.failure}" if self.failure else ""
             return f"static cache, eager step{why}"
-        return f"static cache, CUDA graphs for batch buckets {','.join(map(str, served))}"
+        rows = sorted({b for b, _ in self.step.graphs})
+        widths = sorted({w for _, w in self.step.graphs})
+        return (f"static cache, CUDA graphs for batch buckets {','.join(map(str, rows))} "
+                f"× widths {','.join(map(str, widths))}")  # fmt: skip
 
     @torch.inference_mode()
     def capture(self, capture: Capture) -> None:
-        """Capture each bucket with ``capture`` (a graph maker) and keep those its probe finds equal to eager."""
+        """Capture each bucket with ``capture`` (a graph maker); keep them if each probe finds it equal to eager."""
         step = self.step
-        for bucket in step.buckets:
-            width = step.cache.positions
+        for bucket in ((rows, width) for rows in step.buckets for width in step.widths):
             try:
-                replay = capture(lambda b=bucket, w=width: step.compute(b, w))  # type: ignore[misc]
+                replay = capture(lambda b=bucket: step.compute(*b))  # type: ignore[misc]
             except Exception as e:  # a capture that fails leaves the step eager: never a worker that cannot start
                 self.failure = f"capturing bucket {bucket} failed: {type(e).__name__}: {e}"
                 log.warning("CUDA graphs off, the step runs eagerly: %s", self.failure)
@@ -151,18 +165,19 @@ class Graphs:
             step.graphs[bucket] = replay
 
     @torch.inference_mode()
-    def probe(self, bucket: int, replay: Callable[[], StepOutput]) -> ProbeResult:
-        """Run a probe batch of ``bucket`` rows through ``replay`` and eagerly; say whether they agree."""
+    def probe(self, bucket: tuple[int, int], replay: Callable[[], StepOutput]) -> ProbeResult:
+        """Run a probe batch of ``bucket``'s rows and width through ``replay`` and eagerly; say whether they agree."""
         step, cache = self.step, self.step.cache
-        generator = torch.Generator(device="cpu").manual_seed(bucket)
-        column = min(cache.positions - 1, 8 + bucket)
-        tokens = torch.randint(0, self.step.gpt.num_audio_tokens, step.tokens.narrow(0, 0, bucket).shape,
+        rows, width = bucket
+        generator = torch.Generator(device="cpu").manual_seed(rows * width)
+        column = width - 1 - rows % 8  # the last columns the width holds, where a step over it may write
+        tokens = torch.randint(0, self.step.gpt.num_audio_tokens, step.tokens.narrow(0, 0, rows).shape,
                                generator=generator)  # fmt: skip
-        step.tokens.narrow(0, 0, bucket).copy_(tokens)
-        step.mask.narrow(0, 0, bucket).fill_(False).narrow(1, 0, column + 1).fill_(True)
-        step.positions.narrow(0, 0, bucket).fill_(column)
+        step.tokens.narrow(0, 0, rows).copy_(tokens)
+        step.mask.narrow(0, 0, rows).fill_(False).narrow(1, 0, column + 1).fill_(True)
+        step.positions.narrow(0, 0, rows).fill_(column)
         cache.reach.column.fill_(column)
-        _, eager_logits = (t.clone() for t in step.compute(bucket, cache.positions))
+        _, eager_logits = (t.clone() for t in step.compute(rows, width))
         _, graph_logits = replay()
         if not torch.isfinite(graph_logits).all():
             return ProbeResult(bucket, False, "the graph's logits are not finite")
