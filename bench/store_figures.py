@@ -119,7 +119,8 @@ class GpuRate:
 
 
 def gpu_rates(markdown: str) -> list[GpuRate]:
-    """Return the engine rows of a published gpu_check.md (its ``| precision | batch | … | audio s/s |`` table)."""
+    """Return the engine rows of a published gpu_check.md (its ``| precision | batch | … | audio s/s |`` table);
+    where it has a ``graphs`` column, only the rows with graphs on (what serves on a GPU)."""
     rates: list[GpuRate] = []
     header: list[str] | None = None
     for line in markdown.splitlines():
@@ -129,6 +130,8 @@ def gpu_rates(markdown: str) -> list[GpuRate]:
         elif header is None:
             header = cells
         elif "audio s/s" in header and "batch" in header and not set(line) <= set("|-: "):
+            if "graphs" in header and cells[header.index("graphs")] != "on":
+                continue
             precision = re.sub(r"\s*\(.*\)$", "", cells[0])
             audio = float(cells[header.index("audio s/s")].replace(",", ""))
             rates.append(GpuRate(precision, int(cells[header.index("batch")]), audio))

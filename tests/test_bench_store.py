@@ -82,6 +82,16 @@ def test_the_gpu_rates_are_read_from_the_published_engine_table() -> None:
     assert rates == [("fp16", 16, 11.1), ("fp16", 64, 1064.4)]
 
 
+def test_of_a_table_with_graphs_off_and_on_the_gpu_rates_are_those_with_graphs_on() -> None:
+    markdown = "\n".join([
+        "| precision (Llama ran in) | batch | graphs | ms a step | tokens/s | audio s/s | × eager |",
+        "|---|---|---|---|---|---|---|",
+        "| fp16 (float16) | 64 | off | 20.1 | 3,184 | 67.92 | 1.00× |",
+        "| fp16 (float16) | 64 | on | 5.2 | 12,307 | 262.55 | 3.87× |",
+    ])  # fmt: skip
+    assert [(r.precision, r.batch, r.audio_per_s) for r in gpu_rates(markdown)] == [("fp16", 64, 262.55)]
+
+
 def test_each_commands_cost_is_its_calls_and_time_over_the_window_costliest_first() -> None:
     before = {"cmdstat_evalsha": {"calls": 10, "usec": 1000}, "cmdstat_get": {"calls": 5, "usec": 50}}
     after = {**before, "cmdstat_evalsha": {"calls": 30, "usec": 5000}, "cmdstat_hset": {"calls": 4, "usec": 40}}
