@@ -119,7 +119,7 @@ bench-real: full-model install-bench  ## The headline at real size (chattts-rand
 	scripts/ensure_redis_server.sh
 	$(PY) -m bench.headline --real-size $(BENCH_ARGS)
 
-gpu-check: full-model install-bench  ## On a GPU (sized for 8 min; BENCH_ARGS=--rehearse on a CPU): real-size engine in fp32/fp16/bf16, then the service on cuda:0 at 1/16/64 callers.
+gpu-check: full-model install-bench  ## On a GPU (sized for 8 min; BENCH_ARGS=--rehearse on a CPU): real-size engine in fp32/fp16/bf16 with CUDA graphs off and on, then the service on cuda:0 at 1/16/64 callers.
 	scripts/ensure_redis_server.sh
 	$(PY) -m bench.gpu_check $(BENCH_ARGS)
 
