@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from core.fragments import NO_FRAGMENTS, FragmentSchedule
+from workers.engines import chattts_static, decode
 from workers.engines.base import Piece, SynthesisRequest, Waveform
 from workers.engines.chattts import ChatTTSEngine
+from workers.engines.chattts_static import checked_static_step, disagreement_with_growing_loop
 from workers.engines.static_cache import StaticCache
 from workers.engines.static_step import Graphs, StaticStep, StepOutput, prepared_step
 
@@ -262,3 +264,57 @@ def test_the_static_cache_is_counted_in_the_models_memory(growing: ChatTTSEngine
     cache_mb = StaticCache.bytes_for(config, rows=8, positions=256, dtype=torch.float32) / 2**20
     assert cache_mb > 1
     assert static.memory_estimate_mb() - growing.memory_estimate_mb() == pytest.approx(cache_mb, abs=1)
+
+
+def test_nan_left_in_the_cache_by_an_earlier_call_never_reaches_a_later_one(
+    graphed: ChatTTSEngine, tiny_model_dir: Path
+) -> None:
+    step = graphed._static
+    assert step is not None
+    for layer in step.cache.static_layers:  # what an earlier call that overflowed in half precision might leave
+        layer.key_buffer.fill_(float("nan"))
+        layer.value_buffer.fill_(float("nan"))
+    growing = make_engine(tiny_model_dir, "off", fixed_token_budget=True)
+    try:  # rows taken, rows joined into padding rows' slots, columns dropped from the front
+        at = {3: batch(1, 4)}
+        assert_same(made(graphed, batch(0, 2, 3), at), made(growing, batch(0, 2, 3), at), rounding=1e-6)
+    finally:
+        growing.unload()
+
+
+def test_a_static_step_that_differs_from_the_growing_loop_is_dropped_at_load(
+    static: ChatTTSEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chat = static.chat
+    good, _ = prepared_step(chat.gpt, mode="on", rows=4, positions=128)
+    assert good is not None and disagreement_with_growing_loop(chat, good) is None
+    spoiled, _ = prepared_step(chat.gpt, mode="on", rows=4, positions=128)
+    assert spoiled is not None
+    compute = spoiled.compute
+
+    def off_by_a_little(active: int, width: int) -> StepOutput:
+        hidden, logits = compute(active, width)
+        return hidden + 0.01 * hidden.abs().max(), logits
+
+    monkeypatch.setattr(spoiled, "compute", off_by_a_little)
+    monkeypatch.setattr(chattts_static, "prepared_step", lambda *args, **kwargs: (spoiled, "static cache, eager step"))
+    step, path = checked_static_step(chat, mode="on", rows=4, positions=128)
+    assert step is None
+    assert path.startswith("growing cache, eager step (the static step differed from it: item 0's hidden states")
+
+
+def test_the_static_step_needs_sdpa_attention_and_the_speech_code_pass(
+    static: ChatTTSEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gpt = static.chat.gpt
+    monkeypatch.setattr(gpt.gpt.config, "_attn_implementation", "eager")
+    assert prepared_step(gpt, mode="on", rows=4, positions=64) == (
+        None, "growing cache, eager step (the static step needs SDPA attention, not eager)"
+    )  # fmt: skip
+    monkeypatch.undo()
+    step, _ = prepared_step(gpt, mode="on", rows=4, positions=64)
+    first = static.code_prompts(batch(0))
+    with pytest.raises(ValueError, match="speech-code pass only"):
+        decode.generate(gpt, first.emb, first.input_ids, first.attention_mask, temperature=torch.ones(1),
+                        sampler=first.sampler, eos_token=0, max_new_token=4, infer_text=True, return_hidden=False,
+                        static=step)  # fmt: skip

@@ -31,10 +31,11 @@ from workers.engines.chattts_files import check_weights
 from workers.engines.chattts_generate import generate, prepare
 from workers.engines.chattts_int8 import int8_supported, quantize_linear_layers, quantized_bytes
 from workers.engines.chattts_jit import cache_text_jit
+from workers.engines.chattts_static import checked_static_step
 from workers.engines.errors import EngineLoadError, SynthesisError
 from workers.engines.fragments import SAMPLES_PER_TOKEN, FragmentSizes, TokenFragments, Window
 from workers.engines.static_cache import StaticCache
-from workers.engines.static_step import StaticStep, prepared_step
+from workers.engines.static_step import StaticStep
 
 __all__ = ["ChatTTSEngine", "find_weights", "speed_prompt", "where_weights_go"]
 
@@ -139,6 +140,8 @@ class ChatTTSEngine(Engine):
         source, root = find_weights(self._weights_dir)
         chat = ChatTTS.Chat(log)
         device = torch.device(self._device)
+        if device.type == "cuda":  # a host runs on one GPU: its streams, graphs and "cuda" tensors go there
+            torch.cuda.set_device(device)
         try:
             descriptor = read_descriptor(root)
             if descriptor is None:
@@ -157,8 +160,8 @@ class ChatTTSEngine(Engine):
             swapped = quantize_linear_layers(chat.gpt.gpt)
             log.info("ChatTTS's Llama runs its %d Linear layers in int8 (dynamic activations)", swapped)
         self._speakers = self._speaker_embeddings(chat)
-        self._static, self._path = prepared_step(
-            chat.gpt, mode=self._graphs, rows=self._static_size[0], positions=self._static_size[1]
+        self._static, self._path = checked_static_step(
+            chat, mode=self._graphs, rows=self._static_size[0], positions=self._static_size[1]
         )
         self._chat = chat
 

@@ -93,9 +93,12 @@ def generate(
     each item's output (its index, tokens and hidden states) at the step the item ends, before the rest go on.
     ``joins`` is asked between steps for more items; theirs are numbered after the items already taken.
     ``grown`` is told after each step each running item's hidden states so far (with ``return_hidden``), so that
-    its audio can be made while it runs. With ``static``, the steps after the prompt's run over its static cache
-    (``static_step``) for as long as the generation fits in it; the tokens are the same.
+    its audio can be made while it runs. With ``static`` (speech codes only), the steps after the prompt's run over
+    its static cache (``static_step``) for as long as the generation fits in it: in fp32 on a CPU exactly the same
+    tokens; padded to a bucket, a GPU's reductions may round differently.
     """
+    if static is not None and infer_text:
+        raise ValueError("the static step runs the speech-code pass only (its embeddings and heads are the codes')")
     out = _Outputs(finished)
     step = functools.partial(_step, temperature=temperature, eos_token=eos_token)
     rows = _Rows(gpt, input_ids, attention_mask, max_new_token, out, infer_text=infer_text, return_hidden=return_hidden)

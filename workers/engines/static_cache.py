@@ -97,10 +97,16 @@ class StaticCache(DynamicCache):
         self.length += 1
 
     def take(self, growing: DynamicCache, rows: int, length: int) -> StaticCache:
-        """Hold ``growing``'s ``rows`` rows of ``length`` columns (its only ones) in the first rows; return self."""
+        """Hold ``growing``'s ``rows`` rows of ``length`` columns (its only ones) in the first rows; return self.
+
+        The columns past them are zeroed: a step over a graph's width multiplies them by a weight of zero, which
+        hides anything finite, but a NaN or infinity left by an earlier call would come through.
+        """
         for layer, source in zip(self.static_layers, _layers(growing), strict=True):
             for buffer, part in ((layer.key_buffer, source.keys), (layer.value_buffer, source.values)):
-                buffer.narrow(0, 0, rows).narrow(2, 0, length).copy_(part.narrow(2, 0, length))
+                held = buffer.narrow(0, 0, rows)
+                held.narrow(2, 0, length).copy_(part.narrow(2, 0, length))
+                held.narrow(2, length, self.positions - length).zero_()
         self.used, self.length = rows, length
         return self
 
@@ -112,8 +118,11 @@ class StaticCache(DynamicCache):
                 if shifts[0]:
                     mine = buffer.narrow(0, 0, self.used)
                     mine.narrow(2, shifts[0], own).copy_(mine.narrow(2, 0, own).clone())
-                theirs = buffer.narrow(0, self.used, rows)
+                    mine.narrow(2, 0, shifts[0]).zero_()
+                theirs = buffer.narrow(0, self.used, rows)  # rows that padding or ended items wrote: zeroed first
+                theirs.narrow(2, 0, shifts[1]).zero_()
                 theirs.narrow(2, shifts[1], length).copy_(part.narrow(2, 0, length))
+                theirs.narrow(2, shifts[1] + length, self.positions - shifts[1] - length).zero_()
         self.used += rows
         self.length = own + shifts[0]
 
@@ -137,6 +146,7 @@ class StaticCache(DynamicCache):
             for buffer in (layer.key_buffer, layer.value_buffer):
                 mine = buffer.narrow(0, 0, self.used)
                 mine.narrow(2, 0, kept).copy_(mine.narrow(2, count, kept).clone())
+                mine.narrow(2, kept, count).zero_()  # past the filled columns a row holds zeros (see take)
         self.length = kept
 
     def grown_copy(self, config: Any, limit: int) -> DynamicCache:

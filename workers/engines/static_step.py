@@ -91,7 +91,6 @@ class StaticStep:
             inputs_embeds=embedded,
             use_cache=True,
             output_attentions=False,
-            cache_position=self.cache.reach.column,
         )
         hidden = outputs.last_hidden_state.narrow(1, -1, 1).squeeze(1).to(gpt.device, dtype=torch.float)
         logits = torch.stack([functional.linear(hidden, w) for w in self.head_weights], 1).float()
@@ -150,12 +149,12 @@ class Graphs:
         for bucket in ((rows, width) for rows in step.buckets for width in step.widths):
             try:
                 replay = capture(lambda b=bucket: step.compute(*b))  # type: ignore[misc]
+                result = self.probe(bucket, replay)
             except Exception as e:  # a capture that fails leaves the step eager: never a worker that cannot start
                 self.failure = f"capturing bucket {bucket} failed: {type(e).__name__}: {e}"
                 log.warning("CUDA graphs off, the step runs eagerly: %s", self.failure)
                 step.graphs.clear()
                 return
-            result = self.probe(bucket, replay)
             self.probes.append(result)
             if not result.ok:
                 self.failure = f"bucket {bucket}'s graph differs from the eager step: {result.detail}"
@@ -187,21 +186,24 @@ class Graphs:
         return ProbeResult(bucket, ok, f"largest logit difference {worst:.3g}, same tokens: {same_tokens}")
 
 
-def cuda_graphs() -> Capture:
-    """Return a maker of CUDA graphs that share one memory pool (a step's graphs never run at once, and each
-    replay's outputs are copied before the next)."""
-    pool = torch.cuda.graph_pool_handle()
+def cuda_graphs(device: torch.device) -> Capture:
+    """Return a maker of CUDA graphs on ``device`` that share one memory pool (a step's graphs never run at once,
+    and each replay's outputs are copied before the next)."""
+    with torch.cuda.device(device):
+        pool = torch.cuda.graph_pool_handle()
 
     def capture(compute: Callable[[], StepOutput]) -> Callable[[], StepOutput]:
-        stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # the warm-up runs allocate what capture must not (cuBLAS workspaces, caches)
-                compute()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            outputs = compute()
+        # Streams on the step's own device: on cuda:1 a capture on the current device's stream records nothing.
+        with torch.cuda.device(device):
+            warm, capturing = torch.cuda.Stream(device), torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+            warm.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(warm):
+                for _ in range(2):  # the warm-up runs allocate what capture must not (cuBLAS workspaces, caches)
+                    compute()
+            torch.cuda.current_stream(device).wait_stream(warm)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=capturing):
+                outputs = compute()
 
         def replay() -> StepOutput:
             graph.replay()
@@ -226,13 +228,17 @@ def prepared_step(
 
     ``off``: none (the growing loop). ``auto``: on CUDA, graphs; on a CPU none, where the growing loop is the
     faster (``make bench-engine``'s static-step table). ``on``: the static step everywhere, graphed on CUDA.
-    ``capture`` makes a graph (default: ``cuda_graphs()`` on CUDA, none elsewhere).
+    ``capture`` makes a graph (default: ``cuda_graphs`` on CUDA, none elsewhere).
     """
     if mode not in GRAPH_MODES:
         raise ValueError(f"graphs must be one of {GRAPH_MODES}, not {mode!r}")
-    cuda = torch.device(gpt.device_gpt).type == "cuda"
+    device = torch.device(gpt.device_gpt)
+    cuda = device.type == "cuda"
     if mode == "off" or (mode == "auto" and not cuda):
         return None, f"growing cache, eager step (graphs {mode}{'' if cuda else ', no GPU'})"
+    attention = getattr(gpt.gpt.config, "_attn_implementation", None)
+    if attention != "sdpa":  # the step's boolean mask means "attend" to SDPA only; eager attention would add it
+        return None, f"growing cache, eager step (the static step needs SDPA attention, not {attention})"
     dtype = gpt.gpt.dtype
     need = StaticCache.bytes_for(gpt.gpt.config, rows=rows, positions=positions, dtype=dtype)
     free = torch.cuda.mem_get_info(gpt.device_gpt)[0] if cuda else None
@@ -243,7 +249,7 @@ def prepared_step(
         return None, f"growing cache, eager step ({too_big}: lower static_rows or static_positions)"
     cache = StaticCache(gpt.gpt.config, rows=rows, positions=positions, dtype=dtype, device=gpt.device_gpt)
     step = StaticStep(gpt, cache)
-    capture = capture or (cuda_graphs() if cuda else None)
+    capture = capture or (cuda_graphs(device) if cuda else None)
     if capture is None:
         return step, "static cache, eager step (no GPU to capture graphs on)"
     graphs = Graphs(step, tolerance=TOLERANCE.get(dtype, 0.0))
