@@ -140,8 +140,8 @@ class ChatTTSEngine(Engine):
         source, root = find_weights(self._weights_dir)
         chat = ChatTTS.Chat(log)
         device = torch.device(self._device)
-        if device.type == "cuda":  # a host runs on one GPU: its streams, graphs and "cuda" tensors go there
-            torch.cuda.set_device(device)
+        if device.type == "cuda" and device.index is not None:  # a host runs on one GPU: its streams, graphs and
+            torch.cuda.set_device(device)  # "cuda" tensors go there
         try:
             descriptor = read_descriptor(root)
             if descriptor is None:

@@ -234,6 +234,8 @@ def prepared_step(
         raise ValueError(f"graphs must be one of {GRAPH_MODES}, not {mode!r}")
     device = torch.device(gpt.device_gpt)
     cuda = device.type == "cuda"
+    if cuda and device.index is None:  # plain "cuda": the current GPU, named (memory and streams ask which)
+        device = torch.device("cuda", torch.cuda.current_device())
     if mode == "off" or (mode == "auto" and not cuda):
         return None, f"growing cache, eager step (graphs {mode}{'' if cuda else ', no GPU'})"
     attention = getattr(gpt.gpt.config, "_attn_implementation", None)
@@ -241,7 +243,7 @@ def prepared_step(
         return None, f"growing cache, eager step (the static step needs SDPA attention, not {attention})"
     dtype = gpt.gpt.dtype
     need = StaticCache.bytes_for(gpt.gpt.config, rows=rows, positions=positions, dtype=dtype)
-    free = torch.cuda.mem_get_info(gpt.device_gpt)[0] if cuda else None
+    free = torch.cuda.mem_get_info(device)[0] if cuda else None
     if free is not None and need > free * FREE_SHARE:
         too_big = (
             f"a static cache of {need / 2**20:.0f} MiB is over {FREE_SHARE:.0%} of the {free / 2**20:.0f} MiB free"
