@@ -37,13 +37,7 @@ def make_engine(weights_dir: Path, **options: object) -> ChatTTSEngine:
     return engine
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """Run torch on one thread: the tiny model's ops are too small to share, and 2 threads stall on a busy CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
