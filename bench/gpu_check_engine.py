@@ -6,17 +6,16 @@ vocoder (``measure_new_lengths`` times those). So tokens/s is batch × steps ÷ 
 steps (the prompt pass included), and audio s/s is tokens/s × 512 samples a token ÷ 24,000 a second. Graphs
 ``off`` is today's loop (the growing key/value cache, each kernel launched from Python); ``on`` is the static
 cache with each batch bucket's step replayed from a CUDA graph (on a CPU, the same step run eagerly). The capture
-time is what the engine's load spent preparing that (``static_step.prepared_step``: the cache, every bucket's
-capture and its probe against the eager step). Peak memory is torch's own count on the device (none on the CPU),
-from the call's start: the weights and the static cache are in it.
+time is what the engine's load spent preparing that (its ``step_prepare_s``: the cache, every bucket's capture
+and probe against the eager step, and the check against the growing loop). Peak memory is torch's own count on
+the device (none on the CPU), from the call's start: the weights and the static cache are in it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
@@ -107,26 +106,6 @@ def pick_texts(pool: list[str], batch: int) -> list[str]:
     return [ordered[int(i * step) % len(ordered)] for i in range(batch)]
 
 
-@contextlib.contextmanager
-def capture_clock(device: str, took: list[float]) -> Iterator[None]:
-    """Time each ``prepared_step`` a ChatTTS engine's load makes inside this block, into ``took`` (seconds)."""
-    from workers.engines import chattts
-
-    name = "prepared_step"  # what the engine's load calls: it looks the name up in its module at each call
-    prepare = getattr(chattts, name)
-
-    def timed_prepare(*args: Any, **kwargs: Any) -> Any:
-        result, seconds = timed(device, functools.partial(prepare, *args, **kwargs))
-        took.append(seconds)
-        return result
-
-    setattr(chattts, name, timed_prepare)
-    try:
-        yield
-    finally:
-        setattr(chattts, name, prepare)
-
-
 def load_engine(spec: Any, *, device: str, graphs: str, torch_threads: int, warm: bool) -> tuple[Any, float]:
     """Build and load ``spec``'s engine on ``device`` with graphs ``graphs``; return it and its capture seconds.
 
@@ -140,12 +119,10 @@ def load_engine(spec: Any, *, device: str, graphs: str, torch_threads: int, warm
         torch.set_num_threads(torch_threads)
     engine = build_engine(spec, device=device)
     engine.set_graphs(graphs)
-    took: list[float] = []
-    with capture_clock(device, took):
-        engine.load()
+    engine.load()
     if not warm:
         engine.warmup()
-    return engine, sum(took)
+    return engine, float(getattr(engine, "step_prepare_s", 0.0))
 
 
 def measure_precision(

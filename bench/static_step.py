@@ -156,7 +156,7 @@ def verdict(rows: list[Row]) -> list[str]:
     return [
         f"At batch {largest} the static step makes {static.ratio:.2f}× today's loop's tokens/s: it {met} the target "
         f"(not below today's, within {100 * (1 - TARGET):.0f}%). The faster path: {faster}. On a CPU `auto` "
-        "serves the growing loop and `on` the static step (workers/engines/static_step.py's `prepared_step`).",
+        "serves the growing loop and `on` the static step (workers/engines/chattts_static.py's `checked_static_step`).",
     ]
 
 

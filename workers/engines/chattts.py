@@ -6,6 +6,7 @@ import functools
 import gc
 import logging
 import math
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict
@@ -160,9 +161,12 @@ class ChatTTSEngine(Engine):
             swapped = quantize_linear_layers(chat.gpt.gpt)
             log.info("ChatTTS's Llama runs its %d Linear layers in int8 (dynamic activations)", swapped)
         self._speakers = self._speaker_embeddings(chat)
+        started = time.perf_counter()
         self._static, self._path = checked_static_step(
             chat, mode=self._graphs, rows=self._static_size[0], positions=self._static_size[1]
         )
+        #: Seconds the load spent on the decode step: the static cache, each graph's capture and probe, the check.
+        self.step_prepare_s = time.perf_counter() - started
         self._chat = chat
 
     def set_graphs(self, mode: str) -> None:
