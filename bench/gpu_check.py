@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -38,17 +39,22 @@ from bench.report import RESULTS, save_result
 #: Its service levels are few and long enough that a real-size job (5 segments, about 10 s on 2 cores) finishes
 #: inside them: at 20 s and 64 callers none did, and the table said nothing.
 REHEARSAL = {"device": "cpu", "steps": 24, "batches": "1,4,16", "service_max_tokens": 24, "window": 60.0,
-             "levels": "1,4", "service_precision": "fp32"}  # fmt: skip
+             "drain": 30.0, "levels": "1,4", "service_precision": "fp32"}  # fmt: skip
 #: The check itself, on a GPU, within 8 minutes. From the first H200 run (4 December 2026): the model
 #: build 22 s; the engine part 6 loads (3 precisions × graphs off and on; about 10 s each, graphs' capture and probes
 #: included) and 18 cells, each one timed call after an untimed one, at 15-31 ms an eager step and a few ms a
 #: graphed one: about 2.5 minutes at 128 steps. The service: its start (the worker's load and capture, about 30 s),
-#: then 3 levels of 2 s warm-up, 30 s measured and at most 30 s of drain: at most 3.5 minutes. To make room for the
-#: graphs' 9 cells the engine's steps went from 200 to 128 (a step's ms, what the table compares, needs no more)
-#: and its cells from whole syntheses to speech-code generation (the decoder and vocoder have their own probe).
-GPU = {"device": "cuda:0", "steps": 128, "batches": "1,16,64", "window": 30.0, "levels": "1,16,64"}
+#: then 3 levels, each waiting up to 30 s for the last one's jobs, 2 s of warm-up, 20 s measured and at most 15 s of
+#: drain: about 3.5 minutes at most. To make room for the graphs' 9 cells the engine's steps went from 200 to 128 (a
+#: step's ms, what the table compares, needs no more), its cells from whole syntheses to speech-code generation (the
+#: decoder and vocoder have their own probe), and a review's estimate of the total (5.5-7.5 minutes with the
+#: offline script's own stages) took the service's window from 30 s to 20 s and its drain from 30 s to 15 s. These
+#: are estimates: the first run with graphs will say.
+GPU = {"device": "cuda:0", "steps": 128, "batches": "1,16,64", "window": 20.0, "drain": 15.0, "levels": "1,16,64"}
 #: The static cache's rows the engine is loaded with on a GPU (ChatTTSEngine's default, as the service runs it).
 SERVED_ROWS = 64
+#: Columns an engine cell's prompt may take before its tokens (the corpus's longest segment is about 70 tokens).
+PROMPT_ROOM = 96
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -69,10 +75,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--levels", default=None, help="concurrent callers per service level (1,16,64)")
     parser.add_argument("--window", type=float, default=None, help="measured seconds per level (30)")
     parser.add_argument("--warmup", type=float, default=2.0)
-    parser.add_argument("--drain", type=float, default=30.0, help="longest wait for a level's jobs after its window")
+    parser.add_argument("--drain", type=float, default=None, help="longest wait for a level's jobs after its window")
     parser.add_argument("--service-max-tokens", type=int, default=None, help="cap each served segment's tokens")
     parser.add_argument("--service-precision", default=None, help="the served model's precision (the registry's)")
     parser.add_argument("--torch-threads", type=int, default=0, help="torch CPU threads (default: all cores)")
+    parser.add_argument(
+        "--service-graphs",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="the service's TTS_CUDA_GRAPHS (auto, make run's default)",
+    )
     parser.add_argument("--skip-service", action="store_true")
     parser.add_argument("--no-build", action="store_true", help="use --model as it is (the tiny model, say)")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -272,6 +284,7 @@ def run_engine(check: Check, pool: list[str]) -> None:
     """Measure every precision with each graphs setting, saving as each cell ends; a load that fails is noted."""
     args = check.args
     from workers.engines.chattts_device import on_cuda
+    from workers.engines.static_step import WIDTH_STEP
 
     batches = [int(b) for b in args.batches.split(",")]
     lengths = [int(n) for n in args.new_lengths.split(",") if n]
@@ -283,17 +296,21 @@ def run_engine(check: Check, pool: list[str]) -> None:
         check.new_lengths.extend(measure_new_lengths(engine, device=args.device, lengths=lengths))
         check.save()
 
-    for n, precision in enumerate(args.precisions.split(",")):
-        for m, graphs in enumerate(args.graphs.split(",")):
-            try:
-                measure_precision(args.model, precision=precision, device=args.device, batches=batches,
-                                  steps=args.steps, pool=pool, torch_threads=args.torch_threads, graphs=graphs,
-                                  static_rows=rows, done=check.cell,
-                                  after=probe if n == m == 0 and lengths else None)  # fmt: skip
-            except Exception as e:  # the rest still run: one lease, one run
-                check.engine_errors.append(f"{precision}, graphs {graphs}: {type(e).__name__}: {e}")
-                print(f"engine part failed: {check.engine_errors[-1]}", file=sys.stderr, flush=True)
-                check.save()
+    # The columns the cells need (a prompt of at most about 70 tokens, then ``steps``), in the engine's steps of
+    # WIDTH_STEP: fewer width buckets to capture than the service's 768 positions, at the widths the cells reach.
+    positions = WIDTH_STEP * math.ceil((args.steps + 1 + PROMPT_ROOM) / WIDTH_STEP)
+    # Every eager load first: a graph fault that broke the CUDA context would otherwise lose the eager rows too.
+    loads = [(graphs, precision) for graphs in args.graphs.split(",") for precision in args.precisions.split(",")]
+    for n, (graphs, precision) in enumerate(loads):
+        try:
+            measure_precision(args.model, precision=precision, device=args.device, batches=batches,
+                              steps=args.steps, pool=pool, torch_threads=args.torch_threads, graphs=graphs,
+                              static_rows=rows, static_positions=positions, done=check.cell,
+                              after=probe if n == 0 and lengths else None)  # fmt: skip
+        except Exception as e:  # the rest still run: one lease, one run
+            check.engine_errors.append(f"{precision}, graphs {graphs}: {type(e).__name__}: {e}")
+            print(f"engine part failed: {check.engine_errors[-1]}", file=sys.stderr, flush=True)
+            check.save()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -339,7 +356,7 @@ def serve(check: Check) -> None:
     levels = [int(n) for n in args.levels.split(",")]
     models = models_file(out, args.model, options, precision=args.service_precision)
     env = service_env(model=args.model, device=args.device, models=models, max_batch=max(levels),
-                      torch_threads=args.torch_threads)  # fmt: skip
+                      torch_threads=args.torch_threads, graphs=args.service_graphs)  # fmt: skip
     os.environ.update(env)  # this process plans the texts with the same registry and settings
 
     def level(found: ServiceLevel) -> None:

@@ -136,6 +136,7 @@ def measure_precision(
     torch_threads: int = 0,
     graphs: str = "off",
     static_rows: int | None = None,
+    static_positions: int | None = None,
     warm: bool | None = None,
     after: Callable[[Any], None] | None = None,
     done: Callable[[EngineCell], None] | None = None,
@@ -143,9 +144,9 @@ def measure_precision(
     """Load ``model`` in ``precision`` on ``device`` with graphs ``graphs`` and time one generation per batch size,
     each segment ``steps`` tokens.
 
-    ``static_rows`` sizes the static cache (default: the engine's); ``warm`` (default: on a GPU) runs each cell's
-    call once untimed first; ``done`` is told each cell as it is measured; ``after`` is given the loaded engine once
-    the cells are done.
+    ``static_rows`` and ``static_positions`` size the static cache (default: the engine's); ``warm`` (default: on
+    a GPU) runs each cell's call once untimed first; ``done`` is told each cell as it is measured; ``after`` is
+    given the loaded engine once the cells are done.
     """
     from workers.engines.base import SynthesisRequest
     from workers.engines.chattts_device import on_cuda, peak_memory_mb, reset_peak_memory
@@ -154,7 +155,7 @@ def measure_precision(
     warm = on_cuda(device) if warm is None else warm
     # A token budget of exactly ``steps`` for every text: more tokens per character than any text needs, capped.
     spec = model_spec(model, precision=precision, tokens_per_char=float(10 * steps), max_tokens=steps,
-                      fixed_token_budget=True, static_rows=static_rows)  # fmt: skip
+                      fixed_token_budget=True, static_rows=static_rows, static_positions=static_positions)  # fmt: skip
     engine, capture_s = load_engine(spec, device=device, graphs=graphs, torch_threads=torch_threads, warm=warm)
     cells = []
     try:
@@ -166,13 +167,18 @@ def measure_precision(
                 # The first call at new shapes pays one-off costs (the allocator's first blocks, kernel choice)
                 # that serving never pays again. On the CPU none showed (measured), and it would double the time.
                 engine.hidden_states(requests)
+            static = getattr(engine, "_static", None)
+            outgrown = static.outgrown if static is not None else 0
             reset_peak_memory(device)
             _, seconds = timed(device, functools.partial(engine.hidden_states, requests))
+            outgrown = (static.outgrown if static is not None else 0) - outgrown
+            # A call that outgrew the static cache ran on the growing loop: the row would not measure the graphs.
+            path = engine.decode_path + (" (this call outgrew it: the growing loop ran)" if outgrown else "")
             cell = EngineCell(
                 precision=precision,
                 llama_dtype=dtype,
                 graphs=graphs,
-                decode_path=engine.decode_path,
+                decode_path=path,
                 batch=batch,
                 steps=tokens // batch,
                 seconds=seconds,

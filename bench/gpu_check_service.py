@@ -100,13 +100,17 @@ def level_summary(run: Any) -> ServiceLevel:
 
 
 def served_path(worker_log: Path) -> str | None:
-    """Return the decode path the worker's engine logged last (``decode_path``'s words), or None if none is there."""
+    """Return the decode path the worker's engine logged last (``decode_path``'s words), or None if none is there;
+    and whether a call outgrew the static cache (the rest of it ran on the growing loop)."""
     try:
         text = worker_log.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None
     found = re.findall(r"(?:static|growing) cache, [^\n]*", text)
-    return found[-1].strip() if found else None
+    if not found:
+        return None
+    outgrown = "does not fit the static cache" in text
+    return found[-1].strip() + ("; a call outgrew the static cache and ran on the growing loop" if outgrown else "")
 
 
 def run_levels(

@@ -14,7 +14,7 @@ from bench.engine_real import combine, document, run_batches, settings_to_try
 from bench.gpu_check import Check, engine_table, new_length_table, parse_args, run_engine, service_table
 from bench.gpu_check import main as gpu_check_main
 from bench.gpu_check_engine import EngineCell, measure_new_lengths, measure_precision, pick_texts
-from bench.gpu_check_service import level_summary, models_file
+from bench.gpu_check_service import level_summary, models_file, served_path
 from bench.loadgen import JobResult, LevelRun
 from workers.engines.base import SynthesisRequest
 from workers.engines.chattts import ChatTTSEngine, cpu_multiplies_natively
@@ -172,7 +172,9 @@ def test_the_rehearsal_is_the_gpu_check_on_the_cpu_with_a_small_step_count() -> 
     assert (args.device, args.steps, args.service_max_tokens, args.batches) == ("cpu", 24, 24, "1,4,16")
     assert (args.levels, args.window) == ("1,4", 60), "few callers, long enough for real-size jobs to finish"
     gpu = parse_args([])
-    assert (gpu.device, gpu.steps, gpu.batches, gpu.window, gpu.levels) == ("cuda:0", 128, "1,16,64", 30, "1,16,64")
+    assert (gpu.device, gpu.steps, gpu.batches, gpu.window, gpu.drain, gpu.levels) == (
+        "cuda:0", 128, "1,16,64", 20, 15, "1,16,64"
+    )  # fmt: skip
     assert (gpu.precisions, gpu.graphs) == ("fp32,fp16,bf16", "off,on"), "eager against graphs in each precision"
     assert gpu.service_precision is None, "on a GPU the service runs the registry's precision"
     if not torch.cuda.is_available():
@@ -240,7 +242,8 @@ def test_an_engine_load_that_fails_is_noted_and_the_rest_still_run(
     written: list[str] = []
     check = Check(args, "a CPU", tmp_path, save=lambda name, markdown: written.append(markdown))
     run_engine(check, TEXTS)
-    assert ran == [("fp32", "off"), ("fp32", "on"), ("fp16", "off"), ("fp16", "on")]
+    # Every eager load first: a graph fault that broke the CUDA context would lose the eager rows too.
+    assert ran == [("fp32", "off"), ("fp16", "off"), ("fp32", "on"), ("fp16", "on")]
     assert check.engine_errors == ["fp32, graphs on: RuntimeError: CUDA out of memory"]
     assert "**An engine load failed:** fp32, graphs on: RuntimeError: CUDA out of memory" in written[-1]
 
@@ -258,3 +261,22 @@ def test_pick_texts_spreads_a_batch_over_the_lengths() -> None:
     pool = ["a" * n for n in range(1, 11)]
     assert [len(t) for t in pick_texts(pool, 5)] == [1, 3, 5, 7, 9]
     assert len(pick_texts(pool, 64)) == 64
+
+
+def test_the_service_table_says_which_decode_path_served_and_whether_a_call_outgrew_the_static_cache(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "worker.log"
+    assert served_path(log) is None, "no log yet"
+    loaded = "INFO workers.pool.handle: model chattts-random loaded in pid 7 in 9.1s; decode step: "
+    log.write_text(loaded + "static cache, CUDA graphs for batch buckets 1,2,4 × widths 128,256\n")
+    assert served_path(log) == "static cache, CUDA graphs for batch buckets 1,2,4 × widths 128,256"
+    with log.open("a") as f:
+        f.write(
+            "WARNING workers.engines.static_step: a call of 70 rows over 300 columns does not fit the static "
+            "cache (64 × 768): it runs on the growing loop; raise static_rows or static_positions\n"
+        )
+    assert served_path(log) == (
+        "static cache, CUDA graphs for batch buckets 1,2,4 × widths 128,256; a call outgrew the static cache and ran "
+        "on the growing loop"
+    )
