@@ -122,7 +122,7 @@ def load_engine(spec: Any, *, device: str, graphs: str, torch_threads: int, warm
     engine.load()
     if not warm:
         engine.warmup()
-    return engine, float(getattr(engine, "step_prepare_s", 0.0))
+    return engine, engine.step_prepare_s
 
 
 def measure_precision(
@@ -167,7 +167,7 @@ def measure_precision(
                 # The first call at new shapes pays one-off costs (the allocator's first blocks, kernel choice)
                 # that serving never pays again. On the CPU none showed (measured), and it would double the time.
                 engine.hidden_states(requests)
-            static = getattr(engine, "_static", None)
+            static = engine.static_step
             outgrown = static.outgrown if static is not None else 0
             reset_peak_memory(device)
             _, seconds = timed(device, functools.partial(engine.hidden_states, requests))

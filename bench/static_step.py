@@ -107,7 +107,7 @@ def generation(engine: ChatTTSEngine, requests: list[SynthesisRequest]) -> Gener
             began = time.perf_counter()
             # The engine's own static step (None on today's loop), as its synthesis passes it.
             result = generate(chat, prompts, chat.InferCodeParams(show_tqdm=False), infer_text=False,
-                              static=engine._static)  # fmt: skip
+                              static=engine.static_step)  # fmt: skip
             ended = time.perf_counter()
     finally:
         hook.remove()

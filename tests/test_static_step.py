@@ -115,7 +115,7 @@ def test_the_graphed_path_pads_each_batch_to_its_bucket_and_makes_the_same_token
     # Three rows run in bucket 4 (a padding row), then joins take them to 5 (bucket 8), then they end one by one.
     # Attention over the whole width sums the masked columns' zeros too: only float rounding differs.
     at = {3: batch(1, 4)}
-    step = graphed._static
+    step = graphed.static_step
     assert step is not None
     used: set[tuple[int, int]] = set()
     for bucket, replay in list(step.graphs.items()):
@@ -152,12 +152,12 @@ def test_a_call_that_outgrows_the_static_cache_goes_on_on_a_growing_cache_with_t
     try:
         at = {5: batch(1, 3)}  # four rows in a cache of two
         assert_same(made(engine, batch(0, 2), at), made(growing, batch(0, 2), at))
-        assert engine._static is not None and engine._static.outgrown == 1
+        assert engine.static_step is not None and engine.static_step.outgrown == 1
         assert "does not fit the static cache (2 × 256): it runs on the growing loop" in caplog.text
         too_long = make_engine(tiny_model_dir, "on", static_rows=8, static_positions=32)
         try:  # a prompt and its budget past the cache's columns never settle in it
             assert_same(too_long.synthesize(batch(0, 1)), growing.synthesize(batch(0, 1)))
-            assert too_long._static is not None and too_long._static.outgrown == 1
+            assert too_long.static_step is not None and too_long.static_step.outgrown == 1
         finally:
             too_long.unload()
     finally:
@@ -189,7 +189,7 @@ def test_fragments_are_cut_from_the_static_step_as_from_the_growing_loop(
 def test_a_graph_that_differs_from_the_eager_step_is_dropped_and_the_step_runs_eagerly(
     static: ChatTTSEngine, spoil: Callable[[torch.Tensor], torch.Tensor], why: str
 ) -> None:
-    step = static._static
+    step = static.static_step
     assert step is not None
 
     def wrong(compute: Callable[[], StepOutput]) -> Callable[[], StepOutput]:
@@ -207,7 +207,7 @@ def test_a_graph_that_differs_from_the_eager_step_is_dropped_and_the_step_runs_e
 
 
 def test_a_capture_that_fails_leaves_the_step_eager_and_says_why(static: ChatTTSEngine) -> None:
-    step = static._static
+    step = static.static_step
     assert step is not None
 
     def failing(compute: Callable[[], StepOutput]) -> Callable[[], StepOutput]:
@@ -224,7 +224,7 @@ def test_a_capture_that_fails_leaves_the_step_eager_and_says_why(static: ChatTTS
 
 
 def test_half_precision_graphs_are_held_to_a_logit_tolerance_not_to_identical_tokens(static: ChatTTSEngine) -> None:
-    step = static._static
+    step = static.static_step
     assert step is not None
 
     def nudged(compute: Callable[[], StepOutput]) -> Callable[[], StepOutput]:
@@ -264,7 +264,7 @@ def test_the_static_cache_is_counted_in_the_models_memory(growing: ChatTTSEngine
 def test_nan_left_in_the_cache_by_an_earlier_call_never_reaches_a_later_one(
     graphed: ChatTTSEngine, tiny_model_dir: Path
 ) -> None:
-    step = graphed._static
+    step = graphed.static_step
     assert step is not None
     for layer in step.cache.static_layers:  # what an earlier call that overflowed in half precision might leave
         layer.key_buffer.fill_(float("nan"))

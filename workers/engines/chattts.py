@@ -114,6 +114,8 @@ class ChatTTSEngine(Engine):
         self._graphs = "auto"
         self._static: StaticStep | None = None
         self._path = "not loaded"
+        #: Seconds the load spent on the decode step: the static cache, each graph's capture and probe, the check.
+        self.step_prepare_s = 0.0
         self._chat: Any = None
         self._speakers: dict[str, str] = {}
 
@@ -165,13 +167,17 @@ class ChatTTSEngine(Engine):
         self._static, self._path = checked_static_step(
             chat, mode=self._graphs, rows=self._static_size[0], positions=self._static_size[1]
         )
-        #: Seconds the load spent on the decode step: the static cache, each graph's capture and probe, the check.
         self.step_prepare_s = time.perf_counter() - started
         self._chat = chat
 
     def set_graphs(self, mode: str) -> None:
         """Capture the decode step as CUDA graphs: ``auto`` (on a GPU), ``on`` (a CPU runs the static step), ``off``."""
         self._graphs = mode
+
+    @property
+    def static_step(self) -> StaticStep | None:
+        """Return the static step that serves (None: the growing loop), for measurements of it."""
+        return self._static
 
     @property
     def decode_path(self) -> str:

@@ -7,13 +7,15 @@ ends gives its row up: the rows after it move down; one that joins takes the nex
 writes the same column each step (rows of other lengths are padded on the left, as ``decode`` pads them).
 Rows and columns move only between steps, by copies within the buffers, never by reallocation.
 
-A step reads ``width`` columns of the first ``active`` rows: on CUDA the whole buffer of a bucket's rows (a
-graph has fixed shapes, and the mask hides what is not yet written); eagerly only the filled columns, which is
-cheaper where nothing is replayed. Prompts (of any length) run on a growing cache first and are copied in.
+A step reads ``width`` columns of the first ``active`` rows: on CUDA a bucket's rows and width (a graph has
+fixed shapes, and the mask hides what is not yet written); eagerly only the rows in use and the filled
+columns, which is cheaper where nothing is replayed. Prompts (of any length) run on a growing cache first and
+are copied in.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,8 +62,7 @@ class StaticCache(DynamicCache):
 
     def __init__(self, config: Any, *, rows: int, positions: int, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__(config=config)
-        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        heads, head_size = _heads(config)
         self.rows, self.positions = rows, positions
         self.reach = Reach(active=0, width=0, column=torch.zeros(1, dtype=torch.long, device=device))
         shape = (rows, heads, positions, head_size)
@@ -78,8 +79,7 @@ class StaticCache(DynamicCache):
     @staticmethod
     def bytes_for(config: Any, *, rows: int, positions: int, dtype: torch.dtype) -> int:
         """Return what the buffers of a model of ``config`` take at this size."""
-        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        heads, head_size = _heads(config)
         return int(2 * config.num_hidden_layers * rows * heads * positions * head_size * dtype.itemsize)
 
     def fits(self, rows: int, positions: int) -> bool:
@@ -102,27 +102,25 @@ class StaticCache(DynamicCache):
         The columns past them are zeroed: a step over a graph's width multiplies them by a weight of zero, which
         hides anything finite, but a NaN or infinity left by an earlier call would come through.
         """
-        for layer, source in zip(self.static_layers, _layers(growing), strict=True):
-            for buffer, part in ((layer.key_buffer, source.keys), (layer.value_buffer, source.values)):
-                held = buffer.narrow(0, 0, rows)
-                held.narrow(2, 0, length).copy_(part.narrow(2, 0, length))
-                held.narrow(2, length, self.positions - length).zero_()
+        for buffer, part in self._beside(growing):
+            held = buffer.narrow(0, 0, rows)
+            held.narrow(2, 0, length).copy_(part.narrow(2, 0, length))
+            held.narrow(2, length, self.positions - length).zero_()
         self.used, self.length = rows, length
         return self
 
     def join(self, growing: DynamicCache, rows: int, length: int, shifts: tuple[int, int]) -> None:
         """Take ``growing``'s rows after these, both moved ``shifts`` columns later (left padding), in place."""
         own = self.length
-        for layer, source in zip(self.static_layers, _layers(growing), strict=True):
-            for buffer, part in ((layer.key_buffer, source.keys), (layer.value_buffer, source.values)):
-                if shifts[0]:
-                    mine = buffer.narrow(0, 0, self.used)
-                    mine.narrow(2, shifts[0], own).copy_(mine.narrow(2, 0, own).clone())
-                    mine.narrow(2, 0, shifts[0]).zero_()
-                theirs = buffer.narrow(0, self.used, rows)  # rows that padding or ended items wrote: zeroed first
-                theirs.narrow(2, 0, shifts[1]).zero_()
-                theirs.narrow(2, shifts[1], length).copy_(part.narrow(2, 0, length))
-                theirs.narrow(2, shifts[1] + length, self.positions - shifts[1] - length).zero_()
+        for buffer, part in self._beside(growing):
+            if shifts[0]:
+                mine = buffer.narrow(0, 0, self.used)
+                mine.narrow(2, shifts[0], own).copy_(mine.narrow(2, 0, own).clone())
+                mine.narrow(2, 0, shifts[0]).zero_()
+            theirs = buffer.narrow(0, self.used, rows)  # rows that padding or ended items wrote: zeroed first
+            theirs.narrow(2, 0, shifts[1]).zero_()
+            theirs.narrow(2, shifts[1], length).copy_(part.narrow(2, 0, length))
+            theirs.narrow(2, shifts[1] + length, self.positions - shifts[1] - length).zero_()
         self.used += rows
         self.length = own + shifts[0]
 
@@ -130,11 +128,10 @@ class StaticCache(DynamicCache):
         """Keep the rows at ``indices`` (ascending), moved down to the first rows."""
         count = int(indices.numel())
         if count:
-            indices = indices.to(self.static_layers[0].key_buffer.device)
-            for layer in self.static_layers:
-                for buffer in (layer.key_buffer, layer.value_buffer):
-                    filled = buffer.narrow(2, 0, self.length)  # only the filled columns are worth moving
-                    filled.narrow(0, 0, count).copy_(filled.index_select(0, indices))
+            indices = indices.to(self.reach.column.device)
+            for buffer in self._buffers():
+                filled = buffer.narrow(2, 0, self.length)  # only the filled columns are worth moving
+                filled.narrow(0, 0, count).copy_(filled.index_select(0, indices))
         self.used = count
 
     def drop_front(self, count: int) -> None:
@@ -142,12 +139,23 @@ class StaticCache(DynamicCache):
         if count <= 0:
             return
         kept = self.length - count
-        for layer in self.static_layers:
-            for buffer in (layer.key_buffer, layer.value_buffer):
-                mine = buffer.narrow(0, 0, self.used)
-                mine.narrow(2, 0, kept).copy_(mine.narrow(2, count, kept).clone())
-                mine.narrow(2, kept, count).zero_()  # past the filled columns a row holds zeros (see take)
+        for buffer in self._buffers():
+            mine = buffer.narrow(0, 0, self.used)
+            mine.narrow(2, 0, kept).copy_(mine.narrow(2, count, kept).clone())
+            mine.narrow(2, kept, count).zero_()  # past the filled columns a row holds zeros (see take)
         self.length = kept
+
+    def _buffers(self) -> Iterator[torch.Tensor]:
+        """Yield every layer's key buffer, then its value buffer."""
+        for layer in self.static_layers:
+            yield layer.key_buffer
+            yield layer.value_buffer
+
+    def _beside(self, growing: DynamicCache) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Yield each of this cache's buffers beside the same layer's keys or values in ``growing``."""
+        for layer, source in zip(self.static_layers, _layers(growing), strict=True):
+            yield layer.key_buffer, source.keys
+            yield layer.value_buffer, source.values
 
     def grown_copy(self, config: Any, limit: int) -> DynamicCache:
         """Return the rows in use as a growing cache of up to ``limit`` columns (for a call that outgrows this)."""
@@ -156,6 +164,12 @@ class StaticCache(DynamicCache):
             layer.update(mine.key_buffer.narrow(0, 0, self.used).narrow(2, 0, self.length).clone(),
                          mine.value_buffer.narrow(0, 0, self.used).narrow(2, 0, self.length).clone())  # fmt: skip
         return cache
+
+
+def _heads(config: Any) -> tuple[int, int]:
+    """Return a model config's key/value heads and head size."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return heads, getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 def _layers(cache: DynamicCache) -> list[Any]:

@@ -151,17 +151,19 @@ class Graphs:
                 replay = capture(lambda b=bucket: step.compute(*b))  # type: ignore[misc]
                 result = self.probe(bucket, replay)
             except Exception as e:  # a capture that fails leaves the step eager: never a worker that cannot start
-                self.failure = f"capturing bucket {bucket} failed: {type(e).__name__}: {e}"
-                log.warning("CUDA graphs off, the step runs eagerly: %s", self.failure)
-                step.graphs.clear()
+                self._give_up(f"capturing bucket {bucket} failed: {type(e).__name__}: {e}")
                 return
             self.probes.append(result)
             if not result.ok:
-                self.failure = f"bucket {bucket}'s graph differs from the eager step: {result.detail}"
-                log.warning("CUDA graphs off, the step runs eagerly: %s", self.failure)
-                step.graphs.clear()
+                self._give_up(f"bucket {bucket}'s graph differs from the eager step: {result.detail}")
                 return
             step.graphs[bucket] = replay
+
+    def _give_up(self, why: str) -> None:
+        """Drop every graph: the step runs eagerly, and the log and ``path`` say ``why``."""
+        self.failure = why
+        log.warning("CUDA graphs off, the step runs eagerly: %s", why)
+        self.step.graphs.clear()
 
     @torch.inference_mode()
     def probe(self, bucket: tuple[int, int], replay: Callable[[], StepOutput]) -> ProbeResult:
@@ -249,7 +251,7 @@ def prepared_step(
             f"a static cache of {need / 2**20:.0f} MiB is over {FREE_SHARE:.0%} of the {free / 2**20:.0f} MiB free"
         )
         return None, f"growing cache, eager step ({too_big}: lower static_rows or static_positions)"
-    cache = StaticCache(gpt.gpt.config, rows=rows, positions=positions, dtype=dtype, device=gpt.device_gpt)
+    cache = StaticCache(gpt.gpt.config, rows=rows, positions=positions, dtype=dtype, device=device)
     step = StaticStep(gpt, cache)
     capture = capture or (cuda_graphs(device) if cuda else None)
     if capture is None:
