@@ -59,6 +59,22 @@ class FragmentClient(ServedClient):
             result.segments.append((now, fragment_seconds(data)))
 
 
+#: The web page's prefetch (api/static/app.js): playback starts once this many fragments are in hand.
+PREFETCH = 2
+
+
+class PlayerClient(FragmentClient):
+    """Listen as the web page plays: fragments as they come, starting once ``PREFETCH`` are in hand or what is in
+    hand ends a segment; its first audio is when playback starts, and it plays on from there."""
+
+    def _heard(self, name: str, data: dict[str, Any], result: JobResult) -> None:
+        if name != "fragment":
+            return
+        result.segments.append((time.monotonic(), fragment_seconds(data)))
+        if result.first_audio is None and (len(result.segments) >= PREFETCH or data.get("last")):
+            result.first_audio = result.segments[-1][0]
+
+
 def fragment_seconds(data: dict[str, Any]) -> float:
     """Return a fragment event's audio length in seconds (from its samples, or its PCM)."""
     rate = float(data.get("sample_rate") or 24000)

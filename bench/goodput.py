@@ -9,7 +9,8 @@
    stack in turn for the window: corpus texts on the realtime lane and a few long texts (story excerpts) on the
    batch lane. Every job is followed as a listener; a refused one resends the same request once, after its
    Retry-After.
-4. Prints, per rate and scheduler: offered, admitted and refused jobs, first audio of admitted realtime jobs,
+4. Listeners play as the web page does (``bench.fragments.PlayerClient``). Prints, per rate and scheduler:
+   offered, admitted and refused jobs, first audio (playback's start) of admitted realtime jobs,
    underruns (a playback gap over 100 ms after the first audio), end to end, audio s/s, and the goodput: the
    highest rate at which admitted realtime jobs have no underrun and p95 first audio ≤ 1.5 s, in every seed.
 
@@ -28,10 +29,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from bench.fragments import PlayerClient
 from bench.headline_cpu import meter_window
 from bench.headline_levels import progress, run_level, worker_view
 from bench.headline_stack import ServiceStack
-from bench.http_clients import ServedClient
 from bench.loadgen import Client, JobResult
 from bench.openloop import LEAD_S, UNDERRUN_S, Arrival, OpenRun, gaps, run_open_loop, waits
 from bench.pace_probe import probe, relative
@@ -97,7 +98,7 @@ def measure_capacity(env: dict[str, str], out: Path, args: argparse.Namespace) -
     stack = ServiceStack({**env, **ADMISSION_OFF}, out / "capacity", api_processes=2)
     try:
         stack.start()
-        summary = run_level(ServedClient(stack.api.url, model=args.model), corpus_texts(args.model), 50, plan,
+        summary = run_level(PlayerClient(stack.api.url, model=args.model), corpus_texts(args.model), 50, plan,
                             window_s=plan.window_s, seed=7, probe=stack.queued,
                             counters=stack.worker_totals)  # fmt: skip
     finally:
@@ -351,7 +352,7 @@ def drive(
                 pace = relative(probe(), reference)
                 url = stacks[name].api.url
                 clients: dict[str, Client] = {
-                    lane: ServedClient(url, model=args.model, retry=False, priority=lane, timeout_s=120)
+                    lane: PlayerClient(url, model=args.model, retry=False, priority=lane, timeout_s=120)
                     for lane in ("realtime", "batch")
                 }
                 start = time.monotonic() + LEAD_S  # when run_open_loop starts its window
@@ -432,9 +433,10 @@ def document(args: argparse.Namespace, capacity: float, rows: list[dict[str, Any
             f"Arrivals: corpus texts on the realtime lane, {BATCH_SHARE:.0%} story excerpts of about {BATCH_CHARS} "
             "characters on the batch lane; a refused job resends the same request once, after its Retry-After. "
             f"Service: {settings_line(args)} (one caller plays every listener). "
-            "An underrun is a playback gap over 100 ms after the first audio; first audio runs from the "
-            "POST that was admitted, and for a refused caller let in on its retry also from its first try, "
-            "Retry-After included. Engines busy: the share of "
+            "Listeners play as the web page does: the job's fragments, starting once two are in hand (or one "
+            "that ends its segment). An underrun is a playback gap over 100 ms after the first audio; first audio "
+            "is when playback starts, from the POST that was admitted, and for a refused caller let in on its "
+            "retry also from its first try, Retry-After included. Engines busy: the share of "
             "the model hosts' time spent in engine calls during the arrival window (low while refusing means the "
             "door turned away work the engines could have done); CPU steal: the machine's time the hypervisor gave "
             "other guests in that window; machine pace: how fast a fixed single-thread workload of small tensor "

@@ -5,8 +5,9 @@
 1. Measures the raw engine in-process (batch 1, then length-sorted batches): the machine's limit.
 2. Starts the service (Redis, one worker, the API under gunicorn) and the synchronous baseline server.
 3. At each concurrency level, drives each with closed-loop callers that follow every job as a listener
-   would, service first, then baseline.
-4. Writes results.json, a markdown table and a chart into bench/results/<time>/, and prints the table.
+   would (the service's as the web page plays: ``bench.fragments.PlayerClient``), service first, then baseline.
+4. Restarts the service at the hand-tuned reference (``--reference``) and runs its callers again.
+5. Writes results.json, a markdown table and a chart into bench/results/<time>/, and prints the table.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from bench import chart
 from bench import headline_report as report
+from bench.fragments import PlayerClient
 from bench.headline_engine import measure_engine
 from bench.headline_levels import BatchCounter, progress, run_level
 from bench.headline_stack import BaselineProcess, ServiceStack
@@ -39,6 +41,20 @@ from bench.stack_args import (
     service_env,
     settings_line,
 )
+
+#: The closed loop the defaults are held against the hand-tuned reference at.
+REFERENCE_CALLERS = 50
+
+
+def reference_settings() -> dict[str, str]:
+    """Return the settings the benchmarks used to run before they ran the defaults: one one-thread model host per
+    usable core and both admission checks off (issue 49's "best hand-tuned layout")."""
+    return {
+        "TTS_MODEL_REPLICAS": str(len(os.sched_getaffinity(0))),
+        "TTS_TORCH_THREADS": "1",
+        "TTS_ADMISSION_LATENESS_S": "0",
+        "TTS_ADMISSION_FIRST_AUDIO_S": "0",
+    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -60,7 +76,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="after the levels, restart the service with TTS_BATCH_MAX_SIZE=1 and run this many callers "
         "(real size: 16), for the batching gain against the same level with batching on",
     )
+    parser.add_argument(
+        "--reference",
+        type=int,
+        default=None,
+        metavar="CALLERS",
+        help="after the levels, restart the service as the benchmarks used to run it (one one-thread model host "
+        "per core, both admission checks off) and run this many callers (default 50; real size: none), for the "
+        "defaults against the best hand-tuned settings; 0 skips it",
+    )
     args = resolve_stack_arguments(parser.parse_args(argv))
+    if args.reference is None:
+        args.reference = 0 if args.real_size else REFERENCE_CALLERS
     if args.real_size:
         args.levels = args.levels if args.levels != "1,10,50" else "1,10,16,50"
         args.baseline_levels = args.baseline_levels or "1,10,50"
@@ -130,7 +157,7 @@ def drive(
         if baseline:
             baseline.start()
         counter = BatchCounter(stack, HEARTBEAT_S)
-        served = ServedClient(stack.api.url, model=args.model)
+        served = PlayerClient(stack.api.url, model=args.model)
         for n, callers in enumerate(levels):
             level = drive_level(stack, baseline if callers in with_baseline else None, served=served,
                                 counter=counter, texts=texts, plan=plan, callers=callers, seed=n,
@@ -138,7 +165,7 @@ def drive(
             results.append(level)
         if plan.cache_window_s:
             stack.wait_idle()
-            cached = ServedClient(stack.api.url, model=args.model, cache=True, fixed_seed=1)
+            cached = PlayerClient(stack.api.url, model=args.model, cache=True, fixed_seed=1)
             cache_line = run_level(cached, texts, 10, plan, window_s=plan.cache_window_s, seed=99)
             progress("cache", cache_line)
     finally:
@@ -149,22 +176,41 @@ def drive(
     return results, cache_line
 
 
-def batching_off_level(args: argparse.Namespace, plan: Plan, env: dict[str, str], out: Path) -> dict[str, Any]:
-    """Restart the service with batching off (TTS_BATCH_MAX_SIZE=1) and run ``--batching-off`` callers."""
-    off = out / "batching-off"
-    off.mkdir(exist_ok=True)
-    stack = ServiceStack({**env, "TTS_BATCH_MAX_SIZE": "1"}, off, api_processes=2)
+def restarted_level(
+    args: argparse.Namespace, plan: Plan, env: dict[str, str], out: Path, *, name: str, changes: dict[str, str],
+    callers: int, seed: int,
+) -> dict[str, Any]:  # fmt: skip
+    """Restart the service with ``changes`` to its settings and run ``callers`` closed-loop callers; the summary
+    carries the changes."""
+    where = out / name
+    where.mkdir(exist_ok=True)
+    stack = ServiceStack({**env, **changes}, where, api_processes=2)
     try:
         stack.start()
-        served = ServedClient(stack.api.url, model=args.model)
+        served = PlayerClient(stack.api.url, model=args.model)
         texts = corpus_texts(args.model, max_chars=args.max_chars)
-        summary = run_level(served, texts, args.batching_off, plan, window_s=plan.window_s, seed=50,
+        summary = run_level(served, texts, callers, plan, window_s=plan.window_s, seed=seed,
                             probe=stack.queued, counters=stack.worker_totals)  # fmt: skip
-        progress("off", summary)
-        return summary
+        progress(name, summary)
+        return {**summary, "changes": changes}
     finally:
         stack.stop()
-        shutil.rmtree(off / "redis", ignore_errors=True)
+        shutil.rmtree(where / "redis", ignore_errors=True)
+
+
+def batching_off_level(args: argparse.Namespace, plan: Plan, env: dict[str, str], out: Path) -> dict[str, Any]:
+    """Restart the service with batching off (TTS_BATCH_MAX_SIZE=1) and run ``--batching-off`` callers."""
+    return restarted_level(args, plan, env, out, name="batching-off", changes={"TTS_BATCH_MAX_SIZE": "1"},
+                           callers=args.batching_off, seed=50)  # fmt: skip
+
+
+def reference_level(args: argparse.Namespace, plan: Plan, env: dict[str, str], out: Path) -> dict[str, Any]:
+    """Restart the service at the hand-tuned reference settings and run ``--reference`` callers, with the same
+    seed as the level of as many callers at the defaults (the same texts)."""
+    levels = [int(x) for x in args.levels.split(",")]
+    seed = levels.index(args.reference) if args.reference in levels else 51
+    return restarted_level(args, plan, env, out, name="reference", changes=reference_settings(),
+                           callers=args.reference, seed=seed)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"service batch size: {engine['service_batch']} (within 10% of the engine's best)")
     results, cache_line = drive(args, plan, env, out, reference=reference)
     batching_off = batching_off_level(args, plan, env, out) if args.batching_off else None
-    meta = {"args": args, "plan": plan, "elapsed": time.monotonic() - started, "batching_off": batching_off}
+    reference_run = reference_level(args, plan, env, out) if args.reference else None
+    meta = {"args": args, "plan": plan, "elapsed": time.monotonic() - started, "batching_off": batching_off,
+            "reference": reference_run}  # fmt: skip
     document = write_results(out, meta, results, engine, cache_line)
     print()
     print(document)
@@ -203,7 +251,7 @@ def write_results(
 ) -> str:
     """Write results.json, headline.md and headline.png; return the markdown."""
     args, plan, elapsed = meta["args"], meta["plan"], meta["elapsed"]
-    batching_off = meta.get("batching_off")
+    batching_off, reference_run = meta.get("batching_off"), meta.get("reference")
     title = (
         f"{args.model} on {os.cpu_count()} CPUs, torch threads {args.torch_threads}, "
         f"{args.replicas} model host{'s' if args.replicas > 1 else ''} in the worker, "
@@ -214,10 +262,10 @@ def write_results(
     if args.real_size:
         rows = report.real_size_targets(results, engine, batching_off)
     else:
-        rows = report.targets(results, engine)
+        rows = report.targets(results, engine, reference_run)
     footer = f"Whole run: {elapsed:.0f}s. Files: {out}"
     document = report.document(title, results, engine, cache_line, rows, window_s=plan.window_s, footer=footer,
-                               batching_off=batching_off)  # fmt: skip
+                               batching_off=batching_off, reference=reference_run)  # fmt: skip
     record = {
         "args": {k: str(v) for k, v in vars(args).items()},
         "plan": asdict(plan),
@@ -225,6 +273,7 @@ def write_results(
         "engine": engine,
         "cache_line": cache_line,
         "batching_off": batching_off,
+        "reference": reference_run,
         "targets": rows,
         "elapsed_s": elapsed,
     }

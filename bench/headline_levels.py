@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,7 @@ def run_level(
     (whole seconds around the window), for a service of several workers."""
     start = time.monotonic()
     unix = time.time() - start  # turns this level's monotonic times into Unix seconds
+    refused_before = Counter(getattr(client, "refusals", {}))
     metering = meter_window(start + plan.warmup_s, start + plan.warmup_s + window_s, probe=probe, counters=counters)
     run = run_closed_loop(
         client, texts, callers=callers, warmup_s=plan.warmup_s, window_s=window_s, drain_s=plan.drain_s, seed=seed
@@ -41,6 +43,8 @@ def run_level(
     meter = metering.result()  # the loop can return right at the window's end, before the last readings
     summary = summarize(run)
     summary.update(mix_view(summary, texts))
+    # The refusals the client waited out, by the check that refused (the whole level, warm-up and drain too).
+    summary["refused_by"] = dict(Counter(getattr(client, "refusals", {})) - refused_before)
     summary["queue"] = {k: meter.pop(k) for k in ("queue_mean", "queue_max") if k in meter} or None
     summary.update(worker_view(meter.pop("counters", {}), window_s))
     if stats is not None:

@@ -6,7 +6,7 @@ from typing import Any
 
 from bench.headline_engine import combine_engines
 from bench.headline_levels import mix_view
-from bench.headline_report import engine_table, level_table
+from bench.headline_report import _errors, engine_table, level_table, reference_note, targets
 
 
 def _engine(rates: dict[int, float]) -> dict[str, Any]:
@@ -56,3 +56,33 @@ def test_jobs_per_second_at_the_corpus_mix_does_not_reward_a_side_that_drew_shor
     table = level_table([{"callers": 50, "after": long, "before": short}])
     row = next(line for line in table.splitlines() if line.startswith("| jobs/s at the corpus's mean length"))
     assert row.endswith("| 1.38 | 1.25 | 1.10× |"), row
+
+
+def _level50(jobs_per_s: float, stall_share: float) -> dict[str, Any]:
+    return {"callers": 50, "after": {"jobs_per_s": jobs_per_s, "stall_share": stall_share, "errors": {}}}
+
+
+def test_the_defaults_are_held_to_the_hand_tuned_reference_in_jobs_and_in_gaps() -> None:
+    reference = {"callers": 50, "jobs_per_s": 10.0, "changes": {"TTS_ADMISSION_LATENESS_S": "0"}}
+    met = targets([_level50(9.6, 0.01)], None, reference)
+    assert met[0] == ("50 callers: jobs/s ≥ 0.95× the hand-tuned reference", "0.96× vs ≥ 0.95×", True)
+    assert met[1] == ("50 callers: listeners with a gap ≤ 2%", "1.0% vs ≤ 2.0%", True)
+    short = targets([_level50(9.4, 0.03)], None, reference)
+    assert [row[2] for row in short[:2]] == [False, False]
+
+
+def test_without_a_reference_run_no_reference_target_is_claimed() -> None:
+    assert not any("reference" in name for name, _, _ in targets([_level50(9.6, 0.0)], None, None))
+
+
+def test_the_reference_line_says_what_it_changed_and_how_the_defaults_compare() -> None:
+    reference = {"callers": 50, "jobs_per_s": 10.0, "first_audio_p50": 0.5, "first_audio_p99": 1.5,
+                 "stall_share": 0.002, "changes": {"TTS_MODEL_REPLICAS": "2", "TTS_TORCH_THREADS": "1"}}  # fmt: skip
+    line = reference_note({"jobs_per_s": 9.0, "stall_share": 0.0}, reference)[1]
+    assert "TTS_MODEL_REPLICAS=2, TTS_TORCH_THREADS=1" in line
+    assert "10.00 jobs/s" in line and "at the defaults: 9.00 jobs/s (0.90×)" in line
+
+
+def test_the_refusals_a_level_waited_out_are_shown_by_check() -> None:
+    summary = {"errors": {}, "admissions": 7, "refused_by": {"deadlines": 5, "first audio": 2}}
+    assert _errors(summary) == "0 (+7 admission; retried over the level: deadlines 5, first audio 2)"
