@@ -75,11 +75,11 @@ class Admission:
         self._solo_s_per_char: dict[str, float] = {}
 
     def pace(self, *, hosts: int) -> tuple[float, float]:
-        """Return the engines' recent pace: seconds per segment, all of them together, and seconds per engine
-        call (0, 0 when unknown)."""
+        """Return the engines' recent pace: seconds per segment, all of them together, and how long after its call
+        starts a segment is heard (its first fragment; the whole call with fragments off); 0, 0 when unknown."""
         recent = self.stats.window()
         speed = recent.chars_per_busy_second * max(1, hosts)  # busy seconds overlap on the hosts
-        return (recent.chars_per_segment / speed if speed > 0 else 0.0), recent.seconds_per_call
+        return (recent.chars_per_segment / speed if speed > 0 else 0.0), recent.seconds_to_audio
 
     def segment_s(self, *, hosts: int) -> float:
         """Return the seconds the engines take per segment at their recent pace, all of them together (0: unknown)."""

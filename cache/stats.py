@@ -34,6 +34,8 @@ class Window:
     busy_s: float = 0.0
     segments: float = 0.0
     calls: float = 0.0
+    #: Engine calls' seconds to their segments' first fragments (each call's mean): when a listener hears a segment.
+    heard_s: float = 0.0
     ok: float = 0.0
     failed: float = 0.0
     #: Realtime jobs' first segments made by the engines: how many, their characters, and the seconds each took in
@@ -68,6 +70,12 @@ class Window:
     def seconds_per_call(self) -> float:
         """Return the mean duration of one engine call (0 when unknown): the least a segment takes to be made."""
         return self.busy_s / self.calls if self.calls else 0.0
+
+    @property
+    def seconds_to_audio(self) -> float:
+        """Return how long after an engine call starts its segments' listeners hear them (their first fragments),
+        on average; the whole call where workers did not say (0 when unknown)."""
+        return self.heard_s / self.calls if self.calls and self.heard_s > 0 else self.seconds_per_call
 
     @property
     def chars_per_segment(self) -> float:
@@ -108,14 +116,15 @@ class Stats:
 
     def record(
         self, *, chars: int = 0, busy_s: float = 0.0, segments: int = 0, calls: int = 0, ok: int = 0, failed: int = 0,
-        first_chars: int = 0, first_s: float = 0.0, solo_chars: int = 0, solo_s: float = 0.0, model: str = "",
+        first_chars: int = 0, first_s: float = 0.0, solo_chars: int = 0, solo_s: float = 0.0, heard_s: float = 0.0,
+        model: str = "",
     ) -> None:  # fmt: skip
         """Add one engine call's work, or one segment's outcome (with a realtime first segment's characters and the
         seconds it took to make), to the current bucket; the PER_MODEL figures also under ``model`` when given."""
         key = keys.stats(int(time.time()) // BUCKET_S)
         pipe = self.redis.pipeline(transaction=False)
         for name, value in (("chars", chars), ("busy_s", busy_s), ("segments", segments), ("calls", calls),
-                            ("ok", ok), ("failed", failed), ("firsts", 1 if first_chars else 0),
+                            ("heard_s", heard_s), ("ok", ok), ("failed", failed), ("firsts", 1 if first_chars else 0),
                             ("first_chars", first_chars), ("first_s", first_s), ("solo_chars", solo_chars),
                             ("solo_s", solo_s)):  # fmt: skip
             if value:

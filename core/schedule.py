@@ -181,8 +181,9 @@ def admission_excess(
 
     ``ahead`` are the deadlines of segments already admitted and ``new`` those of a job asking to be; ``before``
     more admitted segments run ahead of all of them (overdue ones, or under FIFO those beyond the horizon). The
-    engines make one segment every ``segment_s`` seconds (their measured capacity), each ready ``call_s`` (one
-    engine call, which makes a whole batch at once) after its turn comes, earliest deadline first, or under
+    engines make one segment every ``segment_s`` seconds (their measured capacity), each heard ``call_s`` after its turn
+    comes (as long as an engine call, which makes a whole batch at once, takes to its first fragments: a listener
+    plays a segment from its first fragment), earliest deadline first, or under
     FIFO the admitted ones first and the new job last: the scheduler's own order and deadlines.
 
     Admitting the job may delay none of the admitted segments past its deadline (or, if it is late anyway,

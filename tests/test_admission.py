@@ -165,6 +165,23 @@ def test_a_realtime_job_that_would_make_an_admitted_stream_late_is_refused_with_
     WorkerRegistry(queues, ttl_s=5).remove("w1")
 
 
+def test_a_segment_counts_as_heard_once_its_call_makes_its_first_fragment_not_when_the_call_ends(
+    queues: redis.Redis, book: ScheduleBook
+) -> None:
+    admission, stats, alive = _admission(queues, book, admission_lateness_s=0.5)
+    assert Window(busy_s=8.0, calls=4).seconds_to_audio == 2.0, "workers that do not say: the whole call"
+    stats.record(chars=200, busy_s=8.0, segments=10, calls=4, heard_s=1.2)  # calls of 2 s, heard after 0.3 s
+    step, heard = admission.pace(hosts=alive)
+    assert heard == pytest.approx(0.3), "calls' seconds to their first fragments, per call"
+    now = time.time()
+    # A playing stream's next segment, due a little after two steps and a first fragment: with a newcomer due now
+    # run before it, it is still heard in time (counted as made only at its call's end, 2 s, it was late already,
+    # and the newcomer would have made it later).
+    book.add("playing", {0: now + 2 * step + heard + 0.05})
+    admission.admit("realtime", [now])
+    WorkerRegistry(queues, ttl_s=5).remove("w1")
+
+
 def test_a_stream_already_late_runs_first_and_closes_the_door_only_to_jobs_that_would_wait_behind_it(
     queues: redis.Redis, book: ScheduleBook
 ) -> None:

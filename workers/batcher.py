@@ -462,8 +462,10 @@ class Batcher:
         # A joined segment has its waveform by now, unless its host died and the call was retried on another.
         _fail(call.joined, SynthesisError(f"the {spec.name} call it joined was lost (its model host died)"))
         if self._observe is not None:
-            firsts = [p.first_piece for p in group if p.first_piece > started]
-            first_s = min(firsts) - started if firsts else elapsed
+            # How soon its segments' listeners heard them: each one's first fragment, on average (the whole call
+            # when none was told of one).
+            firsts = [p.first_piece - started for p in group if p.first_piece > started]
+            first_s = sum(firsts) / len(firsts) if firsts else elapsed
             try:
                 self._observe(spec.name, len(made), sum(len(p.request.text) for p in made), elapsed, first_s)
             except Exception:  # observing must never break serving

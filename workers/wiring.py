@@ -52,8 +52,8 @@ def batch_observer(stats: Stats) -> BatchObserver:
         with contextlib.suppress(redis.RedisError):
             # A segment made alone: how soon its first audio came is what the first-audio check compares with.
             solo = size == 1
-            stats.record(chars=chars, busy_s=seconds, segments=size, calls=1, solo_chars=chars if solo else 0,
-                         solo_s=first_s if solo else 0.0, model=model)  # fmt: skip
+            stats.record(chars=chars, busy_s=seconds, segments=size, calls=1, heard_s=max(first_s, 1e-6),
+                         solo_chars=chars if solo else 0, solo_s=first_s if solo else 0.0, model=model)  # fmt: skip
 
     return observe
 
