@@ -67,7 +67,7 @@ redis-ha: install  ## Start a local Sentinel group (a primary, two replicas, thr
 	scripts/ensure_redis_server.sh
 	$(PY) -m devstack.sentinel
 
-bench: install-bench  ## The headline benchmark: after vs before at 1, 10 and 50 callers (table + chart).
+bench: install-bench  ## The headline benchmark: after vs before at 1, 10 and 50 callers, then the defaults vs the hand-tuned reference (table + chart).
 	scripts/ensure_redis_server.sh
 	$(PY) -m bench.headline $(BENCH_ARGS)
 
