@@ -228,9 +228,6 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     reference = pace_probe()  # before anything runs: the machine's pace that each level's is read against
     engine = None if args.skip_engine else measure_engine(env, plan, args, out)
-    if engine is not None and "TTS_BATCH_MAX_SIZE" not in {**os.environ, **env}:
-        env["TTS_BATCH_MAX_SIZE"] = str(engine["service_batch"])
-        print(f"service batch size: {engine['service_batch']} (within 10% of the engine's best)")
     results, cache_line = drive(args, plan, env, out, reference=reference)
     batching_off = batching_off_level(args, plan, env, out) if args.batching_off else None
     reference_run = reference_level(args, plan, env, out) if args.reference else None

@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from core.settings_worker import WorkerSettings
+
 #: (label, summary key, format, higher is better)
 ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("completed jobs/s", "jobs_per_s", "{:.2f}", True),
@@ -103,9 +105,13 @@ def engine_table(engine: dict[str, Any] | None, levels: list[dict[str, Any]]) ->
     lines.append("")
     lines.append(f"Engine limit: batch {engine['best_batch']}, {engine['best_chars_per_s']:.1f} chars/s.")
     if "service_batch" in engine:
+        # The service runs its default batch cap, as users get it; where the engine says another, the note asks
+        # whether the default should change.
+        default = WorkerSettings.model_fields["batch_max_size"].default
+        other = "" if engine["service_batch"] == default else "; a machine like this one may serve better with that"
         lines.append(
-            f"The service ran with TTS_BATCH_MAX_SIZE={engine['service_batch']}, the largest batch within 10% of "
-            "the engine's best (under light load its batches stay smaller)."
+            f"The largest batch within 10% of the engine's best: {engine['service_batch']}. The service ran its "
+            f"default TTS_BATCH_MAX_SIZE={default}{other}."
         )
     for level in levels:
         after = level.get("after")
