@@ -47,32 +47,30 @@ class Heard:
     fragments: list[tuple[float, float]] = field(default_factory=list)
 
 
-class FragmentClient(ServedClient):
-    """Submit to the service and play the job's fragments from its event stream as they come."""
-
-    events_path = "/v1/jobs/{job_id}/events?fragments=1"
-
-    def _heard(self, name: str, data: dict[str, Any], result: JobResult) -> None:
-        if name == "fragment":
-            now = time.monotonic()
-            result.first_audio = result.first_audio or now
-            result.segments.append((now, fragment_seconds(data)))
-
-
 #: The web page's prefetch (api/static/app.js): playback starts once this many fragments are in hand.
 PREFETCH = 2
 
 
-class PlayerClient(FragmentClient):
-    """Listen as the web page plays: fragments as they come, starting once ``PREFETCH`` are in hand or what is in
-    hand ends a segment; its first audio is when playback starts, and it plays on from there."""
+class FragmentClient(ServedClient):
+    """Submit to the service and play the job's fragments from its event stream as they come, starting once
+    ``prefetch`` are in hand or what is in hand ends a segment: its first audio is when playback starts."""
+
+    events_path = "/v1/jobs/{job_id}/events?fragments=1"
+    #: One: playback starts at the first fragment.
+    prefetch = 1
 
     def _heard(self, name: str, data: dict[str, Any], result: JobResult) -> None:
         if name != "fragment":
             return
         result.segments.append((time.monotonic(), fragment_seconds(data)))
-        if result.first_audio is None and (len(result.segments) >= PREFETCH or data.get("last")):
+        if result.first_audio is None and (len(result.segments) >= self.prefetch or data.get("last")):
             result.first_audio = result.segments[-1][0]
+
+
+class PlayerClient(FragmentClient):
+    """Listen as the web page plays: starting once ``PREFETCH`` fragments are in hand, and on from there."""
+
+    prefetch = PREFETCH
 
 
 def fragment_seconds(data: dict[str, Any]) -> float:

@@ -40,16 +40,10 @@ from bench.report import RESULTS, save_result
 #: inside them: at 20 s and 64 callers none did, and the table said nothing.
 REHEARSAL = {"device": "cpu", "steps": 24, "batches": "1,4,16", "service_max_tokens": 24, "window": 60.0,
              "drain": 30.0, "levels": "1,4", "service_precision": "fp32"}  # fmt: skip
-#: The check itself, on a GPU, within 8 minutes. From the first H200 run (4 December 2026): the model
-#: build 22 s; the engine part 6 loads (3 precisions × graphs off and on; about 10 s each, graphs' capture and probes
-#: included) and 18 cells, each one timed call after an untimed one, at 15-31 ms an eager step and a few ms a
-#: graphed one: about 2.5 minutes at 128 steps. The service: its start (the worker's load and capture, about 30 s),
-#: then 3 levels, each waiting up to 30 s for the last one's jobs, 2 s of warm-up, 20 s measured and at most 15 s of
-#: drain: about 3.5 minutes at most. To make room for the graphs' 9 cells the engine's steps went from 200 to 128 (a
-#: step's ms, what the table compares, needs no more), its cells from whole syntheses to speech-code generation (the
-#: decoder and vocoder have their own probe), and a review's estimate of the total (5.5-7.5 minutes with the
-#: offline script's own stages) took the service's window from 30 s to 20 s and its drain from 30 s to 15 s. These
-#: are estimates: the first run with graphs will say.
+#: The check itself, on a GPU, sized to fit one lease with the offline script's own stages (the published
+#: gpu_check.md gives each part's seconds). Its engine part loads each precision twice (graphs off and on), so a
+#: cell times speech-code generation only (the decoder and vocoder have their own probe) over as many steps as a
+#: step's ms needs; the service's levels are as short as a first fragment's percentiles allow.
 GPU = {"device": "cuda:0", "steps": 128, "batches": "1,16,64", "window": 20.0, "drain": 15.0, "levels": "1,16,64"}
 #: The static cache's rows the engine is loaded with on a GPU (ChatTTSEngine's default, as the service runs it).
 SERVED_ROWS = 64

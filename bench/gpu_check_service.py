@@ -1,10 +1,10 @@
 """The GPU check's service part: Redis, one worker pinned to one device and the API (devstack), closed-loop callers.
 
 The worker runs at `make run`'s defaults but for its device, one model host and its batch cap: CUDA graphs at
-``auto`` (graphs on a GPU), fragments on. Each level's callers follow every job's ``fragment`` events as the web
-page's listener does (bench/fragments.py); a level reports jobs/s and audio s/s finished inside its window, first
-audio (submission to the first fragment) at p50/p95, and the listeners who heard a gap: playing from the first
-fragment, waiting more than 0.1 s for a later one at least once.
+``auto`` (graphs on a GPU), fragments on. Each level's callers follow every job's ``fragment`` events and play from
+the first one (bench/fragments.py; stricter than the web page, which starts with two in hand); a level reports
+jobs/s and audio s/s finished inside its window, first audio (submission to the first fragment) at p50/p95, and the
+listeners who heard a gap: playing from the first fragment, waiting more than 0.1 s for a later one at least once.
 """
 
 from __future__ import annotations

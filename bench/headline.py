@@ -41,6 +41,7 @@ from bench.stack_args import (
     service_env,
     settings_line,
 )
+from workers.layout import usable_cores
 
 #: The closed loop the defaults are held against the hand-tuned reference at.
 REFERENCE_CALLERS = 50
@@ -50,7 +51,7 @@ def reference_settings() -> dict[str, str]:
     """Return the settings the benchmarks used to run before they ran the defaults: one one-thread model host per
     usable core and both admission checks off (issue 49's "best hand-tuned layout")."""
     return {
-        "TTS_MODEL_REPLICAS": str(len(os.sched_getaffinity(0))),
+        "TTS_MODEL_REPLICAS": str(usable_cores()),
         "TTS_TORCH_THREADS": "1",
         "TTS_ADMISSION_LATENESS_S": "0",
         "TTS_ADMISSION_FIRST_AUDIO_S": "0",

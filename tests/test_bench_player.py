@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bench.fragments import PREFETCH, PlayerClient
+from bench.fragments import PREFETCH, FragmentClient, PlayerClient
 from bench.loadgen import JobResult
 from bench.openloop import gaps
 
@@ -54,3 +54,9 @@ def test_a_second_fragment_in_hand_absorbs_the_wait_the_first_alone_would_hear()
     from_two = JobResult(chars=10, submitted=0.0, first_audio=1.3, segments=arrivals)
     assert gaps(from_first) == pytest.approx([0.15])
     assert gaps(from_two) == []
+
+
+def test_the_fragment_benches_listener_plays_from_the_first_fragment() -> None:
+    result = JobResult(chars=10, submitted=0.0)
+    FragmentClient("http://127.0.0.1:9", model="chattts-tiny")._heard("fragment", _fragment(3600), result)
+    assert result.first_audio == result.segments[0][0]

@@ -68,7 +68,8 @@ class JoinBatch(Protocol):
 
 #: Gives a replica's host this many torch threads: (model, replica, threads).
 ShareCores = Callable[[ModelSpec, int, int], None]
-#: Called after each engine call with (model name, batch size, characters, seconds, seconds to its first fragment).
+#: Called after each engine call with (model name, batch size, characters, seconds, seconds to its segments' first
+#: fragments, on average).
 BatchObserver = Callable[[str, int, int, float, float], None]
 
 

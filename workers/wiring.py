@@ -52,6 +52,7 @@ def batch_observer(stats: Stats) -> BatchObserver:
         with contextlib.suppress(redis.RedisError):
             # A segment made alone: how soon its first audio came is what the first-audio check compares with.
             solo = size == 1
+            # heard_s is never 0 for a call that recorded it: a window with none is one of workers that do not say.
             stats.record(chars=chars, busy_s=seconds, segments=size, calls=1, heard_s=max(first_s, 1e-6),
                          solo_chars=chars if solo else 0, solo_s=first_s if solo else 0.0, model=model)  # fmt: skip
 
